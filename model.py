@@ -1,0 +1,466 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), written from scratch.
+
+Each class is one piece of the paper (section numbers in the docstrings). Masks are boolean and
+True where attention is allowed: encoder masks are (batch, 1, 1, src_len), decoder masks
+(batch, 1, tgt_len, tgt_len). At the bottom: batched greedy and beam search with a key/value
+cache, so each new target token costs one position of work.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class InputEmbeddings(nn.Module):
+    """Section 3.4: token embeddings, multiplied by sqrt(d_model)."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+        self.d_model = d_model
+        self.embedding = nn.Embedding(vocab_size, d_model)
+
+    def forward(self, x):
+        # (batch, seq_len) -> (batch, seq_len, d_model)
+        return self.embedding(x) * math.sqrt(self.d_model)
+
+
+class PositionalEncoding(nn.Module):
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)."""
+
+    def __init__(self, d_model: int, seq_len: int, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        position = torch.arange(seq_len, dtype=torch.float).unsqueeze(1)  # (seq_len, 1)
+        div_term = torch.exp(torch.arange(0, d_model, 2).float()
+                             * (-math.log(10000.0) / d_model))  # (d_model / 2)
+        pe = torch.zeros(seq_len, d_model)
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        # A buffer, not a parameter; not saved, so it is rebuilt for any seq_len.
+        self.register_buffer("pe", pe.unsqueeze(0), persistent=False)  # (1, seq_len, d_model)
+
+    def forward(self, x, start: int = 0):
+        # x: (batch, seq_len, d_model); `start` is the first position (for cached decoding)
+        end = start + x.size(1)
+        if end > self.pe.size(1):
+            raise ValueError(f"sequence of {end} positions is longer than seq_len "
+                             f"{self.pe.size(1)}")
+        return self.dropout(x + self.pe[:, start:end].to(x.dtype))
+
+
+class LayerNormalization(nn.Module):
+    """Layer normalization (Ba et al., 2016) with a learnable gain and bias per feature."""
+
+    def __init__(self, features: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.alpha = nn.Parameter(torch.ones(features))  # gain
+        self.bias = nn.Parameter(torch.zeros(features))
+
+    def forward(self, x):
+        # The fused kernel; `reference` is the same math written out (tests hold them equal).
+        return F.layer_norm(x, self.alpha.shape, self.alpha, self.bias, self.eps)
+
+    def reference(self, x):
+        mean = x.mean(dim=-1, keepdim=True)  # (batch, seq_len, 1)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # (batch, seq_len, 1)
+        return self.alpha * (x - mean) / torch.sqrt(var + self.eps) + self.bias
+
+
+class FeedForwardBlock(nn.Module):
+    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.linear_1 = nn.Linear(d_model, d_ff)
+        self.dropout = nn.Dropout(dropout)
+        self.linear_2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        # (batch, seq_len, d_model) -> (batch, seq_len, d_ff) -> (batch, seq_len, d_model)
+        return self.linear_2(self.dropout(torch.relu(self.linear_1(x))))
+
+
+class MultiHeadAttentionBlock(nn.Module):
+    """Section 3.2: multi-head scaled dot-product attention.
+
+    The query, key and value projections W_Q, W_K, W_V are stored as one (3·d_model, d_model)
+    matrix `w_qkv`: self-attention projects all three in one matmul; cross-attention projects
+    the queries with its first third and the encoder output's keys and values with the rest.
+    """
+
+    def __init__(self, d_model: int, h: int, dropout: float):
+        super().__init__()
+        assert d_model % h == 0, "d_model is not divisible by h"
+        self.d_model, self.h, self.d_k = d_model, h, d_model // h
+        self.w_qkv = nn.Linear(d_model, 3 * d_model, bias=False)  # W_Q, W_K, W_V stacked
+        self.w_o = nn.Linear(d_model, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+        self.use_reference = False  # True: the written-out math below instead of the fused kernel
+        self.need_weights = False  # True: keep the attention weights in self.attention_scores
+        self.attention_scores = None
+
+    @staticmethod
+    def attention(query, key, value, mask, dropout: nn.Dropout = None):
+        """softmax(Q Kᵀ / sqrt(d_k)) V, written out. Returns (output, attention weights)."""
+        d_k = query.size(-1)
+        # (batch, h, q_len, d_k) @ (batch, h, d_k, k_len) -> (batch, h, q_len, k_len)
+        scores = (query @ key.transpose(-2, -1)) / math.sqrt(d_k)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.softmax(dim=-1)
+        if dropout is not None:
+            scores = dropout(scores)
+        return scores @ value, scores  # (batch, h, q_len, d_k), (batch, h, q_len, k_len)
+
+    def _heads(self, x):
+        # (batch, seq_len, d_model) -> (batch, h, seq_len, d_k)
+        return x.view(x.size(0), x.size(1), self.h, self.d_k).transpose(1, 2)
+
+    def forward(self, x, memory=None, mask=None, cache=None):
+        """Self-attention over x, or cross-attention from x to `memory` (the encoder output).
+
+        `cache` (a dict) makes decoding incremental: self-attention appends this step's keys
+        and values to it; cross-attention projects `memory` once and reuses it."""
+        d = self.d_model
+        if memory is None:  # self-attention: one fused projection
+            q, k, v = F.linear(x, self.w_qkv.weight).split(d, dim=-1)  # 3 x (batch, len, d)
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)  # (batch, h, len, d_k)
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)  # (batch, h, past + len, d_k)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        else:  # cross-attention
+            q = self._heads(F.linear(x, self.w_qkv.weight[:d]))  # (batch, h, len, d_k)
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                k, v = F.linear(memory, self.w_qkv.weight[d:]).split(d, dim=-1)
+                k, v = self._heads(k), self._heads(v)  # (batch, h, src_len, d_k)
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        if self.use_reference or self.need_weights:
+            out, scores = self.attention(q, k, v, mask, self.dropout)
+            self.attention_scores = scores if self.need_weights else None
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout.p if self.training else 0.0)
+        # (batch, h, len, d_k) -> (batch, len, h, d_k) -> (batch, len, d_model)
+        out = out.transpose(1, 2).reshape(x.size(0), x.size(1), d)
+        return self.w_o(out)
+
+
+class ResidualConnection(nn.Module):
+    """Section 5.4: x + Dropout(Sublayer(LayerNorm(x))) (pre-norm, as in the write-ups)."""
+
+    def __init__(self, features: int, dropout: float):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.norm = LayerNormalization(features)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+
+
+class EncoderBlock(nn.Module):
+    """Section 3.1: self-attention, then feed-forward, each in a residual connection."""
+
+    def __init__(self, features: int, self_attention_block: MultiHeadAttentionBlock,
+                 feed_forward_block: FeedForwardBlock, dropout: float):
+        super().__init__()
+        self.self_attention_block = self_attention_block
+        self.feed_forward_block = feed_forward_block
+        self.residual_connections = nn.ModuleList(
+            [ResidualConnection(features, dropout) for _ in range(2)])
+
+    def forward(self, x, src_mask):
+        x = self.residual_connections[0](x, lambda x: self.self_attention_block(x, mask=src_mask))
+        return self.residual_connections[1](x, self.feed_forward_block)
+
+
+class Encoder(nn.Module):
+    def __init__(self, features: int, layers: nn.ModuleList):
+        super().__init__()
+        self.layers = layers
+        self.norm = LayerNormalization(features)  # the final norm of a pre-norm stack
+
+    def forward(self, x, mask):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)  # (batch, src_len, d_model)
+
+
+class DecoderBlock(nn.Module):
+    """Section 3.1: masked self-attention, cross-attention over the encoder output, then
+    feed-forward, each in a residual connection."""
+
+    def __init__(self, features: int, self_attention_block: MultiHeadAttentionBlock,
+                 cross_attention_block: MultiHeadAttentionBlock,
+                 feed_forward_block: FeedForwardBlock, dropout: float):
+        super().__init__()
+        self.self_attention_block = self_attention_block
+        self.cross_attention_block = cross_attention_block
+        self.feed_forward_block = feed_forward_block
+        self.residual_connections = nn.ModuleList(
+            [ResidualConnection(features, dropout) for _ in range(3)])
+
+    def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None):
+        self_cache = cache["self"] if cache is not None else None
+        cross_cache = cache["cross"] if cache is not None else None
+        x = self.residual_connections[0](
+            x, lambda x: self.self_attention_block(x, mask=tgt_mask, cache=self_cache))
+        x = self.residual_connections[1](
+            x, lambda x: self.cross_attention_block(x, encoder_output, src_mask, cross_cache))
+        return self.residual_connections[2](x, self.feed_forward_block)
+
+
+class Decoder(nn.Module):
+    def __init__(self, features: int, layers: nn.ModuleList):
+        super().__init__()
+        self.layers = layers
+        self.norm = LayerNormalization(features)
+
+    def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, encoder_output, src_mask, tgt_mask,
+                      cache.layers[i] if cache is not None else None)
+        return self.norm(x)  # (batch, tgt_len, d_model)
+
+
+class ProjectionLayer(nn.Module):
+    """Section 3.4: the linear layer before the softmax. Returns logits; the loss and the
+    decoders apply (log-)softmax once, themselves."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size)
+
+    def forward(self, x):
+        # (batch, seq_len, d_model) -> (batch, seq_len, vocab_size)
+        return self.proj(x)
+
+
+class KVCache:
+    """Keys and values of every decoder layer for incremental decoding: the self-attention's
+    grow by one position a step, the cross-attention's are computed once per sentence."""
+
+    def __init__(self, n_layers: int):
+        self.layers = [{"self": {}, "cross": {}} for _ in range(n_layers)]
+        self.length = 0  # target positions already decoded
+
+    def reorder(self, index):
+        """Keep and reorder batch rows (beam search, dropping finished sentences)."""
+        for layer in self.layers:
+            for part in layer.values():
+                for name in part:
+                    part[name] = part[name].index_select(0, index)
+
+
+class Transformer(nn.Module):
+    def __init__(self, encoder: Encoder, decoder: Decoder, src_embed: InputEmbeddings,
+                 tgt_embed: InputEmbeddings, src_pos: PositionalEncoding,
+                 tgt_pos: PositionalEncoding, projection_layer: ProjectionLayer):
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+        self.src_embed, self.tgt_embed = src_embed, tgt_embed
+        self.src_pos, self.tgt_pos = src_pos, tgt_pos
+        self.projection_layer = projection_layer
+
+    def encode(self, src, src_mask):
+        # (batch, src_len) -> (batch, src_len, d_model)
+        return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
+
+    def decode(self, encoder_output, src_mask, tgt, tgt_mask, cache: KVCache = None):
+        """(batch, tgt_len) -> (batch, tgt_len, d_model). With a cache, `tgt` holds only the new
+        positions and attends to the cached ones as well."""
+        start = cache.length if cache is not None else 0
+        x = self.tgt_pos(self.tgt_embed(tgt), start)
+        out = self.decoder(x, encoder_output, src_mask, tgt_mask, cache)
+        if cache is not None:
+            cache.length += tgt.size(1)
+        return out
+
+    def project(self, x):
+        return self.projection_layer(x)
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        """Teacher-forced logits: (batch, tgt_len, tgt_vocab_size)."""
+        return self.project(self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask))
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.decoder.layers))
+
+
+def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int,
+                      tgt_seq_len: int, d_model: int = 512, N: int = 6, h: int = 8,
+                      dropout: float = 0.1, d_ff: int = 2048,
+                      tie_embeddings: bool = False) -> Transformer:
+    src_embed = InputEmbeddings(d_model, src_vocab_size)
+    tgt_embed = InputEmbeddings(d_model, tgt_vocab_size)
+    src_pos = PositionalEncoding(d_model, src_seq_len, dropout)
+    tgt_pos = PositionalEncoding(d_model, tgt_seq_len, dropout)
+    encoder_blocks = [EncoderBlock(d_model, MultiHeadAttentionBlock(d_model, h, dropout),
+                                   FeedForwardBlock(d_model, d_ff, dropout), dropout)
+                      for _ in range(N)]
+    decoder_blocks = [DecoderBlock(d_model, MultiHeadAttentionBlock(d_model, h, dropout),
+                                   MultiHeadAttentionBlock(d_model, h, dropout),
+                                   FeedForwardBlock(d_model, d_ff, dropout), dropout)
+                      for _ in range(N)]
+    encoder = Encoder(d_model, nn.ModuleList(encoder_blocks))
+    decoder = Decoder(d_model, nn.ModuleList(decoder_blocks))
+    projection_layer = ProjectionLayer(d_model, tgt_vocab_size)
+    transformer = Transformer(encoder, decoder, src_embed, tgt_embed, src_pos, tgt_pos,
+                              projection_layer)
+    for p in transformer.parameters():  # Xavier (Glorot) uniform on every matrix
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    if tie_embeddings:  # Section 3.4: one matrix for the target embedding and the projection
+        projection_layer.proj.weight = tgt_embed.embedding.weight
+    return transformer
+
+
+# ---- masks --------------------------------------------------------------------------------------
+
+def causal_mask(size: int, device=None):
+    """(1, size, size), True on and below the diagonal: position i sees positions <= i."""
+    return torch.ones(1, size, size, dtype=torch.bool, device=device).tril()
+
+
+# ---- decoding -----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
+                  use_cache: bool = True):
+    """Greedy decoding of a batch. src (batch, src_len), src_mask (batch, 1, 1, src_len);
+    max_len: most tokens to generate per sentence ([EOS] included), an int or a (batch,) tensor.
+
+    Returns one list of token ids per sentence, without [SOS] and [EOS]. Finished sentences
+    leave the batch, so they stop costing work. use_cache=False re-runs the decoder over the
+    whole prefix every step (the write-ups' way; kept as the reference)."""
+    batch = src.size(0)
+    limit = torch.as_tensor(max_len, device=src.device).expand(batch).clone()  # (batch,)
+    memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
+    ys = torch.full((batch, 1), sos_id, dtype=torch.long, device=src.device)  # (batch, 1)
+    alive = torch.arange(batch, device=src.device)  # original row of each row still decoding
+    cache = model.new_cache() if use_cache else None
+    results = [None] * batch
+    for step in range(1, int(limit.max()) + 1):
+        if use_cache:
+            out = model.decode(memory, src_mask, ys[:, -1:], None, cache)  # (alive, 1, d)
+        else:
+            mask = causal_mask(ys.size(1), src.device)
+            out = model.decode(memory, src_mask, ys, mask)  # (alive, step, d_model)
+        next_token = model.project(out[:, -1]).argmax(dim=-1)  # (alive,)
+        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
+        done = (next_token == eos_id) | (limit[alive] <= step)  # (alive,)
+        if done.any():
+            for row in done.nonzero().flatten().tolist():
+                tokens = ys[row, 1:].tolist()
+                results[alive[row]] = tokens[:-1] if tokens[-1] == eos_id else tokens
+            keep = (~done).nonzero().flatten()  # (still alive,)
+            if keep.numel() == 0:
+                break
+            ys, memory, src_mask, alive = ys[keep], memory[keep], src_mask[keep], alive[keep]
+            if cache is not None:
+                cache.reorder(keep)
+    return results
+
+
+def length_penalty(length, alpha: float):
+    """Wu et al. (2016), used by the paper with alpha = 0.6: ((5 + |Y|) / 6) ^ alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
+                beam: int = 4, alpha: float = 0.6, nbest: int = 1):
+    """Batched beam search with a key/value cache.
+
+    Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] (or reaches the
+    sentence's max_len) is finished with score log P / length_penalty. A sentence stops when it
+    has `beam` finished hypotheses, and leaves the batch. Returns, per sentence, the `nbest`
+    best (tokens without [SOS]/[EOS], score) pairs, best first."""
+    batch, k = src.size(0), beam
+    device = src.device
+    limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (batch*k, src_len, d)
+    src_mask = src_mask.repeat_interleave(k, dim=0)  # (batch*k, 1, 1, src_len)
+    tokens = torch.full((batch * k, 1), sos_id, dtype=torch.long, device=device)
+    scores = torch.zeros(batch, k, device=device)  # (batch, k) summed log-probabilities
+    scores[:, 1:] = float("-inf")  # at first all beams are the same [SOS]: keep one
+    alive = torch.arange(batch, device=device)  # original sentence of each live sentence
+    finished = [[] for _ in range(batch)]
+    cache = model.new_cache()
+    for step in range(1, int(limit.max()) + 1):
+        n = alive.numel()
+        out = model.decode(memory, src_mask, tokens[:, -1:], None, cache)  # (n*k, 1, d_model)
+        logp = model.project(out[:, -1]).float().log_softmax(dim=-1)  # (n*k, vocab)
+        vocab = logp.size(-1)
+        cand = (scores.unsqueeze(-1) + logp.view(n, k, vocab)).view(n, k * vocab)
+        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=-1)  # (n, 2k)
+        beam_idx, token = top_idx // vocab, top_idx % vocab  # (n, 2k)
+        at_limit = limit[alive] <= step  # (n,)
+        # A candidate ends its hypothesis if it is [EOS] or the sentence is at its limit;
+        # only those ranked in the top k are kept as finished.
+        ends = (token == eos_id) | at_limit.unsqueeze(1)  # (n, 2k)
+        rank = torch.arange(top_idx.size(1), device=device)
+        final = ends & (rank < k) & torch.isfinite(top_scores)
+        for i, j in final.nonzero().tolist():
+            row = i * k + beam_idx[i, j]
+            hyp = tokens[row, 1:].tolist() + ([] if token[i, j] == eos_id else
+                                              [token[i, j].item()])
+            score = top_scores[i, j].item() / length_penalty(step, alpha)
+            finished[alive[i]].append((hyp, score))
+        # The next live beams: the k best candidates that did not end.
+        order = (ends.long() * top_idx.size(1) + rank).argsort(dim=-1)[:, :k]  # (n, k)
+        scores = top_scores.gather(1, order)  # (n, k)
+        rows = (torch.arange(n, device=device).unsqueeze(1) * k
+                + beam_idx.gather(1, order)).flatten()  # (n*k,)
+        tokens = torch.cat([tokens[rows], token.gather(1, order).reshape(-1, 1)], dim=1)
+        cache.reorder(rows)
+        done = at_limit | torch.tensor([len(finished[s]) >= k for s in alive.tolist()],
+                                       device=device)  # (n,)
+        if done.any():
+            keep = (~done).nonzero().flatten()  # (still live,)
+            if keep.numel() == 0:
+                break
+            keep_rows = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).flatten()
+            tokens, memory, src_mask = tokens[keep_rows], memory[keep_rows], src_mask[keep_rows]
+            scores, alive = scores[keep], alive[keep]
+            cache.reorder(keep_rows)
+    return [sorted(hyps, key=lambda t: -t[1])[:nbest] for hyps in finished]
+
+
+@torch.no_grad()
+def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
+                  seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
+                  nbest: int = 1, extra_len: int = 50):
+    """Translates lists of source token ids (no special tokens) in batches of similar length.
+
+    Each sentence may produce up to its own length + `extra_len` tokens, capped by seq_len.
+    Sources longer than seq_len allows are cut (translate.py warns first). Returns per
+    sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score)."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths
+    results = [None] * len(src_ids)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        seqs = [torch.tensor([sos_id] + list(src_ids[i])[:seq_len - 2] + [eos_id]) for i in idx]
+        src = nn.utils.rnn.pad_sequence(seqs, batch_first=True,
+                                        padding_value=pad_id).to(device)  # (batch, src_len)
+        src_mask = (src != pad_id)[:, None, None, :]  # (batch, 1, 1, src_len)
+        lengths = (src != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
+        max_len = (lengths + extra_len).clamp(min=1, max=seq_len - 1)  # (batch,)
+        if beam == 1 and nbest == 1:
+            outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len)
+        else:
+            outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
+                                  nbest)
+            if nbest == 1:
+                outputs = [hyps[0][0] for hyps in outputs]
+        for i, out in zip(idx, outputs):
+            results[i] = out
+    return results
