@@ -24,6 +24,11 @@ SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]  # ids 0, 1, 2, 3 in every
 VAL_NAMES = ("validation", "valid", "val", "dev")
 
 
+def note(message: str):
+    """Data messages go to stderr, so translate.py's stdout holds translations only."""
+    print(message, file=sys.stderr)
+
+
 class DataError(Exception):
     """A problem with the user's data or files; the scripts print it as one line and exit 2."""
 
@@ -34,6 +39,11 @@ def _quiet_datasets():
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     huggingface_hub.utils.logging.set_verbosity_error()
+
+
+def column(ds, name: str) -> list:
+    """A column of a datasets.Dataset as a Python list (datasets >= 4 returns a lazy Column)."""
+    return ds.select_columns([name]).to_dict()[name]
 
 
 # ---- loading a corpus ---------------------------------------------------------------------------
@@ -75,7 +85,7 @@ def _pairs_to_dataset(src, tgt, where: str):
     from datasets import Dataset
     keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s.strip() and t.strip()]
     if len(keep) < len(src):
-        print(f"{where}: skipped {len(src) - len(keep)} pair(s) with an empty side")
+        note(f"{where}: skipped {len(src) - len(keep)} pair(s) with an empty side")
     return Dataset.from_dict({"src": [src[i].strip() for i in keep],
                               "tgt": [tgt[i].strip() for i in keep]})
 
@@ -200,7 +210,7 @@ def _load_hub(config: Config):
         if src not in first or tgt not in first:
             raise DataError(f"dataset '{name}' has no {src}/{tgt} texts "
                             f"(languages: {', '.join(first)})")
-        pairs = ds["translation"]
+        pairs = column(ds, "translation")
         splits[split] = _pairs_to_dataset([p[src] or "" for p in pairs],
                                           [p[tgt] or "" for p in pairs], f"{name}:{split_name}")
     if "train" not in splits:
@@ -400,15 +410,15 @@ def tokenize_split(ds, tokenizer_src, tokenizer_tgt):
 
 def to_bilingual(ds, seq_len: int, name: str):
     """Drops pairs that do not fit seq_len ([SOS] and [EOS] included), with a printed count."""
-    src_ids, tgt_ids = ds["src_ids"], ds["tgt_ids"]
+    src_ids, tgt_ids = column(ds, "src_ids"), column(ds, "tgt_ids")
     keep = [i for i in range(len(src_ids))
             if len(src_ids[i]) + 2 <= seq_len and len(tgt_ids[i]) + 2 <= seq_len]
     if len(keep) < len(src_ids):
-        print(f"{name}: dropped {len(src_ids) - len(keep)} of {len(src_ids)} pairs longer than "
+        note(f"{name}: dropped {len(src_ids) - len(keep)} of {len(src_ids)} pairs longer than "
               f"seq_len {seq_len}")
     if not keep:
         raise DataError(f"{name}: no pair fits --seq_len {seq_len}")
-    src_texts, tgt_texts = ds["src"], ds["tgt"]
+    src_texts, tgt_texts = column(ds, "src"), column(ds, "tgt")
     return BilingualDataset([src_ids[i] for i in keep], [tgt_ids[i] for i in keep],
                             [src_texts[i] for i in keep], [tgt_texts[i] for i in keep])
 
@@ -417,13 +427,13 @@ def get_ds(config: Config) -> Data:
     """Loads the corpus, gets the tokenizers (trained on train only), tokenizes once."""
     _quiet_datasets()
     splits = load_corpus(config)
-    tokenizer_src = get_tokenizer(config, config.lang_src, splits["train"]["src"])
-    tokenizer_tgt = get_tokenizer(config, config.lang_tgt, splits["train"]["tgt"])
+    tokenizer_src = get_tokenizer(config, config.lang_src, column(splits["train"], "src"))
+    tokenizer_tgt = get_tokenizer(config, config.lang_tgt, column(splits["train"], "tgt"))
     train = to_bilingual(tokenize_split(splits["train"], tokenizer_src, tokenizer_tgt),
                          config.seq_len, "train")
     validation = to_bilingual(tokenize_split(splits["validation"], tokenizer_src, tokenizer_tgt),
                               config.seq_len, "validation")
-    print(f"data: {len(train)} training pairs, {len(validation)} validation pairs; vocabulary "
+    note(f"data: {len(train)} training pairs, {len(validation)} validation pairs; vocabulary "
           f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
-          f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})", file=sys.stderr)
+          f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
     return Data(tokenizer_src, tokenizer_tgt, train, validation, splits)

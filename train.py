@@ -218,6 +218,26 @@ def ignore_sigint(_worker_id):
 
 # ---- training -----------------------------------------------------------------------------------
 
+def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scaler=None):
+    """Forward and backward over a group of batches (gradient accumulation). The loss is summed
+    over tokens and divided by the group's token count, so k accumulated batches give the
+    gradients of one k-times batch. Returns (mean loss per token, tokens)."""
+    n_tokens = sum((b["label"] != pad_id).sum().item() for b in group)
+    loss_total = 0.0
+    for b in group:
+        with amp():
+            logits = model(b["encoder_input"].to(device, non_blocking=True),
+                           b["decoder_input"].to(device, non_blocking=True),
+                           b["encoder_mask"].to(device, non_blocking=True),
+                           b["decoder_mask"].to(device, non_blocking=True))
+        label = b["label"].to(device, non_blocking=True)  # (batch, tgt_len)
+        # (batch * tgt_len, vocab) against (batch * tgt_len,)
+        loss = loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)) / n_tokens
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        loss_total += loss.item()
+    return loss_total, n_tokens
+
+
 def train_model(config: Config, given: set = frozenset()):
     resume, config = resume_state(config, given)
     problem = config.validate()
@@ -292,7 +312,8 @@ def train_model(config: Config, given: set = frozenset()):
         sampler.set_epoch(epoch, start_batch if epoch == start_epoch else 0)
         loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(pad_id),
                             num_workers=config.num_workers, pin_memory=device.type == "cuda",
-                            worker_init_fn=ignore_sigint if config.num_workers else None)
+                            worker_init_fn=ignore_sigint if config.num_workers else None,
+                            generator=torch.Generator())  # leaves the global RNG (dropout) alone
         batch_index = sampler.start  # batches of this epoch already trained
         bar = tqdm(total=batches_per_epoch, initial=batch_index, desc=f"epoch {epoch:02d}",
                    dynamic_ncols=True, mininterval=1.0)
@@ -302,21 +323,8 @@ def train_model(config: Config, given: set = frozenset()):
             batch_index += 1
             if len(group) < config.accum_steps and batch_index < batches_per_epoch:
                 continue
-            # One optimizer step over the group: the loss is summed over tokens and divided by
-            # the group's token count, so k accumulated batches equal one k-times batch.
-            n_tokens = sum((b["label"] != pad_id).sum().item() for b in group)
-            loss_total = 0.0
-            for b in group:
-                with amp():
-                    logits = step_model(b["encoder_input"].to(device, non_blocking=True),
-                                        b["decoder_input"].to(device, non_blocking=True),
-                                        b["encoder_mask"].to(device, non_blocking=True),
-                                        b["decoder_mask"].to(device, non_blocking=True))
-                label = b["label"].to(device, non_blocking=True)  # (batch, tgt_len)
-                # (batch * tgt_len, vocab) vs (batch * tgt_len,)
-                loss = loss_fn(logits.float().view(-1, tgt_vocab), label.view(-1)) / n_tokens
-                scaler.scale(loss).backward()
-                loss_total += loss.item()
+            loss_total, n_tokens = train_step(step_model, group, loss_fn, pad_id, device, amp,
+                                              scaler)
             group = []
             scaler.unscale_(optimizer)
             grad_norm = nn.utils.clip_grad_norm_(model.parameters(),
@@ -345,7 +353,8 @@ def train_model(config: Config, given: set = frozenset()):
             tokens_seen += n_tokens
             bar.update(batch_index - bar.n)
             bar.set_postfix(loss=f"{loss_total:6.3f}",
-                            tok_s=f"{tokens_seen / (time.time() - started):,.0f}", refresh=False)
+                            tok_s=f"{tokens_seen / (time.time() - started):,.0f}",
+                            refresh=False)
             if global_step % config.log_every == 0:
                 writer.add_scalar("train/loss", loss_total, global_step)
                 writer.add_scalar("train/lr", lr, global_step)

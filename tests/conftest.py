@@ -1,0 +1,56 @@
+"""Shared fixtures. Every test runs offline: the Hugging Face hub is never contacted."""
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("HF_HOME", str(Path(__file__).parent / ".hf_home_unused"))
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+IT = ["zero", "uno", "due", "tre", "quattro", "cinque", "sei", "sette", "otto", "nove"]
+
+
+def number_pairs(n: int, seed: int = 0, min_len: int = 2, max_len: int = 6):
+    """n (English, Italian) pairs: number words translated one by one; easy to learn."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        digits = [rng.randrange(10) for _ in range(rng.randint(min_len, max_len))]
+        pairs.append((" ".join(EN[d] for d in digits) + ".", " ".join(IT[d] for d in digits) + "."))
+    return pairs
+
+
+def write_aligned(folder: Path, split: str, pairs, src="en", tgt="it"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{split}.{src}").write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+    (folder / f"{split}.{tgt}").write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A tiny Multi30k-style folder: train.en/train.it and val.en/val.it."""
+    folder = tmp_path / "corpus"
+    write_aligned(folder, "train", number_pairs(64, seed=1))
+    write_aligned(folder, "val", number_pairs(8, seed=2))
+    return folder
+
+
+# Flags of a tiny, fast model for the scripts.
+TINY = ["--d_model", "32", "--N", "1", "--h", "2", "--d_ff", "64", "--seq_len", "24",
+        "--vocab_size", "300", "--max_tokens", "200", "--lr", "3e-3", "--val_examples", "1"]
+
+
+def run_script(script: str, *args, cwd: Path, input: bytes = None, timeout: int = 120):
+    """Runs train.py / translate.py in a subprocess; returns the CompletedProcess."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
+    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=cwd,
+                          input=input, capture_output=True, timeout=timeout, env=env)
