@@ -300,11 +300,13 @@ def load_checkpoint(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        reason = str(e).strip().splitlines()
-        reason = next((line for line in reason if "Unsupported" in line or "global" in line),
-                      reason[0] if reason else "unsafe content")
-        raise CheckpointError(f"checkpoint {path} refused: it holds more than tensors and plain "
-                              f"values ({reason.strip()})") from None
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        unsafe = next((line for line in lines if "global" in line.lower()), None)
+        if unsafe:  # a class or function reference: code that would run on load
+            raise CheckpointError(f"checkpoint {path} refused: it holds more than tensors and "
+                                  f"plain values ({unsafe})") from None
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt "
+                              f"({lines[0] if lines else 'unreadable'})") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first})") from None

@@ -180,10 +180,11 @@ def _load_hub(config: Config):
     _quiet_datasets()
     src, tgt, name = config.lang_src, config.lang_tgt, config.datasource
     is_local = Path(name).exists()
+    local_hint = (f"train on local files with --data_dir DIR (train.{src} + train.{tgt}, one "
+                  f"sentence a line)")
     if not is_local and not datasets.config.HF_HUB_OFFLINE and not _hub_reachable():
-        raise DataError(f"could not reach the Hugging Face hub to load '{name}'; train on local "
-                        f"files with --data_dir DIR (train.{src} + train.{tgt}, one sentence a "
-                        f"line), or set HF_HUB_OFFLINE=1 to use a cached copy")
+        raise DataError(f"could not reach the Hugging Face hub to load '{name}'; {local_hint}, "
+                        f"or set HF_HUB_OFFLINE=1 to use a cached copy")
     subsets = [f"{src}-{tgt}", f"{tgt}-{src}"]
     raw, errors = None, []
     for subset in subsets:
@@ -192,6 +193,9 @@ def _load_hub(config: Config):
             break
         except ValueError as e:  # no such subset (BuilderConfig not found)
             errors.append(str(e).splitlines()[0])
+        except ConnectionError:
+            raise DataError(f"could not reach the Hugging Face hub to load '{name}' (offline, "
+                            f"and no cached copy); {local_hint}") from None
         except Exception as e:  # noqa: BLE001 - unknown repo, offline without a cache, ...
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DataError(f"could not load dataset '{name}' ({subsets[0]}): {msg}") from None
@@ -240,14 +244,14 @@ def build_tokenizer(kind: str, vocab_size: int, texts):
     if kind == "word":
         tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2,
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
                                             special_tokens=SPECIAL_TOKENS)
     else:
         tok = Tokenizer(models.BPE(unk_token="[UNK]"))
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     return tok

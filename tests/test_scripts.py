@@ -1,0 +1,260 @@
+"""train.py and translate.py as a user runs them: end to end, resume, kills, bad input."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from config import load_checkpoint
+from conftest import ROOT, TINY, number_pairs, run_script, write_aligned
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """train.py for 2 epochs on a tiny local corpus; the folder it ran in."""
+    home = tmp_path_factory.mktemp("run")
+    write_aligned(home / "corpus", "train", number_pairs(64, seed=1))
+    write_aligned(home / "corpus", "val", number_pairs(8, seed=2))
+    result = run_script("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
+                        cwd=home)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    return home, result
+
+
+def test_end_to_end_train_resume_translate(trained):
+    home, result = trained
+    out = result.stdout.decode()
+    assert "validation: loss" in out and "BLEU" in out and "PREDICTED:" in out
+    weights = home / "weights"
+    assert sorted(p.name for p in weights.glob("*.pt")) == ["tmodel_00.pt", "tmodel_01.pt"]
+    assert (weights / "tokenizer_en.json").exists() and (weights / "tokenizer_it.json").exists()
+    assert list((home / "runs" / "tmodel").glob("events.out.tfevents.*"))
+    state = load_checkpoint(weights / "tmodel_01.pt")
+    assert state["config"]["d_model"] == 32 and state["next_epoch"] == 2
+
+    # resume: the flags come back from the checkpoint; only the new epoch count is given
+    resumed = run_script("train.py", "--num_epochs", "3", cwd=home)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert "resumed from weights/tmodel_01.pt: epoch 2, batch 0" in resumed.stdout.decode()
+    assert (weights / "tmodel_02.pt").exists()
+    assert load_checkpoint(weights / "tmodel_02.pt")["global_step"] > state["global_step"]
+
+    # translate rebuilds the model from the checkpoint alone
+    t = run_script("translate.py", "one two three.", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    lines = t.stdout.decode().splitlines()
+    assert len(lines) == 1 and lines[0].strip()
+
+    # the TensorBoard logs hold the curves a user looks at
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(home / "runs" / "tmodel"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "validation/loss", "validation/bleu", "validation/chrf",
+            "validation/cer", "validation/wer"} <= tags
+
+
+def test_translate_reads_stdin_and_handles_odd_input(trained):
+    home, _ = trained
+    text = "one two.\n\n   \nseven \x07 eight 😀 漢字.\n" + "nine " * 40 + "\n"
+    t = run_script("translate.py", cwd=home, input=text.encode())
+    assert t.returncode == 0, t.stderr.decode()
+    lines = t.stdout.decode().split("\n")
+    assert len(lines) == 6 and lines[-1] == ""  # one output line per input line
+    assert lines[1] == "" and lines[2] == ""  # empty input -> empty output
+    assert "sentence 5 has" in t.stderr.decode() and "are translated" in t.stderr.decode()
+
+
+def test_translate_a_validation_example_and_score_a_file(trained):
+    home, _ = trained
+    t = run_script("translate.py", "3", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    out = t.stdout.decode()
+    src, ref = number_pairs(8, seed=2)[3]
+    assert f"SOURCE: {src}" in out and f"TARGET: {ref}" in out and "PREDICTED:" in out
+    (home / "test.en").write_text("".join(s + "\n" for s, _ in number_pairs(5, seed=3)))
+    (home / "test.it").write_text("".join(t + "\n" for _, t in number_pairs(5, seed=3)))
+    t = run_script("translate.py", "--input", "test.en", "--output", "test.hyp", "--reference",
+                   "test.it", "--beam", "2", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert len((home / "test.hyp").read_text().splitlines()) == 5
+    assert "BLEU = " in t.stderr.decode() and "nrefs:1" in t.stderr.decode()
+    assert "chrF2 = " in t.stderr.decode()
+
+
+@pytest.mark.parametrize("args, stdin, message", [
+    (["   "], None, "the sentence is empty"),
+    ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
+    (["--checkpoint", "weights/nothing.pt", "hi"], None, "checkpoint weights/nothing.pt not found"),
+    (["--model_folder", "empty", "hi"], None, "no checkpoint in empty/"),
+    (["--lr", "0.1", "hi"], None, "--lr is a training setting"),
+    (["--d_model", "64", "hi"], None, "--d_model 64 does not match"),
+    (["--input", "nowhere.txt"], None, "cannot read nowhere.txt"),
+    (["--beam", "0", "hi"], None, "must be positive"),
+    (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt"),
+    (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
+])
+def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
+    home, _ = trained
+    t = run_script("translate.py", *args, cwd=home, input=stdin)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
+    home, _ = trained
+    import shutil
+    folder = tmp_path / "w"
+    folder.mkdir()
+    for name in ("tokenizer_en.json", "tokenizer_it.json"):
+        shutil.copy(home / "weights" / name, folder / name)
+    data = (home / "weights" / "tmodel_01.pt").read_bytes()
+    (folder / "tmodel_01.pt").write_bytes(data[:1000])
+    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    assert t.returncode == 2 and "tmodel_01.pt is truncated or corrupt" in t.stderr.decode()
+    (folder / "tmodel_01.pt").write_bytes(data)
+    (folder / "tokenizer_it.json").unlink()
+    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    assert t.returncode == 2 and "tokenizer_it.json not found" in t.stderr.decode()
+    shutil.copy(folder / "tokenizer_en.json", folder / "tokenizer_it.json")
+    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    assert t.returncode == 2 and "target vocabulary of" in t.stderr.decode()
+
+
+def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
+    home, _ = trained
+    from translate import average_checkpoints
+    import shutil
+    for name in ("a.pt", "b.pt", "c.pt"):
+        shutil.copy(home / "weights" / "tmodel_00.pt", tmp_path / name)
+    averaged = average_checkpoints([tmp_path / n for n in ("a.pt", "b.pt", "c.pt")])
+    original = load_checkpoint(home / "weights" / "tmodel_00.pt")["model_state_dict"]
+    for k, v in original.items():
+        assert torch.equal(averaged["model_state_dict"][k], v), k
+    two = average_checkpoints([home / "weights" / "tmodel_00.pt",
+                               home / "weights" / "tmodel_01.pt"])["model_state_dict"]
+    last = load_checkpoint(home / "weights" / "tmodel_01.pt")["model_state_dict"]
+    key = "projection_layer.proj.weight"
+    torch.testing.assert_close(two[key], (original[key] + last[key]) / 2)
+    t = run_script("translate.py", "--average", "2", "one two.", cwd=home)
+    assert t.returncode == 0 and "averaged 2 checkpoints" in t.stderr.decode()
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("no_dir", "--data_dir nowhere: no such folder"),
+    ("line_counts", "train.it has 2"),
+    ("overwrite", "--preload none would overwrite them"),
+    ("arch", "was trained with --d_model 32, not 64"),
+    ("hub", "could not reach the Hugging Face hub"),
+])
+def test_train_bad_input_is_one_line_and_exit_2(trained, tmp_path, problem, message):
+    home, _ = trained
+    args = {"no_dir": ["--data_dir", "nowhere"],
+            "line_counts": ["--data_dir", "bad", "--model_folder", "fresh"],
+            "overwrite": ["--preload", "none"],
+            "arch": ["--d_model", "64"],
+            "hub": ["--model_folder", "fresh2"]}[problem]
+    if problem == "line_counts":
+        (home / "bad").mkdir(exist_ok=True)
+        (home / "bad" / "train.en").write_text("a\nb\nc\n")
+        (home / "bad" / "train.it").write_text("a\nb\n")
+    before = {p: p.stat().st_mtime_ns for p in (home / "weights").iterdir()}
+    t = run_script("train.py", *args, cwd=home)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and message in err and err.strip().count("\n") == 0, err
+    assert {p: p.stat().st_mtime_ns for p in (home / "weights").iterdir()} == before
+
+
+def train_args(folder):
+    return ["--data_dir", "corpus", *TINY, "--max_tokens", "60", "--d_model", "64", "--N", "2",
+            "--num_epochs", "2", "--save_every", "2", "--keep_last", "2",
+            "--model_folder", folder, "--experiment_name", f"runs/{folder}"]
+
+
+@pytest.fixture(scope="module")
+def kill_corpus(tmp_path_factory):
+    home = tmp_path_factory.mktemp("kill")
+    write_aligned(home / "corpus", "train", number_pairs(400, seed=5))
+    write_aligned(home / "corpus", "val", number_pairs(4, seed=6))
+    return home
+
+
+def popen_train(home, args):
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *map(str, args)], cwd=home,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def step_checkpoints(folder):
+    return sorted(p for p in folder.glob("tmodel_*_s*.pt"))
+
+
+def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_corpus):
+    home = kill_corpus
+    reference = run_script("train.py", *train_args("straight"), cwd=home, timeout=240)
+    assert reference.returncode == 0, reference.stderr.decode()[-2000:]
+
+    folder = home / "killed"
+    kills = 0
+    for wait_for in (1, 4, 7):  # kill after this many mid-epoch saves have appeared, then resume
+        proc = popen_train(home, train_args("killed"))
+        seen = set()
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            seen |= {p.name for p in step_checkpoints(folder)}
+            if len(seen) >= wait_for:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+                break
+            time.sleep(0.005)
+        proc.communicate()
+        for p in folder.glob("*.pt"):  # whatever instant it died at, every file loads
+            load_checkpoint(p)
+    assert kills >= 1
+    final = run_script("train.py", *train_args("killed"), cwd=home, timeout=240)
+    assert final.returncode == 0, final.stderr.decode()[-2000:]
+    a = load_checkpoint(home / "straight" / "tmodel_01.pt")
+    b = load_checkpoint(folder / "tmodel_01.pt")
+    assert a["global_step"] == b["global_step"]  # no batch trained twice, none skipped
+    for k, v in a["model_state_dict"].items():
+        assert torch.equal(v, b["model_state_dict"][k]), k
+    assert len(step_checkpoints(folder)) <= 2  # keep_last
+
+
+def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
+    home = kill_corpus
+    args = train_args("interrupted")
+    args[args.index("--num_epochs") + 1] = "50"
+    args[args.index("--save_every") + 1] = "0"
+    proc = popen_train(home, args)
+    deadline = time.time() + 120
+    while not (home / "interrupted" / "tmodel_00.pt").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "stopped by SIGINT" in out.decode() and "Resume with" in out.decode()
+    saved = step_checkpoints(home / "interrupted")
+    assert len(saved) == 1
+    state = load_checkpoint(saved[0])
+    args[args.index("--num_epochs") + 1] = str(state["epoch"] + 1)
+    resumed = run_script("train.py", *args, cwd=home)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert (f"epoch {state['next_epoch']}, batch {state['next_batch']}, step "
+            f"{state['global_step']}") in resumed.stdout.decode()
+
+
+def test_non_finite_updates_are_skipped_then_training_stops_without_saving_them(kill_corpus):
+    home = kill_corpus
+    args = train_args("diverged") + ["--lr", "1e30", "--clip_grad", "0", "--max_bad_steps", "3"]
+    t = run_script("train.py", *args, cwd=home)
+    err = t.stderr.decode()
+    assert t.returncode == 2, err[-2000:]
+    assert "update skipped (1 in a row)" in err + t.stdout.decode()
+    assert "3 non-finite updates in a row: training stopped" in err
+    for p in (home / "diverged").glob("*.pt"):
+        state = load_checkpoint(p)
+        assert all(torch.isfinite(v).all() for v in state["model_state_dict"].values())
