@@ -52,6 +52,8 @@ class Config:
                             "alone switches to sentence batches)")
     max_tokens: int = _f(4096, "padded tokens per batch, length-bucketed (0 = use batch_size)")
     num_epochs: int = _f(20, "epochs to train")
+    max_steps: int = _f(0, "stop after this many optimizer steps in all, saving a checkpoint "
+                           "(0 = no limit)")
     lr: float = _f(1e-4, "peak learning rate (inverse_sqrt: scale on the paper's formula)")
     lr_schedule: str = _f("constant", "learning-rate schedule",
                           ["constant", "inverse_sqrt", "cosine"])
@@ -89,7 +91,7 @@ class Config:
         for name in positive:
             if getattr(self, name) <= 0:
                 return f"--{name} must be positive (got {getattr(self, name)})"
-        for name in ["batch_size", "max_tokens", "warmup", "save_every", "keep_last",
+        for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
                      "clip_grad"]:
             if getattr(self, name) < 0:

@@ -437,7 +437,7 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
 @torch.no_grad()
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
                   seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
-                  nbest: int = 1, extra_len: int = 50):
+                  nbest: int = 1, extra_len: int = 50, use_cache: bool = True):
     """Translates lists of source token ids (no special tokens) in batches of similar length.
 
     Each sentence may produce up to its own length + `extra_len` tokens, capped by seq_len.
@@ -455,7 +455,7 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
         lengths = (src != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
         max_len = (lengths + extra_len).clamp(min=1, max=seq_len - 1)  # (batch,)
         if beam == 1 and nbest == 1:
-            outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len)
+            outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache)
         else:
             outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
                                   nbest)

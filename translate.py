@@ -49,11 +49,12 @@ def average_checkpoints(paths):
     return {**newest, "model_state_dict": averaged}
 
 
-def load_translator(args, given: set):
-    """(model, config, tokenizer_src, tokenizer_tgt) from --checkpoint or --preload."""
-    config, _ = config_from_args(args)
-    if args.checkpoint:
-        path = Path(args.checkpoint)
+def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
+    """(model, config, tokenizer_src, tokenizer_tgt): the checkpoint file `checkpoint`, or the
+    one --preload names in --model_folder (the newest by default), rebuilt from its own config.
+    `config` holds the command line's values; `given` names the flags the user set."""
+    if checkpoint:
+        path = Path(checkpoint)
         if "model_folder" not in given:  # the tokenizers live beside the checkpoint
             config.model_folder = str(path.parent)
     else:
@@ -61,12 +62,12 @@ def load_translator(args, given: set):
         if path is None:
             raise CheckpointError(f"no checkpoint in {config.model_folder}/ (train one with "
                                   f"python train.py, or pass --checkpoint PATH)")
-    if args.average > 1:
+    if average > 1:
         paths = [p for p in epoch_checkpoints(config) if p.resolve() != path.resolve()]
         paths = [p for p in paths if p.stat().st_mtime <= path.stat().st_mtime]
-        paths = (paths + [path])[-args.average:]
-        if len(paths) < args.average:
-            raise CheckpointError(f"--average {args.average}: only {len(paths)} per-epoch "
+        paths = (paths + [path])[-average:]
+        if len(paths) < average:
+            raise CheckpointError(f"--average {average}: only {len(paths)} per-epoch "
                                   f"checkpoint(s) up to {path.name} in {path.parent}")
         state = average_checkpoints(paths)
         print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
@@ -253,7 +254,10 @@ def main(argv=None):
         parser.error("--reference goes with --input or stdin")
     beam = max(args.beam, args.nbest)
     try:
-        model, config, tokenizer_src, tokenizer_tgt = load_translator(args, given)
+        config, _ = config_from_args(args)
+        model, config, tokenizer_src, tokenizer_tgt = load_translator(config, given,
+                                                                      args.checkpoint,
+                                                                      args.average)
         reference = None
         if args.sentence is not None:
             sentence = args.sentence

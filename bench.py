@@ -1,0 +1,270 @@
+"""Training throughput: this repo's Transformer against torch.nn.Transformer of the same shape.
+
+    python bench.py                                   # base shape (512/6/8/2048), Multi30k en-de
+    python bench.py --d_model 128 --N 2 --h 4 --d_ff 512 --steps 20
+
+Both models train (forward, loss, backward, Adam) on the same length-bucketed batches of about
+--max_tokens tokens, interleaved step by step, so the machine's state is the same for both.
+Then, as the baseline, this repo's model on the write-ups' pipeline (8 sentences padded to
+seq_len 350), and finally the whole train.py loop (data, loss, logging) for --train_steps steps.
+Throughput counts real (non-padding) source + target tokens. On CUDA it also prints the model
+FLOPs utilization (MFU) of the bf16 step.
+"""
+
+import dataclasses
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+import torch.nn as nn
+
+from config import ArgumentParser, Config, add_config_arguments, build_model, config_from_args
+from dataset import Collator, DataError, TokenBatchSampler, get_ds
+from model import PositionalEncoding
+from train import autocast_dtype, get_device, train_model, tune_cpu_allocator
+
+# Dense bf16 peak FLOP/s of common GPUs, for MFU.
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
+             "4090": 165e12, "3090": 71e12}
+
+
+class TorchTransformer(nn.Module):
+    """torch.nn.Transformer with the same embeddings, positional encoding, pre-norm layers and
+    projection as this repo's model: the reference for speed."""
+
+    def __init__(self, src_vocab, tgt_vocab, seq_len, d_model, N, h, d_ff, dropout):
+        super().__init__()
+        self.d_model = d_model
+        self.src_embed = nn.Embedding(src_vocab, d_model)
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        self.pos = PositionalEncoding(d_model, seq_len, dropout)
+        with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." (inference only)
+            warnings.simplefilter("ignore", UserWarning)
+            self.transformer = nn.Transformer(d_model, h, N, N, d_ff, dropout,
+                                              batch_first=True, norm_first=True)
+        self.proj = nn.Linear(d_model, tgt_vocab)
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        src_pad = ~src_mask[:, 0, 0, :]  # (batch, src_len), True at padding
+        tgt_pad = ~tgt_mask[:, 0, -1, :]  # the last row of the causal mask marks padding
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device,
+                                                                dtype=torch.bool)
+        out = self.transformer(self.pos(self.src_embed(src) * math.sqrt(self.d_model)),
+                               self.pos(self.tgt_embed(tgt) * math.sqrt(self.d_model)),
+                               tgt_mask=causal, src_key_padding_mask=src_pad,
+                               tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
+                               tgt_is_causal=True)
+        return self.proj(out)  # (batch, tgt_len, tgt_vocab)
+
+
+def model_flops(config: Config, batch, tgt_vocab: int) -> float:
+    """Training FLOPs of one step (3x forward: forward + backward), counting padded positions:
+    every matmul of the layers and projection, and attention's QK^T and AV."""
+    b, s = batch["encoder_input"].shape
+    t = batch["decoder_input"].size(1)
+    d, ff = config.d_model, config.d_ff
+    enc = s * (4 * d * d + 2 * d * ff) + 2 * s * s * d  # projections, FFN, attention scores
+    dec = t * (4 * d * d + 2 * d * ff) + 2 * t * t * d + t * 2 * d * d + s * 2 * d * d \
+        + 2 * t * s * d  # self-attention, FFN, cross-attention (K/V of the memory)
+    forward = 2 * b * (config.N * (enc + dec) + t * d * tgt_vocab)
+    return 3 * forward
+
+
+class Step:
+    """One training step of a model, timed."""
+
+    def __init__(self, model, config, device, pad_id, vocab):
+        self.model, self.device, self.pad_id, self.vocab = model, device, pad_id, vocab
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98),
+                                          eps=1e-9)
+        self.loss_fn = nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=0.1)
+        dtype = autocast_dtype(config, device)
+        self.amp = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
+        self.times, self.tokens = [], []
+        self.peak_memory = 0
+
+    def __call__(self, batch, record=True):
+        d = self.device
+        sync(d)
+        started = time.perf_counter()
+        args = [batch[k].to(d, non_blocking=True) for k in
+                ("encoder_input", "decoder_input", "encoder_mask", "decoder_mask")]
+        label = batch["label"].to(d, non_blocking=True)
+        if self.amp:
+            with self.amp():
+                logits = self.model(*args)
+        else:
+            logits = self.model(*args)
+        loss = self.loss_fn(logits.float().view(-1, self.vocab), label.view(-1))
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sync(d)
+        if record:
+            self.times.append(time.perf_counter() - started)
+            self.tokens.append(real_tokens(batch, self.pad_id))
+        if d.type == "cuda":
+            self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(d))
+
+    def tokens_per_s(self):
+        return sum(self.tokens) / sum(self.times)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def real_tokens(batch, pad_id):
+    return int((batch["encoder_input"] != pad_id).sum() + (batch["label"] != pad_id).sum())
+
+
+def peak_rss_mb():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per model")
+    parser.add_argument("--warmup_steps", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--baseline_steps", type=int, default=3,
+                        help="timed steps of the pad-to-seq_len baseline (0 = skip)")
+    parser.add_argument("--baseline_seq_len", type=int, default=350)
+    parser.add_argument("--baseline_batch_size", type=int, default=8)
+    parser.add_argument("--train_steps", type=int, default=8,
+                        help="steps of the whole train.py loop (0 = skip); the first is untimed")
+    add_config_arguments(parser)
+    parser.set_defaults(data_dir="../shared/data/multi30k", lang_src="en", lang_tgt="de",
+                        max_tokens=4000, seq_len=128, dropout=0.1)
+    args = parser.parse_args(argv)
+    config, _ = config_from_args(args)
+    if config.model_folder == "weights":  # tokenizers of the benchmark corpus, kept apart
+        config.model_folder = f"weights/bench_{config.lang_src}_{config.lang_tgt}"
+    problem = config.validate()
+    if problem:
+        parser.error(problem)
+    try:
+        data = get_ds(config)
+    except DataError as e:
+        parser.error(str(e))
+    device = get_device(config.device)
+    if device.type == "cpu":
+        tune_cpu_allocator()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    pad_id = data.tokenizer_tgt.token_to_id("[PAD]")
+    src_vocab, tgt_vocab = data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()
+    shape = f"d_model {config.d_model}, N {config.N}, h {config.h}, d_ff {config.d_ff}"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"{torch.get_num_threads()} threads"
+    print(f"device: {device} ({where}), torch {torch.__version__}, "
+          f"precision: {autocast_dtype(config, device) or 'fp32'}")
+    print(f"shape: {shape}; batches of <= {config.max_tokens} tokens; "
+          f"{args.warmup_steps} warm-up + {args.steps} timed steps each")
+
+    torch.manual_seed(config.seed)
+    ours = build_model(config, src_vocab, tgt_vocab).to(device).train()
+    torch.manual_seed(config.seed)
+    theirs = TorchTransformer(src_vocab, tgt_vocab, config.seq_len, config.d_model, config.N,
+                              config.h, config.d_ff, config.dropout).to(device).train()
+    if config.compile:
+        ours, theirs = torch.compile(ours, dynamic=True), torch.compile(theirs, dynamic=True)
+    step_ours = Step(ours, config, device, pad_id, tgt_vocab)
+    step_theirs = Step(theirs, config, device, pad_id, tgt_vocab)
+    sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
+                                seed=config.seed)
+    collate = Collator(pad_id)
+    batches = [collate([data.train[i] for i in b])
+               for b in sampler.batches(0)[:args.warmup_steps + args.steps]]
+    flops = []
+    for n, batch in enumerate(batches):
+        timed = n >= args.warmup_steps
+        # alternate which model goes first, so neither always runs on a warmer cache
+        pair = (step_ours, step_theirs) if n % 2 == 0 else (step_theirs, step_ours)
+        for step in pair:
+            step(batch, record=timed)
+        if timed:
+            flops.append(model_flops(config, batch, tgt_vocab))
+        times = f"ours {step_ours.times[-1]:.2f}s, nn.Transformer {step_theirs.times[-1]:.2f}s" \
+            if timed else "warm-up"
+        print(f"  step {n}: {times} ({real_tokens(batch, pad_id)} real tokens)", flush=True)
+    ratio = step_ours.tokens_per_s() / step_theirs.tokens_per_s()
+    rows = [("this repo (token batches)", step_ours),
+            ("torch.nn.Transformer (same batches)", step_theirs)]
+
+    baseline = None
+    if args.baseline_steps:
+        # The write-ups' pipeline: fixed batches of 8 sentences, every one padded to seq_len.
+        base_config = dataclasses.replace(config, seq_len=args.baseline_seq_len)
+        torch.manual_seed(config.seed)
+        base_model = build_model(base_config, src_vocab, tgt_vocab).to(device).train()
+        baseline = Step(base_model, config, device, pad_id, tgt_vocab)
+        g = torch.Generator().manual_seed(config.seed)
+        order = torch.randperm(len(data.train), generator=g).tolist()
+        size = args.baseline_batch_size
+        for n in range(1 + args.baseline_steps):
+            items = [data.train[i] for i in order[n * size:(n + 1) * size]]
+            pad_to = args.baseline_seq_len
+            for item in items:
+                for key in ("encoder_input", "decoder_input", "label"):
+                    item[key] = torch.cat([item[key], torch.full(
+                        (pad_to - len(item[key]),), pad_id, dtype=torch.long)])
+            baseline(collate(items), record=n > 0)
+        rows.append((f"baseline: {size} sentences padded to {args.baseline_seq_len}", baseline))
+        del base_model
+
+    loop = None
+    if args.train_steps:
+        with tempfile.TemporaryDirectory() as tmp:
+            loop_config = dataclasses.replace(
+                config, max_steps=args.train_steps, num_epochs=1, preload="none",
+                model_folder=tmp, experiment_name=f"{tmp}/runs", save_every=0)
+            # the tokenizers are already trained: let the loop reuse them
+            for lang, tok in ((config.lang_src, data.tokenizer_src),
+                              (config.lang_tgt, data.tokenizer_tgt)):
+                tok.save(f"{tmp}/{config.tokenizer_file.format(lang)}")
+            stats = train_model(loop_config, set())
+        skip = min(1, len(stats["step_tokens"]) - 1)
+        loop = sum(stats["step_tokens"][skip:]) / sum(stats["step_seconds"][skip:])
+
+    print()
+    print(f"{'':40} {'real tokens/s':>14} {'s/step':>8}")
+    for name, step in rows:
+        print(f"{name:40} {step.tokens_per_s():14,.0f} {statistics.mean(step.times):8.2f}")
+    if loop is not None:
+        print(f"{'whole train.py loop':40} {loop:14,.0f}")
+    print()
+    print(f"ours / nn.Transformer:              {ratio:.2f}x   (target >= 1.0)")
+    if baseline is not None:
+        print(f"ours / pad-to-{args.baseline_seq_len} baseline:        "
+              f"{step_ours.tokens_per_s() / baseline.tokens_per_s():.1f}x")
+    if loop is not None and baseline is not None:
+        print(f"train.py loop / baseline:           {loop / baseline.tokens_per_s():.1f}x   "
+              f"(target >= 25)")
+    if loop is not None:
+        print(f"train.py loop / model step:         {loop / step_ours.tokens_per_s():.2f}x   "
+              f"(target >= 0.9)")
+    if device.type == "cuda":
+        for name, step in rows[:2]:
+            print(f"peak GPU memory, {name}: {step.peak_memory / 2**30:.2f} GiB")
+        gpu = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+        achieved = sum(flops) / sum(step_ours.times)
+        print(f"model FLOP/s (ours): {achieved / 1e12:.1f} TFLOP/s" + (
+            f", MFU {100 * achieved / peak:.1f}% of {gpu}'s {peak / 1e12:.0f} TFLOP/s bf16"
+            if peak else ""))
+    else:
+        print(f"peak resident memory of this process: {peak_rss_mb():,.0f} MiB")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
