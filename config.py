@@ -5,8 +5,8 @@
 """
 
 import argparse
-import os
 import dataclasses
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -218,7 +218,8 @@ def add_config_arguments(parser, visible=None, helps=None):
         parser.add_argument(f"--{f.name}", type=kind, default=None, metavar=f.name.upper(),
                             choices=f.metadata["choices"],
                             help=argparse.SUPPRESS if hidden else
-                            (helps or {}).get(f.name, f"{f.metadata['help']} (default: {f.default})"))
+                            (helps or {}).get(f.name, f"{f.metadata['help']} "
+                                                      f"(default: {f.default})"))
 
 
 def config_from_args(args, base: Config = None):
@@ -295,6 +296,7 @@ def load_checkpoint(path: Path) -> dict:
     """Loads with weights_only=True: only tensors and plain values, so a crafted file cannot run
     code. Raises CheckpointError naming the file for anything unusable."""
     import pickle
+
     import torch
     path = Path(path)
     if not path.is_file():

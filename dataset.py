@@ -60,24 +60,29 @@ def _split_name(stem: str):
     return None
 
 
-def _read_lines(path: Path):
-    """The lines of a UTF-8 text file (without line endings); a bad byte names its line."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e.strerror}") from None
+def decode_lines(data: bytes, name) -> list:
+    """The lines of UTF-8 text (no line endings, no BOM); a bad byte names its line."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}, line {line}: not valid UTF-8 (byte {data[e.start]:#04x})") \
+        raise DataError(f"{name}, line {line}: not valid UTF-8 (byte {data[e.start]:#04x})") \
             from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    lines = text.split("\n")
+    lines = text.split("\n")  # not splitlines(): it also splits on \x1c, \x85, \u2028 ...
     if lines and lines[-1] == "":
         lines.pop()
     return [line.rstrip("\r") for line in lines]
+
+
+def read_lines(path: Path) -> list:
+    """The lines of a UTF-8 text file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    return decode_lines(data, path)
 
 
 def _pairs_to_dataset(src, tgt, where: str):
@@ -110,7 +115,7 @@ def _load_local(config: Config):
         tgt_file = src_file.with_suffix(f".{tgt}")
         if not tgt_file.exists():
             raise DataError(f"{src_file} has no matching target file {tgt_file}")
-        src_lines, tgt_lines = _read_lines(src_file), _read_lines(tgt_file)
+        src_lines, tgt_lines = read_lines(src_file), read_lines(tgt_file)
         if len(src_lines) != len(tgt_lines):
             raise DataError(f"{src_file} has {len(src_lines)} lines but {tgt_file} has "
                             f"{len(tgt_lines)}: the files must be aligned line by line")
@@ -122,7 +127,7 @@ def _load_local(config: Config):
         split = _split_name(tsv.stem) or ("train" if len(tsv_files) == 1 else None)
         if split is None or split in splits:
             continue
-        lines = _read_lines(tsv)
+        lines = read_lines(tsv)
         if lines and lines[0].strip().split("\t") == [src, tgt]:
             lines = lines[1:]  # a header naming the languages
         pairs = []
@@ -143,7 +148,7 @@ def _load_local(config: Config):
         if split is None or split in splits:
             continue
         src_lines, tgt_lines = [], []
-        for n, line in enumerate(_read_lines(jl), 1):
+        for n, line in enumerate(read_lines(jl), 1):
             if not line.strip():
                 continue
             try:
@@ -244,15 +249,16 @@ def build_tokenizer(kind: str, vocab_size: int, texts):
     if kind == "word":
         tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
-        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                            special_tokens=SPECIAL_TOKENS)
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2,
+                                            special_tokens=SPECIAL_TOKENS, show_progress=False)
     else:
         tok = Tokenizer(models.BPE(unk_token="[UNK]"))
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 

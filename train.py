@@ -21,10 +21,23 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from config import (MODEL_FIELDS, ArgumentParser, CheckpointError, Config, add_config_arguments,
-                    build_model, check_vocab, config_from_args, epoch_checkpoint_path,
-                    list_checkpoints, load_checkpoint, load_model_weights, resolve_preload,
-                    save_checkpoint, step_checkpoint_path)
+from config import (
+    MODEL_FIELDS,
+    ArgumentParser,
+    CheckpointError,
+    Config,
+    add_config_arguments,
+    build_model,
+    check_vocab,
+    config_from_args,
+    epoch_checkpoint_path,
+    list_checkpoints,
+    load_checkpoint,
+    load_model_weights,
+    resolve_preload,
+    save_checkpoint,
+    step_checkpoint_path,
+)
 from dataset import Collator, DataError, TokenBatchSampler, get_ds
 from model import translate_ids
 

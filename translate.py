@@ -13,10 +13,23 @@ from pathlib import Path
 
 import torch
 
-from config import (MODEL_FIELDS, ArgumentParser, CheckpointError, Config, add_config_arguments,
-                    build_model, check_vocab, config_from_args, epoch_checkpoints,
-                    load_checkpoint, load_model_weights, resolve_preload, tokenizer_path)
-from dataset import DataError, load_tokenizer
+from config import (
+    MODEL_FIELDS,
+    ArgumentParser,
+    CheckpointError,
+    Config,
+    add_config_arguments,
+    build_model,
+    check_vocab,
+    config_from_args,
+    epoch_checkpoints,
+    load_checkpoint,
+    load_model_weights,
+    resolve_preload,
+    tokenizer_path,
+)
+from dataset import DataError, decode_lines, load_tokenizer
+from dataset import read_lines as dataset_read_lines
 from model import causal_mask, translate_ids
 
 # Config fields translate.py takes from the command line; the rest describe training.
@@ -159,21 +172,8 @@ def save_attention_map(model, tokenizer_src, tokenizer_tgt, sentence, translatio
 def read_lines(path_or_stdin):
     """Lines of a UTF-8 file ('-' or None: stdin); invalid UTF-8 names its line."""
     if path_or_stdin in (None, "-"):
-        data, name = sys.stdin.buffer.read(), "stdin"
-    else:
-        try:
-            data, name = Path(path_or_stdin).read_bytes(), path_or_stdin
-        except OSError as e:
-            raise InputError(f"cannot read {path_or_stdin}: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise InputError(f"{name}, line {line}: not valid UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
+        return decode_lines(sys.stdin.buffer.read(), "stdin")
+    return dataset_read_lines(path_or_stdin)
 
 
 def clean(sentence: str) -> str:
@@ -187,7 +187,7 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
     nbest > 1 a list of (translation, score) per sentence."""
     sentences = [clean(s) for s in sentences]
     ids = [e.ids for e in tokenizer_src.encode_batch(sentences)]
-    for n, (s, i) in enumerate(zip(sentences, ids), 1):
+    for n, i in enumerate(ids, 1):
         if len(i) + 2 > config.seq_len:
             print(f"warning: sentence {n} has {len(i)} tokens; only the first "
                   f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",

@@ -1,13 +1,23 @@
 """Loading every corpus format, tokenizers, the batch sampler and the masks of a batch."""
 
 import json
+
 import pytest
 import torch
+from conftest import number_pairs, write_aligned
 
 from config import Config
-from conftest import number_pairs, write_aligned
-from dataset import (BilingualDataset, Collator, DataError, TokenBatchSampler, build_tokenizer,
-                     column, get_ds, get_tokenizer, load_corpus)
+from dataset import (
+    BilingualDataset,
+    Collator,
+    DataError,
+    TokenBatchSampler,
+    build_tokenizer,
+    column,
+    get_ds,
+    get_tokenizer,
+    load_corpus,
+)
 
 
 def cfg(tmp_path, **kw):
@@ -52,8 +62,8 @@ def test_json_lines_with_a_translation_field(tmp_path):
     (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     (folder / "validation.jsonl").write_text(json.dumps(rows[0]) + "\n")
     splits = load_corpus(cfg(tmp_path, data_dir=str(folder)))
-    assert len(splits["train"]) == 12 and column(splits["validation"], "tgt") == [rows[0]["translation"]
-                                                                          ["it"]]
+    assert len(splits["train"]) == 12
+    assert column(splits["validation"], "tgt") == [rows[0]["translation"]["it"]]
 
 
 def make_hub_repo(folder, subset="en-it", pairs=None):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 import torch
+from conftest import ROOT, TINY, number_pairs, run_script, write_aligned
 
 from config import load_checkpoint
-from conftest import ROOT, TINY, number_pairs, run_script, write_aligned
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +126,9 @@ def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
 
 def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
     home, _ = trained
-    from translate import average_checkpoints
     import shutil
+
+    from translate import average_checkpoints
     for name in ("a.pt", "b.pt", "c.pt"):
         shutil.copy(home / "weights" / "tmodel_00.pt", tmp_path / name)
     averaged = average_checkpoints([tmp_path / n for n in ("a.pt", "b.pt", "c.pt")])
@@ -258,3 +259,19 @@ def test_non_finite_updates_are_skipped_then_training_stops_without_saving_them(
     for p in (home / "diverged").glob("*.pt"):
         state = load_checkpoint(p)
         assert all(torch.isfinite(v).all() for v in state["model_state_dict"].values())
+
+
+def test_cross_attention_map(trained, tmp_path):
+    home, _ = trained
+    t = run_script("translate.py", "--attention", tmp_path / "att.png", "one two.", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert (tmp_path / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from config import Config
+    from translate import cross_attention, load_translator
+    model, _, tok_src, tok_tgt = load_translator(Config(model_folder=str(home / "weights")))
+    weights, src_tokens, tgt_tokens = cross_attention(model, tok_src, tok_tgt, "one two.",
+                                                      "uno due.")
+    assert weights.shape == (1, 2, len(tgt_tokens), len(src_tokens))  # (N, h, tgt, src)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, len(tgt_tokens)))
+    assert src_tokens[0] == "[SOS]" and tgt_tokens[-1] == "[EOS]"
+    assert "".join(src_tokens[1:-1]) == "one two."

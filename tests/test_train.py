@@ -6,8 +6,15 @@ import pickle
 import pytest
 import torch
 
-from config import (CheckpointError, Config, check_vocab, latest_checkpoint_path,
-                    load_checkpoint, parse_config, save_checkpoint)
+from config import (
+    CheckpointError,
+    Config,
+    check_vocab,
+    latest_checkpoint_path,
+    load_checkpoint,
+    parse_config,
+    save_checkpoint,
+)
 from dataset import BilingualDataset, Collator
 from model import build_transformer
 from train import edit_distance, error_rate, learning_rate, train_step
@@ -163,3 +170,22 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypat
     assert path.read_bytes() == before
     assert list(tmp_path.iterdir()) == [path]
     assert math.isfinite(load_checkpoint(path)["global_step"])
+
+
+def test_the_readme_documents_every_flag_with_its_default():
+    import dataclasses
+
+    from conftest import ROOT
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for f in dataclasses.fields(Config):
+        default = '""' if f.default == "" else f.default
+        assert f"| `--{f.name}` | `{default}` |" in readme, f.name
+
+
+def test_ci_runs_the_readme_test_command():
+    from conftest import ROOT
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = "pip install -r requirements-dev.txt && python -m pytest -q"
+    assert f"```bash\n{command}\n```" in readme
+    assert f"\n{command}\n" in ci
