@@ -22,8 +22,9 @@ import warnings
 import torch
 import torch.nn as nn
 
-from config import ArgumentParser, Config, add_config_arguments, build_model, config_from_args
-from dataset import Collator, DataError, TokenBatchSampler, get_ds
+from config import (ArgumentParser, Config, UserError, add_config_arguments, build_model,
+                    config_from_args)
+from dataset import Collator, TokenBatchSampler, get_ds
 from model import PositionalEncoding
 from train import autocast_dtype, get_device, train_model, tune_cpu_allocator
 
@@ -150,7 +151,7 @@ def main(argv=None):
         parser.error(problem)
     try:
         data = get_ds(config)
-    except DataError as e:
+    except UserError as e:
         parser.error(str(e))
     device = get_device(config.device)
     if device.type == "cpu":

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from config import ArgumentParser, CheckpointError, add_config_arguments, config_from_args
-from dataset import DataError
+from config import ArgumentParser, UserError, add_config_arguments, config_from_args
 from model import translate_ids
-from translate import TRANSLATE_FIELDS, InputError, load_translator, read_lines
+from translate import TRANSLATE_FIELDS, load_translator, read_lines
 
 
 def timed(fn):
@@ -50,7 +49,7 @@ def main(argv=None):
         data_dir = Path(args.data_dir)
         sources = read_lines(data_dir / f"{args.split}.{config.lang_src}")
         references = read_lines(data_dir / f"{args.split}.{config.lang_tgt}")
-    except (CheckpointError, DataError, InputError) as e:
+    except UserError as e:
         parser.error(str(e))
     import sacrebleu
     ids = [e.ids for e in tok_src.encode_batch(sources)]

@@ -117,6 +117,8 @@ class Config:
                     f"(got '{self.lang_src}' and '{self.lang_tgt}')")
         if "{0}" not in self.tokenizer_file:
             return "--tokenizer_file must contain {0} (replaced by the language code)"
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            return f"--device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'"
         if self.preload not in ("latest", "none") and not self.preload.isdigit():
             return f"--preload must be latest, none or an epoch number, got '{self.preload}'"
         return None
@@ -132,6 +134,11 @@ class Config:
 
 
 MODEL_FIELDS = [f.name for f in dataclasses.fields(Config) if f.metadata["group"] == "model"]
+
+
+class UserError(Exception):
+    """A problem the user can fix (a path, a flag, a file, a sentence). The scripts print it as
+    one line on stderr and exit with code 2, never a traceback."""
 
 
 # ---- checkpoint paths ---------------------------------------------------------------------------
@@ -253,8 +260,8 @@ def parse_config(argv=None, description=None):
 
 # ---- checkpoints --------------------------------------------------------------------------------
 
-class CheckpointError(Exception):
-    """A checkpoint that cannot be saved or used; the scripts print it as one line, exit 2."""
+class CheckpointError(UserError):
+    """A checkpoint that cannot be found, saved or used."""
 
 
 def build_model(config: Config, src_vocab_size: int, tgt_vocab_size: int):
@@ -301,6 +308,11 @@ def load_checkpoint(path: Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

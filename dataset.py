@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
-from config import Config, tokenizer_path
+from config import Config, UserError, tokenizer_path
 from model import causal_mask
 
 SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]  # ids 0, 1, 2, 3 in every tokenizer
@@ -29,8 +29,8 @@ def note(message: str):
     print(message, file=sys.stderr)
 
 
-class DataError(Exception):
-    """A problem with the user's data or files; the scripts print it as one line and exit 2."""
+class DataError(UserError):
+    """A problem with the user's corpus or tokenizer files."""
 
 
 def _quiet_datasets():

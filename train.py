@@ -21,24 +21,11 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from config import (
-    MODEL_FIELDS,
-    ArgumentParser,
-    CheckpointError,
-    Config,
-    add_config_arguments,
-    build_model,
-    check_vocab,
-    config_from_args,
-    epoch_checkpoint_path,
-    list_checkpoints,
-    load_checkpoint,
-    load_model_weights,
-    resolve_preload,
-    save_checkpoint,
-    step_checkpoint_path,
-)
-from dataset import Collator, DataError, TokenBatchSampler, get_ds
+from config import (MODEL_FIELDS, ArgumentParser, CheckpointError, Config, UserError,
+                    add_config_arguments, build_model, check_vocab, config_from_args,
+                    epoch_checkpoint_path, list_checkpoints, load_checkpoint, load_model_weights,
+                    resolve_preload, save_checkpoint, step_checkpoint_path)
+from dataset import Collator, TokenBatchSampler, get_ds
 from model import translate_ids
 
 # Settings that locate the run; on resume they are never taken from the checkpoint.
@@ -48,6 +35,11 @@ RUN_FIELDS = ("model_folder", "model_basename", "preload")
 # ---- set-up helpers -----------------------------------------------------------------------------
 
 def get_device(name: str = "auto") -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine")
+    if name == "mps" and not (getattr(torch.backends, "mps", None)
+                              and torch.backends.mps.is_available()):
+        raise UserError("--device mps: MPS is not available on this machine")
     if name != "auto":
         return torch.device(name)
     if torch.cuda.is_available():
@@ -440,7 +432,7 @@ def main(argv=None):
         parser.error(problem)
     try:
         train_model(config, given)
-    except (DataError, CheckpointError) as e:
+    except UserError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

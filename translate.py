@@ -13,22 +13,11 @@ from pathlib import Path
 
 import torch
 
-from config import (
-    MODEL_FIELDS,
-    ArgumentParser,
-    CheckpointError,
-    Config,
-    add_config_arguments,
-    build_model,
-    check_vocab,
-    config_from_args,
-    epoch_checkpoints,
-    load_checkpoint,
-    load_model_weights,
-    resolve_preload,
-    tokenizer_path,
-)
-from dataset import DataError, decode_lines, load_tokenizer
+from config import (MODEL_FIELDS, ArgumentParser, CheckpointError, Config, UserError,
+                    add_config_arguments, build_model, check_vocab, config_from_args,
+                    epoch_checkpoints, load_checkpoint, load_model_weights, resolve_preload,
+                    tokenizer_path)
+from dataset import decode_lines, load_tokenizer
 from dataset import read_lines as dataset_read_lines
 from model import causal_mask, translate_ids
 
@@ -37,8 +26,8 @@ TRANSLATE_FIELDS = {"model_folder", "model_basename", "preload", "tokenizer_file
                     "datasource", "val_fraction", "seed", "seq_len", "device", "batch_size"}
 
 
-class InputError(Exception):
-    """A bad sentence or input file; printed as one line, exit 2."""
+class InputError(UserError):
+    """A bad sentence, input or output file."""
 
 
 def average_checkpoints(paths):
@@ -304,7 +293,7 @@ def main(argv=None):
             print(f"{bleu_score}  ({bleu.get_signature()})", file=sys.stderr)
             print(f"{chrf.corpus_score(hyps, [refs])}  ({chrf.get_signature()})",
                   file=sys.stderr)
-    except (CheckpointError, DataError, InputError) as e:
+    except UserError as e:
         print(f"translate.py: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -7,17 +7,8 @@ import torch
 from conftest import number_pairs, write_aligned
 
 from config import Config
-from dataset import (
-    BilingualDataset,
-    Collator,
-    DataError,
-    TokenBatchSampler,
-    build_tokenizer,
-    column,
-    get_ds,
-    get_tokenizer,
-    load_corpus,
-)
+from dataset import (BilingualDataset, Collator, DataError, TokenBatchSampler, build_tokenizer,
+                     column, get_ds, get_tokenizer, load_corpus)
 
 
 def cfg(tmp_path, **kw):

@@ -7,16 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import (
-    LayerNormalization,
-    MultiHeadAttentionBlock,
-    PositionalEncoding,
-    beam_search,
-    build_transformer,
-    causal_mask,
-    greedy_decode,
-    translate_ids,
-)
+from model import (LayerNormalization, MultiHeadAttentionBlock, PositionalEncoding, beam_search,
+                   build_transformer, causal_mask, greedy_decode, translate_ids)
 
 PAD, SOS, EOS = 1, 2, 3
 

@@ -6,15 +6,8 @@ import pickle
 import pytest
 import torch
 
-from config import (
-    CheckpointError,
-    Config,
-    check_vocab,
-    latest_checkpoint_path,
-    load_checkpoint,
-    parse_config,
-    save_checkpoint,
-)
+from config import (CheckpointError, Config, check_vocab, latest_checkpoint_path, load_checkpoint,
+                    parse_config, save_checkpoint)
 from dataset import BilingualDataset, Collator
 from model import build_transformer
 from train import edit_distance, error_rate, learning_rate, train_step
@@ -39,6 +32,7 @@ def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batche
     (["--d_model", "big"], "invalid int value: 'big'"),
     (["--lr_schedule", "linear"], "invalid choice: 'linear'"),
     (["--preload", "yesterday"], "--preload must be latest, none or an epoch number"),
+    (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_bad_flags_are_refused_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -46,6 +40,15 @@ def test_bad_flags_are_refused_with_one_line(argv, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_a_missing_accelerator_is_a_clear_error():
+    from config import UserError
+    from train import get_device
+    with pytest.raises(UserError, match="--device cuda: CUDA is not available"):
+        get_device("cuda")
+    assert get_device("cpu").type == "cpu"
 
 
 def test_inverse_sqrt_schedule_matches_the_paper_formula():
@@ -91,6 +94,21 @@ def test_accumulating_k_batches_gives_the_gradients_of_one_k_times_batch():
     assert loss_k == pytest.approx(loss_1, rel=1e-5)
     for name in grads_1:
         torch.testing.assert_close(grads_k[name], grads_1[name], atol=1e-6, rtol=1e-4)
+
+
+def test_bf16_autocast_step_matches_fp32_closely():
+    from contextlib import nullcontext
+    torch.manual_seed(0)
+    ds = BilingualDataset([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]], ["", ""], ["", ""])
+    batch = Collator(pad_id=1)([ds[0], ds[1]])
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=1, reduction="sum")
+    losses = []
+    for amp in (nullcontext, lambda: torch.autocast("cpu", dtype=torch.bfloat16)):
+        torch.manual_seed(1)
+        model = build_transformer(30, 30, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=0.0)
+        losses.append(train_step(model, [batch], loss_fn, 1, "cpu", amp)[0])
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert losses[1] == pytest.approx(losses[0], rel=0.05)
 
 
 def test_edit_distance_cer_and_wer():
