@@ -26,7 +26,8 @@ from config import (ArgumentParser, Config, UserError, add_config_arguments, bui
                     config_from_args)
 from dataset import Collator, TokenBatchSampler, get_ds
 from model import PositionalEncoding
-from train import autocast_dtype, get_device, train_model, tune_cpu_allocator
+from train import (autocast_dtype, get_device, make_optimizer, train_model,
+                   tune_cpu_allocator)
 
 # Dense bf16 peak FLOP/s of common GPUs, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
@@ -80,8 +81,7 @@ class Step:
 
     def __init__(self, model, config, device, pad_id, vocab):
         self.model, self.device, self.pad_id, self.vocab = model, device, pad_id, vocab
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98),
-                                          eps=1e-9)
+        self.optimizer = make_optimizer(model, 1e-4)  # the same optimizer for every model
         self.loss_fn = nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=0.1)
         dtype = autocast_dtype(config, device)
         self.amp = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
@@ -91,6 +91,9 @@ class Step:
     def __call__(self, batch, record=True):
         d = self.device
         sync(d)
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
+            before = torch.cuda.memory_allocated(d)
         started = time.perf_counter()
         args = [batch[k].to(d, non_blocking=True) for k in
                 ("encoder_input", "decoder_input", "encoder_mask", "decoder_mask")]
@@ -108,8 +111,8 @@ class Step:
         if record:
             self.times.append(time.perf_counter() - started)
             self.tokens.append(real_tokens(batch, self.pad_id))
-        if d.type == "cuda":
-            self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(d))
+        if d.type == "cuda":  # activations, gradients and temporaries of this model's step
+            self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(d) - before)
 
     def tokens_per_s(self):
         return sum(self.tokens) / sum(self.times)
@@ -253,7 +256,8 @@ def main(argv=None):
               f"(target >= 0.9)")
     if device.type == "cuda":
         for name, step in rows[:2]:
-            print(f"peak GPU memory, {name}: {step.peak_memory / 2**30:.2f} GiB")
+            print(f"peak GPU memory of a step above the weights, {name}: "
+                  f"{step.peak_memory / 2**30:.2f} GiB")
         gpu = torch.cuda.get_device_name(device)
         peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
         achieved = sum(flops) / sum(step_ours.times)
