@@ -251,10 +251,11 @@ class KVCache:
         self.layers = [{"self": {}, "cross": {}} for _ in range(n_layers)]
         self.length = 0  # target positions already decoded
 
-    def reorder(self, index):
-        """Keep and reorder batch rows (beam search, dropping finished sentences)."""
+    def reorder(self, index, self_only: bool = False):
+        """Keep and reorder batch rows (dropping finished sentences; beam search). Beams of one
+        sentence share its cross-attention keys/values: shuffling beams needs `self_only`."""
         for layer in self.layers:
-            for part in layer.values():
+            for part in (layer["self"],) if self_only else layer.values():
                 for name in part:
                     part[name] = part[name].index_select(0, index)
 
@@ -381,7 +382,8 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
 
     Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] (or reaches the
     sentence's max_len) is finished with score log P / length_penalty. A sentence stops when it
-    has `beam` finished hypotheses, and leaves the batch. Returns, per sentence, the `nbest`
+    has `beam` finished hypotheses, or when its best candidate is [EOS] and it has `nbest`
+    finished, and leaves the batch. Returns, per sentence, the `nbest`
     best (tokens without [SOS]/[EOS], score) pairs, best first."""
     batch, k = src.size(0), beam
     device = src.device
@@ -397,11 +399,15 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
     for step in range(1, int(limit.max()) + 1):
         n = alive.numel()
         out = model.decode(memory, src_mask, tokens[:, -1:], None, cache)  # (n*k, 1, d_model)
-        logp = model.project(out[:, -1]).float().log_softmax(dim=-1)  # (n*k, vocab)
-        vocab = logp.size(-1)
-        cand = (scores.unsqueeze(-1) + logp.view(n, k, vocab)).view(n, k * vocab)
-        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=-1)  # (n, 2k)
-        beam_idx, token = top_idx // vocab, top_idx % vocab  # (n, 2k)
+        logits = model.project(out[:, -1]).float()  # (n*k, vocab)
+        # The best 2k continuations overall lie within each beam's own best 2k tokens.
+        width = min(2 * k, logits.size(-1))
+        top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, 2k)
+        logp = top_logits - logits.logsumexp(dim=-1, keepdim=True)  # log-softmax of those
+        cand = (scores.unsqueeze(-1) + logp.view(n, k, width)).view(n, k * width)  # (n, k*2k)
+        top_scores, top_idx = cand.topk(width, dim=-1)  # (n, 2k)
+        beam_idx = top_idx // width  # (n, 2k)
+        token = top_tokens.view(n, k * width).gather(1, top_idx)  # (n, 2k)
         at_limit = limit[alive] <= step  # (n,)
         # A candidate ends its hypothesis if it is [EOS] or the sentence is at its limit;
         # only those ranked in the top k are kept as finished.
@@ -420,9 +426,12 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
         rows = (torch.arange(n, device=device).unsqueeze(1) * k
                 + beam_idx.gather(1, order)).flatten()  # (n*k,)
         tokens = torch.cat([tokens[rows], token.gather(1, order).reshape(-1, 1)], dim=1)
-        cache.reorder(rows)
-        done = at_limit | torch.tensor([len(finished[s]) >= k for s in alive.tolist()],
-                                       device=device)  # (n,)
+        cache.reorder(rows, self_only=True)  # rows stay within their sentence
+        # A sentence is done at its limit, with k finished hypotheses, or (as in OpenNMT) once
+        # its best candidate is [EOS] and it has the nbest hypotheses asked for.
+        counts = torch.tensor([len(finished[s]) for s in alive.tolist()], device=device)  # (n,)
+        best_ended = (token[:, 0] == eos_id) & torch.isfinite(top_scores[:, 0])  # (n,)
+        done = at_limit | (counts >= k) | (best_ended & (counts >= nbest))  # (n,)
         if done.any():
             keep = (~done).nonzero().flatten()  # (still live,)
             if keep.numel() == 0:

@@ -95,8 +95,10 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     tokenizer_src = load_tokenizer(tokenizer_path(config, config.lang_src), config.tokenizer_type)
     tokenizer_tgt = load_tokenizer(tokenizer_path(config, config.lang_tgt), config.tokenizer_type)
     check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
-    from train import get_device
+    from train import get_device, tune_cpu_allocator
     device = get_device(config.device)
+    if device.type == "cpu":
+        tune_cpu_allocator()
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     load_model_weights(model, state, path)
     return model.to(device).eval(), config, tokenizer_src, tokenizer_tgt
