@@ -134,13 +134,13 @@ def peak_rss_mb():
 
 def main(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per model")
-    parser.add_argument("--warmup_steps", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per model")
+    parser.add_argument("--warmup_steps", type=int, default=2, help="untimed steps first")
     parser.add_argument("--baseline_steps", type=int, default=3,
                         help="timed steps of the pad-to-seq_len baseline (0 = skip)")
     parser.add_argument("--baseline_seq_len", type=int, default=350)
     parser.add_argument("--baseline_batch_size", type=int, default=8)
-    parser.add_argument("--train_steps", type=int, default=8,
+    parser.add_argument("--train_steps", type=int, default=6,
                         help="steps of the whole train.py loop (0 = skip); the first is untimed")
     add_config_arguments(parser)
     parser.set_defaults(data_dir="../shared/data/multi30k", lang_src="en", lang_tgt="de",
@@ -254,16 +254,18 @@ def main(argv=None):
     if loop is not None:
         print(f"train.py loop / model step:         {loop / step_ours.tokens_per_s():.2f}x   "
               f"(target >= 0.9)")
+    achieved = sum(flops) / sum(step_ours.times)
+    print(f"model FLOP/s, ours: {achieved / 1e12:.2f} TFLOP/s; nn.Transformer: "
+          f"{sum(flops) / sum(step_theirs.times) / 1e12:.2f} TFLOP/s (same FLOPs per step)")
     if device.type == "cuda":
         for name, step in rows[:2]:
             print(f"peak GPU memory of a step above the weights, {name}: "
                   f"{step.peak_memory / 2**30:.2f} GiB")
         gpu = torch.cuda.get_device_name(device)
         peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
-        achieved = sum(flops) / sum(step_ours.times)
-        print(f"model FLOP/s (ours): {achieved / 1e12:.1f} TFLOP/s" + (
-            f", MFU {100 * achieved / peak:.1f}% of {gpu}'s {peak / 1e12:.0f} TFLOP/s bf16"
-            if peak else ""))
+        if peak:
+            print(f"MFU (ours): {100 * achieved / peak:.1f}% of {gpu}'s {peak / 1e12:.0f} "
+                  f"TFLOP/s dense bf16")
     else:
         print(f"peak resident memory of this process: {peak_rss_mb():,.0f} MiB")
 
