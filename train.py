@@ -307,6 +307,13 @@ def train_model(config: Config, given: set = frozenset()):
     start_epoch, start_batch, global_step = 0, 0, 0
     if resume:
         path, state = resume
+        if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
+            for name in ("max_tokens", "batch_size", "seed", "accum_steps"):
+                if state["config"].get(name) != getattr(config, name):
+                    raise CheckpointError(
+                        f"{path} was saved mid-epoch with --{name} {state['config'].get(name)}; "
+                        f"resume it with the same value (the epoch's batch order depends on "
+                        f"it), or from a per-epoch checkpoint with --preload")
         check_vocab(state, path, src_vocab, tgt_vocab)
         load_model_weights(model, state, path)
         optimizer.load_state_dict(state["optimizer_state_dict"])

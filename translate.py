@@ -86,8 +86,8 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     for name in TRANSLATE_FIELDS:
         if name in given:
             setattr(saved, name, getattr(config, name))
-        elif name in ("model_folder", "model_basename", "preload"):
-            setattr(saved, name, getattr(config, name))
+        elif name in ("model_folder", "model_basename", "preload", "device"):
+            setattr(saved, name, getattr(config, name))  # where to look, what to run on
     problem = saved.validate()
     if problem:
         raise CheckpointError(problem)
@@ -226,7 +226,12 @@ def main(argv=None):
                         "newest N per-epoch checkpoints")
     parser.add_argument("--attention", metavar="PNG", help="write the cross-attention map of "
                         "the (single) sentence to this PNG file")
+    from_checkpoint = {name: f"{Config.__dataclass_fields__[name].metadata['help']} (default: "
+                       f"the checkpoint's{'' if name in TRANSLATE_FIELDS else '; must match'})"
+                       for name in (TRANSLATE_FIELDS | set(MODEL_FIELDS)) - {
+                           "model_folder", "model_basename", "preload", "device", "batch_size"}}
     add_config_arguments(parser, visible=TRANSLATE_FIELDS | set(MODEL_FIELDS), helps={
+        **from_checkpoint,
         "batch_size": "sentences translated at once (default: 64)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
         "preload": "checkpoint in --model_folder: latest or an epoch (default: latest)"})

@@ -242,6 +242,9 @@ def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
     assert len(saved) == 1
     state = load_checkpoint(saved[0])
     args[args.index("--num_epochs") + 1] = str(state["epoch"] + 1)
+    other = run_script("train.py", *args, "--max_tokens", "80", cwd=home)
+    assert other.returncode == 2 and "saved mid-epoch with --max_tokens 60" in \
+        other.stderr.decode()
     resumed = run_script("train.py", *args, cwd=home)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     assert (f"epoch {state['next_epoch']}, batch {state['next_batch']}, step "
