@@ -3,6 +3,7 @@
 import os
 import random
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ.setdefault("HF_HOME", str(Path(__file__).parent / ".hf_home_unused"))
+# A private, empty Hugging Face cache: nothing cached on this machine can leak into a test.
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_home_")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
