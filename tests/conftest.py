@@ -1,10 +1,12 @@
 """Shared fixtures. Every test runs offline: the Hugging Face hub is never contacted."""
 
+import atexit
 import os
 import random
+import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 # A private, empty Hugging Face cache: nothing cached on this machine can leak into a test.
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_home_")
+atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
