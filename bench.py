@@ -18,15 +18,16 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
 
 from config import (ArgumentParser, Config, UserError, add_config_arguments, build_model,
                     config_from_args)
-from dataset import Collator, TokenBatchSampler, get_ds
+from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from model import PositionalEncoding
-from train import (autocast_dtype, get_device, make_optimizer, train_model,
+from train import (autocast_dtype, get_device, make_optimizer, train_model, train_step,
                    tune_cpu_allocator)
 
 # Dense bf16 peak FLOP/s of common GPUs, for MFU.
@@ -77,14 +78,15 @@ def model_flops(config: Config, batch, tgt_vocab: int) -> float:
 
 
 class Step:
-    """One training step of a model, timed."""
+    """One timed training step of a model: train.py's forward and backward, then Adam."""
 
-    def __init__(self, model, config, device, pad_id, vocab):
-        self.model, self.device, self.pad_id, self.vocab = model, device, pad_id, vocab
+    def __init__(self, model, config, device, pad_id):
+        self.model, self.device, self.pad_id = model, device, pad_id
         self.optimizer = make_optimizer(model, 1e-4)  # the same optimizer for every model
-        self.loss_fn = nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=0.1)
+        self.loss_fn = nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=0.1,
+                                           reduction="sum")
         dtype = autocast_dtype(config, device)
-        self.amp = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
+        self.amp = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
         self.times, self.tokens = [], []
         self.peak_memory = 0
 
@@ -95,16 +97,7 @@ class Step:
             torch.cuda.reset_peak_memory_stats(d)
             before = torch.cuda.memory_allocated(d)
         started = time.perf_counter()
-        args = [batch[k].to(d, non_blocking=True) for k in
-                ("encoder_input", "decoder_input", "encoder_mask", "decoder_mask")]
-        label = batch["label"].to(d, non_blocking=True)
-        if self.amp:
-            with self.amp():
-                logits = self.model(*args)
-        else:
-            logits = self.model(*args)
-        loss = self.loss_fn(logits.float().view(-1, self.vocab), label.view(-1))
-        loss.backward()
+        train_step(self.model, [batch], self.loss_fn, self.pad_id, d, self.amp)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         sync(d)
@@ -121,10 +114,6 @@ class Step:
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def real_tokens(batch, pad_id):
-    return int((batch["encoder_input"] != pad_id).sum() + (batch["label"] != pad_id).sum())
 
 
 def peak_rss_mb():
@@ -179,8 +168,8 @@ def main(argv=None):
                               config.h, config.d_ff, config.dropout).to(device).train()
     if config.compile:
         ours, theirs = torch.compile(ours, dynamic=True), torch.compile(theirs, dynamic=True)
-    step_ours = Step(ours, config, device, pad_id, tgt_vocab)
-    step_theirs = Step(theirs, config, device, pad_id, tgt_vocab)
+    step_ours = Step(ours, config, device, pad_id)
+    step_theirs = Step(theirs, config, device, pad_id)
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
                                 seed=config.seed)
     collate = Collator(pad_id)
@@ -208,7 +197,7 @@ def main(argv=None):
         base_config = dataclasses.replace(config, seq_len=args.baseline_seq_len)
         torch.manual_seed(config.seed)
         base_model = build_model(base_config, src_vocab, tgt_vocab).to(device).train()
-        baseline = Step(base_model, config, device, pad_id, tgt_vocab)
+        baseline = Step(base_model, config, device, pad_id)
         g = torch.Generator().manual_seed(config.seed)
         order = torch.randperm(len(data.train), generator=g).tolist()
         size = args.baseline_batch_size

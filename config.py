@@ -309,12 +309,9 @@ def load_checkpoint(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
     try:
-        with open(path, "rb"):
-            pass
-    except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
-    try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
     except pickle.UnpicklingError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         unsafe = next((line for line in lines if "global" in line.lower()), None)

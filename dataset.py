@@ -325,6 +325,11 @@ class BilingualDataset(TorchDataset):
         }
 
 
+def real_tokens(batch, pad_id: int) -> int:
+    """Non-padding source and target tokens of a batch: what throughput counts."""
+    return int((batch["encoder_input"] != pad_id).sum() + (batch["label"] != pad_id).sum())
+
+
 class Collator:
     """Pads a list of items to the longest sequence of the batch and builds the masks."""
 
@@ -425,7 +430,7 @@ def to_bilingual(ds, seq_len: int, name: str):
             if len(src_ids[i]) + 2 <= seq_len and len(tgt_ids[i]) + 2 <= seq_len]
     if len(keep) < len(src_ids):
         note(f"{name}: dropped {len(src_ids) - len(keep)} of {len(src_ids)} pairs longer than "
-              f"seq_len {seq_len}")
+             f"seq_len {seq_len}")
     if not keep:
         raise DataError(f"{name}: no pair fits --seq_len {seq_len}")
     src_texts, tgt_texts = column(ds, "src"), column(ds, "tgt")
@@ -444,6 +449,6 @@ def get_ds(config: Config) -> Data:
     validation = to_bilingual(tokenize_split(splits["validation"], tokenizer_src, tokenizer_tgt),
                               config.seq_len, "validation")
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs; vocabulary "
-          f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
-          f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
+         f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
+         f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
     return Data(tokenizer_src, tokenizer_tgt, train, validation, splits)

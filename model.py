@@ -383,8 +383,8 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
     Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] (or reaches the
     sentence's max_len) is finished with score log P / length_penalty. A sentence stops when it
     has `beam` finished hypotheses, or when its best candidate is [EOS] and it has `nbest`
-    finished, and leaves the batch. Returns, per sentence, the `nbest`
-    best (tokens without [SOS]/[EOS], score) pairs, best first."""
+    finished, and leaves the batch. Returns, per sentence, the `nbest` best (tokens without
+    [SOS]/[EOS], score) pairs, best first."""
     batch, k = src.size(0), beam
     device = src.device
     limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)

@@ -25,7 +25,7 @@ from config import (MODEL_FIELDS, ArgumentParser, CheckpointError, Config, UserE
                     add_config_arguments, build_model, check_vocab, config_from_args,
                     epoch_checkpoint_path, list_checkpoints, load_checkpoint, load_model_weights,
                     resolve_preload, save_checkpoint, step_checkpoint_path)
-from dataset import Collator, TokenBatchSampler, get_ds
+from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from model import translate_ids
 
 # Settings that locate the run; on resume they are never taken from the checkpoint.
@@ -208,6 +208,13 @@ def resume_state(config: Config, given: set):
             setattr(config, name, value)
     if "batch_size" in given and "max_tokens" not in given:
         config.max_tokens = 0
+    if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
+        for name in ("max_tokens", "batch_size", "seed", "accum_steps"):
+            if getattr(saved, name) != getattr(config, name):
+                raise CheckpointError(
+                    f"{path} was saved mid-epoch with --{name} {getattr(saved, name)}; resume "
+                    f"it with the same value (the epoch's batch order depends on it), or from a "
+                    f"per-epoch checkpoint with --preload")
     return (path, state), config
 
 
@@ -307,13 +314,6 @@ def train_model(config: Config, given: set = frozenset()):
     start_epoch, start_batch, global_step = 0, 0, 0
     if resume:
         path, state = resume
-        if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
-            for name in ("max_tokens", "batch_size", "seed", "accum_steps"):
-                if state["config"].get(name) != getattr(config, name):
-                    raise CheckpointError(
-                        f"{path} was saved mid-epoch with --{name} {state['config'].get(name)}; "
-                        f"resume it with the same value (the epoch's batch order depends on "
-                        f"it), or from a per-epoch checkpoint with --preload")
         check_vocab(state, path, src_vocab, tgt_vocab)
         load_model_weights(model, state, path)
         optimizer.load_state_dict(state["optimizer_state_dict"])
@@ -397,8 +397,7 @@ def train_model(config: Config, given: set = frozenset()):
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             global_step += 1
-            # throughput counts real (non-padding) source and target tokens
-            real = n_tokens + sum((b["encoder_input"] != pad_id).sum().item() for b in group)
+            real = sum(real_tokens(b, pad_id) for b in group)
             group = []
             tokens_seen += real
             stats["step_tokens"].append(real)
@@ -429,9 +428,7 @@ def train_model(config: Config, given: set = frozenset()):
         bar.close()
         writer.add_scalar("train/epoch_tokens_per_s", tokens_seen / (time.time() - started),
                           global_step)
-        run_validation(model, data, config, device, nn.CrossEntropyLoss(
-            ignore_index=pad_id, label_smoothing=config.label_smoothing, reduction="sum"),
-            writer, global_step)
+        run_validation(model, data, config, device, loss_fn, writer, global_step)
         writer.flush()
         save(epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
         start_batch = 0
