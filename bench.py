@@ -14,21 +14,20 @@ FLOPs utilization (MFU) of the bf16 step.
 import dataclasses
 import math
 import statistics
-import sys
 import tempfile
 import time
 import warnings
-from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
 
-from config import (ArgumentParser, Config, UserError, add_config_arguments, build_model,
-                    config_from_args)
-from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
+from checkpoint import build_model
+from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
+from dataset import PAD, Collator, TokenBatchSampler, get_ds, real_tokens
 from model import PositionalEncoding
-from train import (autocast_dtype, get_device, make_optimizer, train_model, train_step,
-                   tune_cpu_allocator)
+from runtime import autocast, autocast_dtype, setup_device
+from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
+                   set_up, train_step)
 
 # Dense bf16 peak FLOP/s of common GPUs, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
@@ -80,13 +79,11 @@ def model_flops(config: Config, batch, tgt_vocab: int) -> float:
 class Step:
     """One timed training step of a model: train.py's forward and backward, then Adam."""
 
-    def __init__(self, model, config, device, pad_id):
-        self.model, self.device, self.pad_id = model, device, pad_id
+    def __init__(self, model, config, device):
+        self.model, self.device = model, device
         self.optimizer = make_optimizer(model, 1e-4)  # the same optimizer for every model
-        self.loss_fn = nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=0.1,
-                                           reduction="sum")
-        dtype = autocast_dtype(config, device)
-        self.amp = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
+        self.loss_fn = make_loss(config)
+        self.amp = autocast(device, autocast_dtype(config, device))
         self.times, self.tokens = [], []
         self.peak_memory = 0
 
@@ -97,13 +94,13 @@ class Step:
             torch.cuda.reset_peak_memory_stats(d)
             before = torch.cuda.memory_allocated(d)
         started = time.perf_counter()
-        train_step(self.model, [batch], self.loss_fn, self.pad_id, d, self.amp)
+        train_step(self.model, [batch], self.loss_fn, PAD, d, self.amp)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         sync(d)
         if record:
             self.times.append(time.perf_counter() - started)
-            self.tokens.append(real_tokens(batch, self.pad_id))
+            self.tokens.append(real_tokens(batch))
         if d.type == "cuda":  # activations, gradients and temporaries of this model's step
             self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(d) - before)
 
@@ -114,6 +111,32 @@ class Step:
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def time_train_loop(config: Config, data, steps: int) -> float:
+    """Real tokens/s of train.py's own loop pieces (data loading, step, optimizer, learning
+    rate) over `steps` optimizer steps after one untimed step, in a throw-away folder."""
+    with tempfile.TemporaryDirectory() as tmp:
+        loop_config = dataclasses.replace(config, preload="none", model_folder=tmp,
+                                          experiment_name=f"{tmp}/runs")
+        for lang, tok in ((config.lang_src, data.tokenizer_src),
+                          (config.lang_tgt, data.tokenizer_tgt)):  # reuse the tokenizers
+            tok.save(f"{tmp}/{config.tokenizer_file.format(lang)}")
+        run = set_up(loop_config, set())
+        seconds, tokens, started = [], [], time.perf_counter()
+        for group, _ in accumulation_groups(run, 0):
+            loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
+                                 run.scaler)
+            optimizer_step(run, loss, learning_rate(config, run.global_step + 1, 0))
+            run.global_step += 1
+            sync(run.device)
+            seconds.append(time.perf_counter() - started)
+            tokens.append(sum(real_tokens(b) for b in group))
+            started = time.perf_counter()
+            if len(seconds) > steps:
+                break
+        run.writer.close()
+    return sum(tokens[1:]) / sum(seconds[1:])
 
 
 def peak_rss_mb():
@@ -130,9 +153,10 @@ def main(argv=None):
     parser.add_argument("--baseline_seq_len", type=int, default=350)
     parser.add_argument("--baseline_batch_size", type=int, default=8)
     parser.add_argument("--train_steps", type=int, default=6,
-                        help="steps of the whole train.py loop (0 = skip); the first is untimed")
+                        help="timed steps of the whole train.py loop after an untimed one "
+                        "(0 = skip)")
     add_config_arguments(parser)
-    parser.set_defaults(data_dir="../shared/data/multi30k", lang_src="en", lang_tgt="de",
+    parser.set_defaults(data_dir="data/multi30k", lang_src="en", lang_tgt="de",
                         max_tokens=4000, seq_len=128, dropout=0.1)
     args = parser.parse_args(argv)
     config, _ = config_from_args(args)
@@ -141,18 +165,8 @@ def main(argv=None):
     problem = config.validate()
     if problem:
         parser.error(problem)
-    try:
-        data = get_ds(config)
-    except UserError as e:
-        parser.error(str(e))
-    device = get_device(config.device)
-    if device.type == "cpu":
-        tune_cpu_allocator()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    pad_id = data.tokenizer_tgt.token_to_id("[PAD]")
-    src_vocab, tgt_vocab = data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()
+    data = get_ds(config)
+    device = setup_device(config.device)
     shape = f"d_model {config.d_model}, N {config.N}, h {config.h}, d_ff {config.d_ff}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{torch.get_num_threads()} threads"
@@ -161,6 +175,20 @@ def main(argv=None):
     print(f"shape: {shape}; batches of <= {config.max_tokens} tokens; "
           f"{args.warmup_steps} warm-up + {args.steps} timed steps each")
 
+    step_ours, step_theirs, flops = compare(config, data, device, args)
+    rows = [("this repo (token batches)", step_ours),
+            ("torch.nn.Transformer (same batches)", step_theirs)]
+    baseline = time_baseline(config, data, device, args) if args.baseline_steps else None
+    if baseline:
+        rows.append((f"baseline: {args.baseline_batch_size} sentences padded to "
+                     f"{args.baseline_seq_len}", baseline))
+    loop = time_train_loop(config, data, args.train_steps) if args.train_steps else None
+    report(rows, loop, flops, device, args)
+
+
+def compare(config: Config, data, device, args):
+    """This repo's model and nn.Transformer, step by step on the same batches."""
+    src_vocab, tgt_vocab = data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()
     torch.manual_seed(config.seed)
     ours = build_model(config, src_vocab, tgt_vocab).to(device).train()
     torch.manual_seed(config.seed)
@@ -168,12 +196,10 @@ def main(argv=None):
                               config.h, config.d_ff, config.dropout).to(device).train()
     if config.compile:
         ours, theirs = torch.compile(ours, dynamic=True), torch.compile(theirs, dynamic=True)
-    step_ours = Step(ours, config, device, pad_id)
-    step_theirs = Step(theirs, config, device, pad_id)
+    step_ours, step_theirs = Step(ours, config, device), Step(theirs, config, device)
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
                                 seed=config.seed)
-    collate = Collator(pad_id)
-    batches = [collate([data.train[i] for i in b])
+    batches = [Collator()([data.train[i] for i in b])
                for b in sampler.batches(0)[:args.warmup_steps + args.steps]]
     flops = []
     for n, batch in enumerate(batches):
@@ -186,46 +212,33 @@ def main(argv=None):
             flops.append(model_flops(config, batch, tgt_vocab))
         times = f"ours {step_ours.times[-1]:.2f}s, nn.Transformer {step_theirs.times[-1]:.2f}s" \
             if timed else "warm-up"
-        print(f"  step {n}: {times} ({real_tokens(batch, pad_id)} real tokens)", flush=True)
-    ratio = step_ours.tokens_per_s() / step_theirs.tokens_per_s()
-    rows = [("this repo (token batches)", step_ours),
-            ("torch.nn.Transformer (same batches)", step_theirs)]
+        print(f"  step {n}: {times} ({real_tokens(batch)} real tokens)", flush=True)
+    return step_ours, step_theirs, flops
 
-    baseline = None
-    if args.baseline_steps:
-        # The write-ups' pipeline: fixed batches of 8 sentences, every one padded to seq_len.
-        base_config = dataclasses.replace(config, seq_len=args.baseline_seq_len)
-        torch.manual_seed(config.seed)
-        base_model = build_model(base_config, src_vocab, tgt_vocab).to(device).train()
-        baseline = Step(base_model, config, device, pad_id)
-        g = torch.Generator().manual_seed(config.seed)
-        order = torch.randperm(len(data.train), generator=g).tolist()
-        size = args.baseline_batch_size
-        for n in range(1 + args.baseline_steps):
-            items = [data.train[i] for i in order[n * size:(n + 1) * size]]
-            pad_to = args.baseline_seq_len
-            for item in items:
-                for key in ("encoder_input", "decoder_input", "label"):
-                    item[key] = torch.cat([item[key], torch.full(
-                        (pad_to - len(item[key]),), pad_id, dtype=torch.long)])
-            baseline(collate(items), record=n > 0)
-        rows.append((f"baseline: {size} sentences padded to {args.baseline_seq_len}", baseline))
-        del base_model
 
-    loop = None
-    if args.train_steps:
-        with tempfile.TemporaryDirectory() as tmp:
-            loop_config = dataclasses.replace(
-                config, max_steps=args.train_steps, num_epochs=1, preload="none",
-                model_folder=tmp, experiment_name=f"{tmp}/runs", save_every=0)
-            # the tokenizers are already trained: let the loop reuse them
-            for lang, tok in ((config.lang_src, data.tokenizer_src),
-                              (config.lang_tgt, data.tokenizer_tgt)):
-                tok.save(f"{tmp}/{config.tokenizer_file.format(lang)}")
-            stats = train_model(loop_config, set())
-        skip = min(1, len(stats["step_tokens"]) - 1)
-        loop = sum(stats["step_tokens"][skip:]) / sum(stats["step_seconds"][skip:])
+def time_baseline(config: Config, data, device, args):
+    """The write-ups' pipeline: fixed batches of 8 sentences, every one padded to seq_len."""
+    base_config = dataclasses.replace(config, seq_len=args.baseline_seq_len)
+    torch.manual_seed(config.seed)
+    model = build_model(base_config, data.tokenizer_src.get_vocab_size(),
+                        data.tokenizer_tgt.get_vocab_size()).to(device).train()
+    baseline = Step(model, config, device)
+    g = torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(len(data.train), generator=g).tolist()
+    size, pad_to = args.baseline_batch_size, args.baseline_seq_len
+    for n in range(1 + args.baseline_steps):
+        items = [data.train[i] for i in order[n * size:(n + 1) * size]]
+        for item in items:
+            for key in ("encoder_input", "decoder_input", "label"):
+                item[key] = torch.cat([item[key], torch.full(
+                    (pad_to - len(item[key]),), PAD, dtype=torch.long)])
+        baseline(Collator()(items), record=n > 0)
+    return baseline
 
+
+def report(rows, loop, flops, device, args):
+    step_ours, step_theirs = rows[0][1], rows[1][1]
+    baseline = rows[2][1] if len(rows) > 2 else None
     print()
     print(f"{'':40} {'real tokens/s':>14} {'s/step':>8}")
     for name, step in rows:
@@ -233,7 +246,8 @@ def main(argv=None):
     if loop is not None:
         print(f"{'whole train.py loop':40} {loop:14,.0f}")
     print()
-    print(f"ours / nn.Transformer:              {ratio:.2f}x   (target >= 1.0)")
+    print(f"ours / nn.Transformer:              "
+          f"{step_ours.tokens_per_s() / step_theirs.tokens_per_s():.2f}x   (target >= 1.0)")
     if baseline is not None:
         print(f"ours / pad-to-{args.baseline_seq_len} baseline:        "
               f"{step_ours.tokens_per_s() / baseline.tokens_per_s():.1f}x")
@@ -260,7 +274,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_main("bench.py", main)

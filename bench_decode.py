@@ -10,15 +10,15 @@ Times three decoders on the same sentences and checks they agree:
 and prints sentences/s, the speed-ups, and sacreBLEU / chrF of greedy and beam.
 """
 
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from config import ArgumentParser, UserError, add_config_arguments, config_from_args
+from config import ArgumentParser, add_config_arguments, config_from_args, run_main
+from dataset import EOS, PAD, SOS
 from model import translate_ids
-from translate import TRANSLATE_FIELDS, load_translator, read_lines
+from translate import TRANSLATE_FIELDS, load_translator, read_lines, score
 
 
 def timed(fn):
@@ -39,22 +39,17 @@ def main(argv=None):
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     add_config_arguments(parser, visible=TRANSLATE_FIELDS)
-    parser.set_defaults(data_dir="../shared/data/multi30k")
+    parser.set_defaults(data_dir="data/multi30k")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     config, given = config_from_args(args)
-    try:
-        model, config, tok_src, tok_tgt = load_translator(config, given, args.checkpoint)
-        data_dir = Path(args.data_dir)
-        sources = read_lines(data_dir / f"{args.split}.{config.lang_src}")
-        references = read_lines(data_dir / f"{args.split}.{config.lang_tgt}")
-    except UserError as e:
-        parser.error(str(e))
-    import sacrebleu
+    model, config, tok_src, tok_tgt = load_translator(config, given, args.checkpoint)
+    data_dir = Path(args.data_dir)
+    sources = read_lines(data_dir / f"{args.split}.{config.lang_src}")
+    references = read_lines(data_dir / f"{args.split}.{config.lang_tgt}")
     ids = [e.ids for e in tok_src.encode_batch(sources)]
-    special = dict(sos_id=tok_tgt.token_to_id("[SOS]"), eos_id=tok_tgt.token_to_id("[EOS]"),
-                   pad_id=tok_tgt.token_to_id("[PAD]"), seq_len=config.seq_len)
+    special = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len)
     batch = args.batch_size or 100
     device = next(model.parameters()).device
     print(f"{len(sources)} sentences of {data_dir / args.split}.{config.lang_src}; model "
@@ -86,16 +81,9 @@ def main(argv=None):
         print(f"batched cached greedy / one-at-a-time full re-decode: {speedup:.1f}x "
               f"(target >= 20); identical outputs: {same} of {n}")
     print(f"beam {args.beam} time / greedy time: {t_beam / t_greedy:.2f}x (target <= 3)")
-    bleu = sacrebleu.metrics.BLEU()
     for name, outputs in (("greedy", greedy), (f"beam {args.beam}", beam)):
-        hyps = decode(outputs)
-        print(f"{name:>8}: {bleu.corpus_score(hyps, [references])}  "
-              f"chrF {sacrebleu.corpus_chrf(hyps, [references]).score:.2f}")
-    print(f"signature: {bleu.get_signature()}")
+        print(f"{name}:\n{score(decode(outputs), references, error_rates=False)['report']}")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_main("bench_decode.py", main)

@@ -17,10 +17,12 @@ from urllib.parse import urlparse
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
-from config import Config, UserError, tokenizer_path
+from checkpoint import tokenizer_path
+from config import Config, UserError
 from model import causal_mask
 
 SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]  # ids 0, 1, 2, 3 in every tokenizer
+UNK, PAD, SOS, EOS = range(4)  # load_tokenizer refuses a file where they differ
 VAL_NAMES = ("validation", "valid", "val", "dev")
 
 
@@ -95,19 +97,8 @@ def _pairs_to_dataset(src, tgt, where: str):
                               "tgt": [tgt[i].strip() for i in keep]})
 
 
-def _load_local(config: Config):
-    """Parallel files in config.data_dir, in one of three layouts:
-    aligned text  train.en + train.de (+ val.*, valid.*, dev.*, test*.*), one sentence a line;
-    tab-separated train.tsv (+ val.tsv, test.tsv), or one *.tsv: 'source<TAB>target' a line;
-    JSON lines    train.jsonl (+ validation.jsonl ...): {"translation": {"en": ..., "de": ...}}.
-    """
-    folder = Path(config.data_dir)
-    if not folder.is_dir():
-        raise DataError(f"--data_dir {folder}: no such folder")
-    src, tgt = config.lang_src, config.lang_tgt
-    splits = {}
-
-    # 1. aligned text files
+def _read_aligned(folder: Path, src: str, tgt: str, splits: dict):
+    """train.en + train.de (+ val.*, valid.*, dev.*, test*.*), one sentence a line."""
     for src_file in sorted(folder.glob(f"*.{src}")):
         split = _split_name(src_file.stem)
         if split is None or split in splits:
@@ -121,7 +112,10 @@ def _load_local(config: Config):
                             f"{len(tgt_lines)}: the files must be aligned line by line")
         splits[split] = _pairs_to_dataset(src_lines, tgt_lines, f"{src_file.name}/{tgt_file.name}")
 
-    # 2. tab-separated pairs
+
+def _read_tsv(folder: Path, src: str, tgt: str, splits: dict):
+    """train.tsv (+ val.tsv, test.tsv), or a single *.tsv: 'source<TAB>target' a line, with an
+    optional header line naming the two languages."""
     tsv_files = sorted(folder.glob("*.tsv"))
     for tsv in tsv_files:
         split = _split_name(tsv.stem) or ("train" if len(tsv_files) == 1 else None)
@@ -129,20 +123,20 @@ def _load_local(config: Config):
             continue
         lines = read_lines(tsv)
         if lines and lines[0].strip().split("\t") == [src, tgt]:
-            lines = lines[1:]  # a header naming the languages
-        pairs = []
+            lines = lines[1:]
+        src_lines, tgt_lines = [], []
         for n, line in enumerate(lines, 1):
-            if not line.strip():
-                pairs.append(("", ""))
-                continue
-            parts = line.split("\t")
+            parts = line.split("\t") if line.strip() else ["", ""]
             if len(parts) != 2:
                 raise DataError(f"{tsv}, line {n}: expected 'source<TAB>target', found "
                                 f"{len(parts)} field(s)")
-            pairs.append((parts[0], parts[1]))
-        splits[split] = _pairs_to_dataset([p[0] for p in pairs], [p[1] for p in pairs], tsv.name)
+            src_lines.append(parts[0])
+            tgt_lines.append(parts[1])
+        splits[split] = _pairs_to_dataset(src_lines, tgt_lines, tsv.name)
 
-    # 3. JSON lines with a `translation` field
+
+def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict):
+    """train.jsonl (+ validation.jsonl ...): {"translation": {"en": ..., "de": ...}} a line."""
     for jl in sorted(list(folder.glob("*.jsonl")) + list(folder.glob("*.json"))):
         split = _split_name(jl.stem)
         if split is None or split in splits:
@@ -160,6 +154,17 @@ def _load_local(config: Config):
                                 f"\"{tgt}\": ...}}}}") from None
         splits[split] = _pairs_to_dataset(src_lines, tgt_lines, jl.name)
 
+
+def _load_local(config: Config):
+    """Parallel files in config.data_dir: aligned text files, tab-separated pairs or JSON lines
+    (see each reader); a split found in one format is not read again from another."""
+    folder = Path(config.data_dir)
+    if not folder.is_dir():
+        raise DataError(f"--data_dir {folder}: no such folder")
+    src, tgt = config.lang_src, config.lang_tgt
+    splits = {}
+    for reader in (_read_aligned, _read_tsv, _read_jsonl):
+        reader(folder, src, tgt, splits)
     if "train" not in splits:
         raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
                         f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
@@ -299,12 +304,12 @@ def get_tokenizer(config: Config, lang: str, texts):
 # ---- the dataset and its batches ----------------------------------------------------------------
 
 class BilingualDataset(TorchDataset):
-    """Items: encoder_input [SOS] src [EOS], decoder_input [SOS] tgt, label tgt [EOS], texts."""
+    """Items: encoder_input [SOS] src [EOS], decoder_input [SOS] tgt, label tgt [EOS]. The texts
+    are kept for validation's scores and examples."""
 
-    def __init__(self, src_ids, tgt_ids, src_texts, tgt_texts, sos_id=2, eos_id=3):
+    def __init__(self, src_ids, tgt_ids, src_texts, tgt_texts):
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
         self.src_texts, self.tgt_texts = src_texts, tgt_texts
-        self.sos, self.eos = sos_id, eos_id
 
     def __len__(self):
         return len(self.src_ids)
@@ -316,24 +321,21 @@ class BilingualDataset(TorchDataset):
     def __getitem__(self, i):
         src, tgt = self.src_ids[i], self.tgt_ids[i]
         return {
-            "encoder_input": torch.tensor([self.sos] + src + [self.eos]),  # (src_len,)
-            "decoder_input": torch.tensor([self.sos] + tgt),  # (tgt_len,)
-            "label": torch.tensor(tgt + [self.eos]),  # (tgt_len,)
-            "src_text": self.src_texts[i],
-            "tgt_text": self.tgt_texts[i],
-            "index": i,
+            "encoder_input": torch.tensor([SOS] + src + [EOS]),  # (src_len,)
+            "decoder_input": torch.tensor([SOS] + tgt),  # (tgt_len,)
+            "label": torch.tensor(tgt + [EOS]),  # (tgt_len,)
         }
 
 
-def real_tokens(batch, pad_id: int) -> int:
+def real_tokens(batch) -> int:
     """Non-padding source and target tokens of a batch: what throughput counts."""
-    return int((batch["encoder_input"] != pad_id).sum() + (batch["label"] != pad_id).sum())
+    return int((batch["encoder_input"] != PAD).sum() + (batch["label"] != PAD).sum())
 
 
 class Collator:
     """Pads a list of items to the longest sequence of the batch and builds the masks."""
 
-    def __init__(self, pad_id: int = 1):
+    def __init__(self, pad_id: int = PAD):
         self.pad_id = pad_id
 
     def __call__(self, items):
@@ -348,10 +350,7 @@ class Collator:
         decoder_mask = ((dec != self.pad_id)[:, None, None, :]
                         & causal_mask(dec.size(1)).unsqueeze(0))  # (batch, 1, tgt_len, tgt_len)
         return {"encoder_input": enc, "decoder_input": dec, "label": label,
-                "encoder_mask": encoder_mask, "decoder_mask": decoder_mask,
-                "src_text": [it["src_text"] for it in items],
-                "tgt_text": [it["tgt_text"] for it in items],
-                "index": [it["index"] for it in items]}
+                "encoder_mask": encoder_mask, "decoder_mask": decoder_mask}
 
 
 class TokenBatchSampler:
@@ -412,7 +411,6 @@ class Data:
     tokenizer_tgt: object
     train: BilingualDataset
     validation: BilingualDataset
-    splits: dict  # the raw text splits
 
 
 def tokenize_split(ds, tokenizer_src, tokenizer_tgt):
@@ -451,4 +449,4 @@ def get_ds(config: Config) -> Data:
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs; vocabulary "
          f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
          f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
-    return Data(tokenizer_src, tokenizer_tgt, train, validation, splits)
+    return Data(tokenizer_src, tokenizer_tgt, train, validation)

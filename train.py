@@ -1,7 +1,7 @@
 """Train a Transformer translation model.
 
     python train.py                                   # OPUS Books en->it from the hub
-    python train.py --data_dir ../shared/data/multi30k --lang_src en --lang_tgt de
+    python train.py --data_dir data/multi30k --lang_src en --lang_tgt de
     python train.py --help                            # every flag, with its default
     tensorboard --logdir runs
 
@@ -10,9 +10,9 @@ Resumes from the newest checkpoint in --model_folder by default (--preload lates
 
 import math
 import signal
-import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,58 +21,16 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from config import (MODEL_FIELDS, ArgumentParser, CheckpointError, Config, UserError,
-                    add_config_arguments, build_model, check_vocab, config_from_args,
-                    epoch_checkpoint_path, list_checkpoints, load_checkpoint, load_model_weights,
-                    resolve_preload, save_checkpoint, step_checkpoint_path)
-from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
+from checkpoint import (CheckpointError, build_model, check_vocab, check_writable,
+                        epoch_checkpoint_path, load_model_weights, prune_checkpoints, resume_state,
+                        save_checkpoint, step_checkpoint_path)
+from config import ArgumentParser, Config, parse_config, run_main
+from dataset import EOS, PAD, SOS, Collator, Data, TokenBatchSampler, get_ds, real_tokens
 from model import translate_ids
+from runtime import autocast, autocast_dtype, setup_device
+from translate import score
 
-# Settings that locate the run; on resume they are never taken from the checkpoint.
-RUN_FIELDS = ("model_folder", "model_basename", "preload")
-
-
-# ---- set-up helpers -----------------------------------------------------------------------------
-
-def get_device(name: str = "auto") -> torch.device:
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine")
-    if name == "mps" and not (getattr(torch.backends, "mps", None)
-                              and torch.backends.mps.is_available()):
-        raise UserError("--device mps: MPS is not available on this machine")
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def tune_cpu_allocator():
-    """On Linux/glibc, keep freed memory for reuse instead of handing each large activation
-    buffer back to the OS and page-faulting it in again next step (about 25% faster CPU steps
-    here). Memory stays reserved by the process; elsewhere this does nothing."""
-    import ctypes
-    import platform
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and
-                libc.mallopt(m_trim_threshold, 1 << 31))
-
-
-def autocast_dtype(config: Config, device: torch.device):
-    """The dtype of mixed precision, or None for fp32."""
-    if config.precision == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+# ---- the paper's section 5.3: Adam and its learning rate ----------------------------------------
 
 
 def learning_rate(config: Config, step: int, total_steps: int) -> float:
@@ -97,8 +55,8 @@ def learning_rate(config: Config, step: int, total_steps: int) -> float:
 
 
 def make_optimizer(model, lr: float):
-    """Adam with the paper's betas and epsilon (section 5.3), fused into one kernel where torch
-    has one (CPU, CUDA): on CPU the default per-parameter loop costs 8x as long per step."""
+    """Adam with the paper's betas and epsilon, fused into one kernel where torch has one (CPU,
+    CUDA): the default per-parameter loop is much slower on CPU (see the README)."""
     params = list(model.parameters())
     try:
         return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-9, fused=True)
@@ -106,156 +64,125 @@ def make_optimizer(model, lr: float):
         return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-9)
 
 
-# ---- validation ---------------------------------------------------------------------------------
-
-def edit_distance(a, b) -> int:
-    """Levenshtein distance between two sequences (characters or words)."""
-    if len(a) < len(b):
-        a, b = b, a
-    previous = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        current = [i]
-        for j, y in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
-        previous = current
-    return previous[-1]
+def make_loss(config: Config):
+    """Cross-entropy with label smoothing (section 5.4), summed over the non-padding tokens."""
+    return nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=config.label_smoothing,
+                               reduction="sum")
 
 
-def error_rate(predictions, references, words: bool) -> float:
-    """Corpus WER (words=True) or CER: total edits / total reference length."""
-    edits = total = 0
-    for p, r in zip(predictions, references):
-        p, r = (p.split(), r.split()) if words else (p, r)
-        edits += edit_distance(p, r)
-        total += len(r)
-    return edits / max(total, 1)
+# ---- the state of a training run ----------------------------------------------------------------
+
+@dataclass
+class Run:
+    """Everything a training run works with, set up once by `set_up`."""
+    config: Config
+    device: torch.device
+    data: Data
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    amp: object  # a function returning the autocast context
+    loss_fn: nn.Module
+    sampler: TokenBatchSampler
+    batches_per_epoch: int
+    writer: SummaryWriter = None
+    step_model: nn.Module = None  # the model the step calls (compiled or not)
+    global_step: int = 0
+    start_epoch: int = 0
+    start_batch: int = 0
+    bad_steps: int = 0  # non-finite updates in a row
+    stop_signal: list = field(default_factory=list)  # the name of a SIGINT/SIGTERM received
+
+    @property
+    def total_steps(self):
+        steps = math.ceil(self.batches_per_epoch / self.config.accum_steps)
+        return steps * self.config.num_epochs
 
 
-def score_translations(predictions, references) -> dict:
-    import sacrebleu
-    return {"bleu": sacrebleu.corpus_bleu(predictions, [references]).score,
-            "chrf": sacrebleu.corpus_chrf(predictions, [references]).score,
-            "cer": error_rate(predictions, references, words=False),
-            "wer": error_rate(predictions, references, words=True)}
+def set_up(config: Config, given: set) -> Run:
+    """The data, the model and its optimizer, restored from the checkpoint --preload names."""
+    resume, config = resume_state(config, given)
+    check_writable(config.model_folder)
+    torch.manual_seed(config.seed)
+    device = setup_device(config.device)
+    amp_dtype = autocast_dtype(config, device)
+    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32"))
+    data = get_ds(config)
+    src_vocab, tgt_vocab = data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()
+    model = build_model(config, src_vocab, tgt_vocab).to(device)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
+                                shuffle=True, seed=config.seed)
+    run = Run(config, device, data, model, make_optimizer(model, config.lr),
+              torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
+              autocast(device, amp_dtype), make_loss(config), sampler, len(sampler.batches(0)))
+    if resume:
+        path, state = resume
+        check_vocab(state, path, src_vocab, tgt_vocab)
+        load_model_weights(model, state, path)
+        run.optimizer.load_state_dict(state["optimizer_state_dict"])
+        if state.get("scaler_state_dict"):
+            run.scaler.load_state_dict(state["scaler_state_dict"])
+        if "rng_state" in state:
+            torch.set_rng_state(state["rng_state"])
+        run.start_epoch, run.start_batch = state["next_epoch"], state["next_batch"]
+        run.global_step = state["global_step"]
+        print(f"resumed from {path}: epoch {run.start_epoch}, batch {run.start_batch}, "
+              f"step {run.global_step}")
+    run.step_model = torch.compile(model, dynamic=True) if config.compile else model
+    run.writer = SummaryWriter(config.experiment_name)
+    return run
 
 
-@torch.no_grad()
-def run_validation(model, data, config: Config, device, loss_fn, writer, global_step: int):
-    """Validation loss, then greedy decoding of the validation set (or its first
-    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples."""
-    model.eval()
-    val = data.validation
-    pad_id = data.tokenizer_tgt.token_to_id("[PAD]")
-    sampler = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
-                                shuffle=False)
-    loss_sum, tokens = 0.0, 0
-    for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator(pad_id)):
-        logits = model(batch["encoder_input"].to(device), batch["decoder_input"].to(device),
-                       batch["encoder_mask"].to(device), batch["decoder_mask"].to(device))
-        label = batch["label"].to(device)  # (batch, tgt_len)
-        loss_sum += loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)).item()
-        tokens += (label != pad_id).sum().item()
-    n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
-    started = time.time()
-    outputs = translate_ids(model, val.src_ids[:n], data.tokenizer_tgt.token_to_id("[SOS]"),
-                            data.tokenizer_tgt.token_to_id("[EOS]"), pad_id, config.seq_len,
-                            batch_size=max(config.max_tokens // 40, config.batch_size, 1))
-    predictions = [data.tokenizer_tgt.decode(ids).strip() for ids in outputs]
-    metrics = {"loss": loss_sum / max(tokens, 1),
-               **score_translations(predictions, val.tgt_texts[:n])}
-    for name, value in metrics.items():
-        writer.add_scalar(f"validation/{name}", value, global_step)
-    examples = []
-    for i in range(min(config.val_examples, n)):
-        examples.append(f"{'SOURCE:':>12} {val.src_texts[i]}\n{'TARGET:':>12} "
-                        f"{val.tgt_texts[i]}\n{'PREDICTED:':>12} {predictions[i]}")
-    if examples:
-        tqdm.write("-" * 80 + "\n" + ("\n" + "-" * 80 + "\n").join(examples) + "\n" + "-" * 80)
-        writer.add_text("validation/examples",
-                        "\n\n".join("    " + e.replace("\n", "\n    ") for e in examples),
-                        global_step)
-    tqdm.write(f"validation: loss {metrics['loss']:.3f}  BLEU {metrics['bleu']:.2f}  "
-               f"chrF {metrics['chrf']:.2f}  CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}"
-               f"  ({n} sentences decoded in {time.time() - started:.1f}s)")
-    model.train()
-    return metrics
+def save(run: Run, epoch: int, next_epoch: int, next_batch: int, path: Path):
+    """A checkpoint of everything needed to continue exactly here, then pruning."""
+    save_checkpoint({
+        "model_state_dict": run.model.state_dict(),
+        "optimizer_state_dict": run.optimizer.state_dict(),
+        "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
+        "epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch,
+        "global_step": run.global_step, "rng_state": torch.get_rng_state(),
+        "config": run.config.to_dict(),
+    }, path)
+    prune_checkpoints(run.config)
 
 
-# ---- checkpoints --------------------------------------------------------------------------------
-
-def resume_state(config: Config, given: set):
-    """The checkpoint --preload names (or None) and the config to train with: flags given on
-    the command line win; everything else comes from the checkpoint's own config."""
-    path = resolve_preload(config)
-    if path is None:
-        existing = list_checkpoints(config)
-        if config.preload == "none" and existing:
-            raise CheckpointError(
-                f"{config.model_folder} already holds checkpoints ({existing[-1][0].name}); "
-                f"--preload none would overwrite them: resume with --preload latest or train "
-                f"into another --model_folder")
-        return None, config
-    state = load_checkpoint(path)
-    saved = Config.from_dict(state["config"])
-    for name in MODEL_FIELDS:
-        if name in given and getattr(config, name) != getattr(saved, name):
-            raise CheckpointError(
-                f"{path} was trained with --{name} {getattr(saved, name)}, not "
-                f"{getattr(config, name)}; drop the flag to resume it, or train into another "
-                f"--model_folder")
-    for name, value in saved.to_dict().items():
-        if name not in given and name not in RUN_FIELDS:
-            setattr(config, name, value)
-    if "batch_size" in given and "max_tokens" not in given:
-        config.max_tokens = 0
-    if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
-        for name in ("max_tokens", "batch_size", "seed", "accum_steps"):
-            if getattr(saved, name) != getattr(config, name):
-                raise CheckpointError(
-                    f"{path} was saved mid-epoch with --{name} {getattr(saved, name)}; resume "
-                    f"it with the same value (the epoch's batch order depends on it), or from a "
-                    f"per-epoch checkpoint with --preload")
-    return (path, state), config
-
-
-def prune_checkpoints(config: Config):
-    """Keeps the newest keep_last mid-epoch checkpoints (none older than the newest per-epoch
-    one, which supersedes them) and the newest keep_epochs per-epoch ones (0 = all)."""
-    found = list_checkpoints(config)
-    epochs = [c for c in found if c[2] is None]
-    steps = [c for c in found if c[2] is not None]
-    last_epoch = epochs[-1][1] if epochs else -1
-    stale = [c for c in steps if c[1] <= last_epoch]
-    fresh = [c for c in steps if c[1] > last_epoch]
-    if config.keep_last:
-        stale += fresh[:-config.keep_last]
-    if config.keep_epochs:
-        stale += epochs[:-config.keep_epochs]
-    for path, _, _ in stale:
-        path.unlink(missing_ok=True)
-
-
-class StopRequest:
+def catch_stop_signals(run: Run):
     """Ctrl-C / SIGTERM: finish the current step, save, exit. A second Ctrl-C stops at once
     (the checkpoints already written stay intact: saves are atomic)."""
-
-    def __init__(self):
-        self.signal = None
-        signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGTERM, self.handle)
-
-    def handle(self, signum, frame):
-        if self.signal is not None:
+    def handle(signum, frame):
+        if run.stop_signal:
             raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
-        tqdm.write(f"{self.signal}: stopping after this step (press Ctrl-C again to abort)")
+        run.stop_signal.append(signal.Signals(signum).name)
+        tqdm.write(f"{run.stop_signal[0]}: stopping after this step (press Ctrl-C again to "
+                   f"abort)")
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
 
 
 def ignore_sigint(_worker_id):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # DataLoader workers: the main process decides
 
 
-# ---- training -----------------------------------------------------------------------------------
+# ---- one step -----------------------------------------------------------------------------------
+
+def accumulation_groups(run: Run, epoch: int):
+    """This epoch's remaining batches in groups of accum_steps (the last may be shorter), each
+    with the number of the epoch's batches done after it."""
+    config = run.config
+    run.sampler.set_epoch(epoch, run.start_batch if epoch == run.start_epoch else 0)
+    loader = DataLoader(run.data.train, batch_sampler=run.sampler, collate_fn=Collator(),
+                        num_workers=config.num_workers, pin_memory=run.device.type == "cuda",
+                        worker_init_fn=ignore_sigint if config.num_workers else None,
+                        generator=torch.Generator())  # leaves the global RNG (dropout) alone
+    group, done = [], run.sampler.start
+    for batch in loader:
+        group.append(batch)
+        done += 1
+        if len(group) == config.accum_steps or done == run.batches_per_epoch:
+            yield group, done
+            group = []
+
 
 def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scaler=None):
     """Forward and backward over a group of batches (gradient accumulation). The loss is summed
@@ -277,181 +204,146 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
     return loss_total, n_tokens
 
 
+def optimizer_step(run: Run, loss: float, lr: float) -> bool:
+    """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the loss or the
+    gradient is not finite: then the update is skipped and counted, and max_bad_steps in a row
+    stop training without saving. Returns whether the update was applied."""
+    config = run.config
+    run.scaler.unscale_(run.optimizer)
+    grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad or math.inf,
+                                         foreach=True)
+    for param_group in run.optimizer.param_groups:
+        param_group["lr"] = lr
+    finite = math.isfinite(loss) and bool(torch.isfinite(grad_norm))
+    if finite or (run.scaler.is_enabled() and math.isfinite(loss)):
+        run.scaler.step(run.optimizer)  # fp16 overflow: the scaler skips it, lowers its scale
+        run.bad_steps = 0 if finite else run.bad_steps
+    else:
+        run.bad_steps += 1
+        run.writer.add_scalar("train/skipped_nonfinite", run.bad_steps, run.global_step)
+        tqdm.write(f"step {run.global_step + 1}: non-finite loss or gradient, update skipped "
+                   f"({run.bad_steps} in a row)")
+        if run.bad_steps >= config.max_bad_steps:
+            raise CheckpointError(
+                f"{run.bad_steps} non-finite updates in a row: training stopped without saving "
+                f"the diverged weights; lower --lr or use --precision fp32, then resume from "
+                f"the last checkpoint in {config.model_folder}")
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    return finite
+
+
+def maybe_save(run: Run, epoch: int, done: int) -> bool:
+    """Saves mid-epoch every save_every steps, and on a stop signal or at max_steps; returns
+    whether training should stop now."""
+    config = run.config
+    at_max_steps = bool(config.max_steps) and run.global_step >= config.max_steps
+    stopping = bool(run.stop_signal) or at_max_steps
+    periodic = (config.save_every and done < run.batches_per_epoch
+                and run.global_step % config.save_every == 0)
+    if not (stopping or periodic):
+        return False
+    path = step_checkpoint_path(config, epoch, run.global_step)
+    save(run, epoch, epoch, done, path)
+    if stopping:
+        why = (f"stopped by {run.stop_signal[0]}" if run.stop_signal else
+               f"reached --max_steps {config.max_steps}")
+        tqdm.write(f"{why} in epoch {epoch} after batch {done} of {run.batches_per_epoch} "
+                   f"(step {run.global_step}); saved {path}. Resume with: python train.py "
+                   f"--model_folder {config.model_folder}")
+    return stopping
+
+
+# ---- validation ---------------------------------------------------------------------------------
+
+@torch.no_grad()
+def run_validation(run: Run):
+    """Validation loss, then greedy decoding of the validation set (or its first
+    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples."""
+    config, model, val, device = run.config, run.model, run.data.validation, run.device
+    model.eval()
+    sampler = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
+                                shuffle=False)
+    loss_sum, tokens = 0.0, 0
+    for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator()):
+        with run.amp():
+            logits = model(batch["encoder_input"].to(device), batch["decoder_input"].to(device),
+                           batch["encoder_mask"].to(device), batch["decoder_mask"].to(device))
+        label = batch["label"].to(device)  # (batch, tgt_len)
+        loss_sum += run.loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)).item()
+        tokens += (label != PAD).sum().item()
+    n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
+    started = time.time()
+    outputs = translate_ids(model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
+                            batch_size=max(config.max_tokens // 40, config.batch_size, 1))
+    predictions = [run.data.tokenizer_tgt.decode(ids).strip() for ids in outputs]
+    metrics = {"loss": loss_sum / max(tokens, 1), **score(predictions, val.tgt_texts[:n])}
+    for name, value in metrics.items():
+        if name != "report":
+            run.writer.add_scalar(f"validation/{name}", value, run.global_step)
+    examples = [f"{'SOURCE:':>12} {val.src_texts[i]}\n{'TARGET:':>12} {val.tgt_texts[i]}\n"
+                f"{'PREDICTED:':>12} {predictions[i]}" for i in range(min(config.val_examples, n))]
+    if examples:
+        tqdm.write("-" * 80 + "\n" + ("\n" + "-" * 80 + "\n").join(examples) + "\n" + "-" * 80)
+        run.writer.add_text("validation/examples",
+                            "\n\n".join("    " + e.replace("\n", "\n    ") for e in examples),
+                            run.global_step)
+    tqdm.write(f"validation: loss {metrics['loss']:.3f}  BLEU {metrics['bleu']:.2f}  "
+               f"chrF {metrics['chrf']:.2f}  CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}"
+               f"  ({n} sentences decoded in {time.time() - started:.1f}s)")
+    model.train()
+    return metrics
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+
 def train_model(config: Config, given: set = frozenset()):
-    """Trains as `config` says (resuming per --preload). Returns per-step token counts and
-    wall times (data loading, loss and logging included)."""
-    resume, config = resume_state(config, given)
-    problem = config.validate()
-    if problem:
-        raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
-    Path(config.model_folder).mkdir(parents=True, exist_ok=True)
-    probe = Path(config.model_folder) / ".write-test"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise CheckpointError(f"--model_folder {config.model_folder} is not writable: "
-                              f"{e.strerror}") from None
-
-    torch.manual_seed(config.seed)
-    device = get_device(config.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls on Ampere and newer
-        torch.backends.cudnn.allow_tf32 = True
-    if device.type == "cpu":
-        tune_cpu_allocator()
-    amp_dtype = autocast_dtype(config, device)
-    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32"))
-
-    data = get_ds(config)
-    src_vocab, tgt_vocab = data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()
-    pad_id = data.tokenizer_tgt.token_to_id("[PAD]")
-    model = build_model(config, src_vocab, tgt_vocab).to(device)
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    optimizer = make_optimizer(model, config.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-
-    start_epoch, start_batch, global_step = 0, 0, 0
-    if resume:
-        path, state = resume
-        check_vocab(state, path, src_vocab, tgt_vocab)
-        load_model_weights(model, state, path)
-        optimizer.load_state_dict(state["optimizer_state_dict"])
-        if state.get("scaler_state_dict"):
-            scaler.load_state_dict(state["scaler_state_dict"])
-        if "rng_state" in state:
-            torch.set_rng_state(state["rng_state"])
-        start_epoch, start_batch = state["next_epoch"], state["next_batch"]
-        global_step = state["global_step"]
-        print(f"resumed from {path}: epoch {start_epoch}, batch {start_batch}, "
-              f"step {global_step}")
-        del state
-
-    writer = SummaryWriter(config.experiment_name)
-    loss_fn = nn.CrossEntropyLoss(ignore_index=pad_id, label_smoothing=config.label_smoothing,
-                                  reduction="sum")
-    sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
-                                shuffle=True, seed=config.seed)
-    batches_per_epoch = len(sampler.batches(0))
-    total_steps = math.ceil(batches_per_epoch / config.accum_steps) * config.num_epochs
-    step_model = torch.compile(model, dynamic=True) if config.compile else model
-    amp = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
-    stop = StopRequest()
-    bad_steps = 0  # non-finite updates in a row
-    stats = {"step_tokens": [], "step_seconds": []}  # per optimizer step, for bench.py
-
-    def save(epoch: int, next_epoch: int, next_batch: int, path: Path):
-        save_checkpoint({
-            "model_state_dict": model.state_dict(),
-            "optimizer_state_dict": optimizer.state_dict(),
-            "scaler_state_dict": scaler.state_dict() if scaler.is_enabled() else {},
-            "epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch,
-            "global_step": global_step, "rng_state": torch.get_rng_state(),
-            "config": config.to_dict(),
-        }, path)
-        prune_checkpoints(config)
-
-    if config.max_steps and global_step >= config.max_steps:
-        print(f"already at step {global_step} of --max_steps {config.max_steps}; raise it to "
-              f"train on")
-        return stats
-    for epoch in range(start_epoch, config.num_epochs):
-        model.train()
-        sampler.set_epoch(epoch, start_batch if epoch == start_epoch else 0)
-        loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(pad_id),
-                            num_workers=config.num_workers, pin_memory=device.type == "cuda",
-                            worker_init_fn=ignore_sigint if config.num_workers else None,
-                            generator=torch.Generator())  # leaves the global RNG (dropout) alone
-        batch_index = sampler.start  # batches of this epoch already trained
-        bar = tqdm(total=batches_per_epoch, initial=batch_index, desc=f"epoch {epoch:02d}",
-                   dynamic_ncols=True, mininterval=1.0)
-        group, tokens_seen, started, step_started = [], 0, time.time(), time.perf_counter()
-        for batch in loader:
-            group.append(batch)
-            batch_index += 1
-            if len(group) < config.accum_steps and batch_index < batches_per_epoch:
-                continue
-            loss_total, n_tokens = train_step(step_model, group, loss_fn, pad_id, device, amp,
-                                              scaler)
-            scaler.unscale_(optimizer)
-            grad_norm = nn.utils.clip_grad_norm_(model.parameters(),
-                                                 config.clip_grad or float("inf"), foreach=True)
-            lr = learning_rate(config, global_step + 1, total_steps)
-            for param_group in optimizer.param_groups:
-                param_group["lr"] = lr
-            if math.isfinite(loss_total) and torch.isfinite(grad_norm):
-                scaler.step(optimizer)
-                bad_steps = 0
-            elif scaler.is_enabled() and math.isfinite(loss_total):
-                scaler.step(optimizer)  # fp16 overflow: the scaler skips it and lowers its scale
-            else:
-                bad_steps += 1
-                writer.add_scalar("train/skipped_nonfinite", bad_steps, global_step)
-                tqdm.write(f"step {global_step + 1}: non-finite loss or gradient, update skipped"
-                           f" ({bad_steps} in a row)")
-                if bad_steps >= config.max_bad_steps:
-                    raise CheckpointError(
-                        f"{bad_steps} non-finite updates in a row: training stopped without "
-                        f"saving the diverged weights; lower --lr or use --precision fp32, then "
-                        f"resume from the last checkpoint in {config.model_folder}")
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            global_step += 1
-            real = sum(real_tokens(b, pad_id) for b in group)
-            group = []
-            tokens_seen += real
-            stats["step_tokens"].append(real)
-            stats["step_seconds"].append(time.perf_counter() - step_started)
-            step_started = time.perf_counter()
-            bar.update(batch_index - bar.n)
-            bar.set_postfix(loss=f"{loss_total:6.3f}",
-                            tok_s=f"{tokens_seen / (time.time() - started):,.0f}",
-                            refresh=False)
-            if global_step % config.log_every == 0:
-                writer.add_scalar("train/loss", loss_total, global_step)
-                writer.add_scalar("train/lr", lr, global_step)
-            at_max_steps = config.max_steps and global_step >= config.max_steps
-            if stop.signal or at_max_steps or (config.save_every and batch_index <
-                                               batches_per_epoch and
-                                               global_step % config.save_every == 0):
-                path = step_checkpoint_path(config, epoch, global_step)
-                save(epoch, epoch, batch_index, path)
-                if stop.signal or at_max_steps:
-                    bar.close()
-                    writer.close()
-                    why = f"stopped by {stop.signal}" if stop.signal else \
-                        f"reached --max_steps {config.max_steps}"
-                    print(f"{why} in epoch {epoch} after batch {batch_index} of "
-                          f"{batches_per_epoch} (step {global_step}); saved {path}. "
-                          f"Resume with: python train.py --model_folder {config.model_folder}")
-                    return stats
+    """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
+    ending with validation and a checkpoint."""
+    run = set_up(config, given)
+    config = run.config
+    if config.max_steps and run.global_step >= config.max_steps:
+        print(f"already at step {run.global_step} of --max_steps {config.max_steps}; raise it "
+              f"to train on")
+        return
+    catch_stop_signals(run)
+    for epoch in range(run.start_epoch, config.num_epochs):
+        run.model.train()
+        bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
+                   mininterval=1.0, initial=run.start_batch if epoch == run.start_epoch else 0)
+        tokens_seen, started = 0, time.time()
+        for group, done in accumulation_groups(run, epoch):
+            loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
+                                 run.scaler)
+            lr = learning_rate(config, run.global_step + 1, run.total_steps)
+            optimizer_step(run, loss, lr)
+            run.global_step += 1
+            tokens_seen += sum(real_tokens(b) for b in group)
+            bar.update(done - bar.n)
+            bar.set_postfix(loss=f"{loss:6.3f}", refresh=False,
+                            tok_s=f"{tokens_seen / (time.time() - started):,.0f}")
+            if run.global_step % config.log_every == 0:
+                run.writer.add_scalar("train/loss", loss, run.global_step)
+                run.writer.add_scalar("train/lr", lr, run.global_step)
+            if maybe_save(run, epoch, done):
+                bar.close()
+                run.writer.close()
+                return
         bar.close()
-        writer.add_scalar("train/epoch_tokens_per_s", tokens_seen / (time.time() - started),
-                          global_step)
-        run_validation(model, data, config, device, loss_fn, writer, global_step)
-        writer.flush()
-        save(epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
-        start_batch = 0
-    writer.close()
-    return stats
+        run.writer.add_scalar("train/epoch_tokens_per_s", tokens_seen / (time.time() - started),
+                              run.global_step)
+        run_validation(run)
+        run.writer.flush()
+        save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
+    run.writer.close()
 
 
 def main(argv=None):
     parser = ArgumentParser(description="Train a Transformer for translation. Every flag "
                                         "defaults to config.py; on resume, to the checkpoint's.")
-    add_config_arguments(parser)
-    config, given = config_from_args(parser.parse_args(argv))
-    problem = config.validate()
-    if problem:
-        parser.error(problem)
-    try:
-        train_model(config, given)
-    except UserError as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("train.py: aborted; the checkpoints already saved are intact", file=sys.stderr)
-        sys.exit(130)
+    config, given = parse_config(argv, parser)
+    run_main("train.py", lambda: train_model(config, given),
+             aborted="aborted; the checkpoints already saved are intact")
 
 
 if __name__ == "__main__":

@@ -13,42 +13,21 @@ from pathlib import Path
 
 import torch
 
-from config import (MODEL_FIELDS, ArgumentParser, CheckpointError, Config, UserError,
-                    add_config_arguments, build_model, check_vocab, config_from_args,
-                    epoch_checkpoints, load_checkpoint, load_model_weights, resolve_preload,
-                    tokenizer_path)
-from dataset import decode_lines, load_tokenizer
+from checkpoint import (CheckpointError, build_model, check_vocab, load_averaged,
+                        load_model_weights, merge_config, resolve_preload, tokenizer_path)
+from config import (ArgumentParser, Config, UserError, add_config_arguments, config_from_args,
+                    fields_where, run_main)
+from dataset import EOS, PAD, SOS, decode_lines, load_corpus, load_tokenizer
 from dataset import read_lines as dataset_read_lines
 from model import causal_mask, translate_ids
+from runtime import setup_device
 
 # Config fields translate.py takes from the command line; the rest describe training.
-TRANSLATE_FIELDS = {"model_folder", "model_basename", "preload", "tokenizer_file", "data_dir",
-                    "datasource", "val_fraction", "seed", "seq_len", "device", "batch_size"}
+TRANSLATE_FIELDS = fields_where(translate=True) | fields_where(group="run")
 
 
 class InputError(UserError):
     """A bad sentence, input or output file."""
-
-
-def average_checkpoints(paths):
-    """The element-wise mean of the model weights of several checkpoints (the paper averages
-    the last 5). Returns the newest checkpoint's state with averaged weights."""
-    states = [load_checkpoint(p) for p in paths]
-    newest = states[-1]
-    keys = newest["model_state_dict"].keys()
-    for p, s in zip(paths, states):
-        if s["model_state_dict"].keys() != keys or any(
-                s["model_state_dict"][k].shape != newest["model_state_dict"][k].shape
-                for k in keys):
-            raise CheckpointError(f"cannot average {p} with {paths[-1]}: different architectures")
-    averaged = {}
-    for k in keys:
-        tensors = [s["model_state_dict"][k] for s in states]
-        if tensors[0].is_floating_point():
-            averaged[k] = torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
-        else:
-            averaged[k] = tensors[-1]
-    return {**newest, "model_state_dict": averaged}
 
 
 def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
@@ -64,44 +43,62 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         if path is None:
             raise CheckpointError(f"no checkpoint in {config.model_folder}/ (train one with "
                                   f"python train.py, or pass --checkpoint PATH)")
-    if average > 1:
-        paths = [p for p in epoch_checkpoints(config) if p.resolve() != path.resolve()]
-        paths = [p for p in paths if p.stat().st_mtime <= path.stat().st_mtime]
-        paths = (paths + [path])[-average:]
-        if len(paths) < average:
-            raise CheckpointError(f"--average {average}: only {len(paths)} per-epoch "
-                                  f"checkpoint(s) up to {path.name} in {path.parent}")
-        state = average_checkpoints(paths)
+    state, paths = load_averaged(config, path, average)
+    if len(paths) > 1:
         print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
               file=sys.stderr)
-    else:
-        state = load_checkpoint(path)
-    saved = Config.from_dict(state["config"])
-    for name in MODEL_FIELDS:
-        if name in given and name not in TRANSLATE_FIELDS and \
-                getattr(config, name) != getattr(saved, name):
-            raise CheckpointError(f"--{name} {getattr(config, name)} does not match {path} "
-                                  f"({getattr(saved, name)}); the architecture comes from the "
-                                  f"checkpoint, drop the flag")
-    for name in TRANSLATE_FIELDS:
-        if name in given:
-            setattr(saved, name, getattr(config, name))
-        elif name in ("model_folder", "model_basename", "preload", "device"):
-            setattr(saved, name, getattr(config, name))  # where to look, what to run on
-    problem = saved.validate()
+    config = merge_config(Config.from_dict(state["config"]), config, given, path,
+                          TRANSLATE_FIELDS)
+    problem = config.validate()
     if problem:
         raise CheckpointError(problem)
-    config = saved
     tokenizer_src = load_tokenizer(tokenizer_path(config, config.lang_src), config.tokenizer_type)
     tokenizer_tgt = load_tokenizer(tokenizer_path(config, config.lang_tgt), config.tokenizer_type)
     check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
-    from train import get_device, tune_cpu_allocator
-    device = get_device(config.device)
-    if device.type == "cpu":
-        tune_cpu_allocator()
+    device = setup_device(config.device)
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     load_model_weights(model, state, path)
     return model.to(device).eval(), config, tokenizer_src, tokenizer_tgt
+
+
+# ---- scores -------------------------------------------------------------------------------------
+
+def edit_distance(a, b) -> int:
+    """Levenshtein distance between two sequences (characters or words)."""
+    if len(a) < len(b):
+        a, b = b, a
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def error_rate(predictions, references, words: bool) -> float:
+    """Corpus WER (words=True) or CER: total edits / total reference length."""
+    edits = total = 0
+    for p, r in zip(predictions, references):
+        p, r = (p.split(), r.split()) if words else (p, r)
+        edits += edit_distance(p, r)
+        total += len(r)
+    return edits / max(total, 1)
+
+
+def score(hypotheses, references, error_rates: bool = True) -> dict:
+    """Corpus sacreBLEU BLEU and chrF (and CER/WER) of translations against one reference each:
+    {"bleu", "chrf", "cer", "wer"} as numbers, and "report": sacreBLEU's two lines, each with
+    its signature (what a paper should quote)."""
+    import sacrebleu
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    b, c = bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
+    scores = {"bleu": b.score, "chrf": c.score,
+              "report": f"{b}  ({bleu.get_signature()})\n{c}  ({chrf.get_signature()})"}
+    if error_rates:
+        scores["cer"] = error_rate(hypotheses, references, words=False)
+        scores["wer"] = error_rate(hypotheses, references, words=True)
+    return scores
 
 
 @torch.no_grad()
@@ -109,11 +106,10 @@ def cross_attention(model, tokenizer_src, tokenizer_tgt, sentence: str, translat
     """Teacher-forces `translation` and returns the decoder's cross-attention weights,
     (layers, heads, target tokens, source tokens), with the token strings of both axes."""
     device = next(model.parameters()).device
-    sos, eos = tokenizer_tgt.token_to_id("[SOS]"), tokenizer_tgt.token_to_id("[EOS]")
     src_ids = tokenizer_src.encode(sentence).ids[:model.src_pos.pe.size(1) - 2]
     tgt_ids = tokenizer_tgt.encode(translation).ids[:model.tgt_pos.pe.size(1) - 1]
-    src = torch.tensor([[sos] + src_ids + [eos]], device=device)  # (1, src_len)
-    tgt = torch.tensor([[sos] + tgt_ids], device=device)  # (1, tgt_len)
+    src = torch.tensor([[SOS] + src_ids + [EOS]], device=device)  # (1, src_len)
+    tgt = torch.tensor([[SOS] + tgt_ids], device=device)  # (1, tgt_len)
     blocks = [layer.cross_attention_block for layer in model.decoder.layers]
     for block in blocks:
         block.need_weights = True
@@ -184,10 +180,8 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
                   f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",
                   file=sys.stderr)
     todo = [n for n, s in enumerate(sentences) if s]
-    outputs = translate_ids(model, [ids[n] for n in todo], tokenizer_tgt.token_to_id("[SOS]"),
-                            tokenizer_tgt.token_to_id("[EOS]"), tokenizer_tgt.token_to_id("[PAD]"),
-                            config.seq_len, beam=beam, alpha=alpha, nbest=nbest,
-                            batch_size=batch_size or 64)
+    outputs = translate_ids(model, [ids[n] for n in todo], SOS, EOS, PAD, config.seq_len,
+                            beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size or 64)
     results = [[("", 0.0)] if nbest > 1 else "" for _ in sentences]
     for n, out in zip(todo, outputs):
         if nbest > 1:
@@ -199,14 +193,14 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
 
 def validation_example(config: Config, index: int):
     """(source, reference) of example `index` of the validation split used in training."""
-    from dataset import load_corpus
     val = load_corpus(config)["validation"]
     if not 0 <= index < len(val):
         raise InputError(f"validation example {index} does not exist (0 to {len(val) - 1})")
     return val[index]["src"], val[index]["tgt"]
 
 
-def main(argv=None):
+def parse_args(argv):
+    """The command line: (args, config of the flags given, names of the flags given)."""
     parser = ArgumentParser(
         description="Translate sentences with a trained checkpoint.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -226,18 +220,19 @@ def main(argv=None):
                         "newest N per-epoch checkpoints")
     parser.add_argument("--attention", metavar="PNG", help="write the cross-attention map of "
                         "the (single) sentence to this PNG file")
+    model_fields = fields_where(group="model")
     from_checkpoint = {name: f"{Config.__dataclass_fields__[name].metadata['help']} (default: "
                        f"the checkpoint's{'' if name in TRANSLATE_FIELDS else '; must match'})"
-                       for name in (TRANSLATE_FIELDS | set(MODEL_FIELDS)) - {
-                           "model_folder", "model_basename", "preload", "device", "batch_size"}}
-    add_config_arguments(parser, visible=TRANSLATE_FIELDS | set(MODEL_FIELDS), helps={
+                       for name in (TRANSLATE_FIELDS | model_fields) - fields_where(group="run")
+                       - {"batch_size"}}
+    add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, helps={
         **from_checkpoint,
         "batch_size": "sentences translated at once (default: 64)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
         "preload": "checkpoint in --model_folder: latest or an epoch (default: latest)"})
     args = parser.parse_args(argv)
-    _, given = config_from_args(args)
-    for name in given - TRANSLATE_FIELDS - set(MODEL_FIELDS):
+    config, given = config_from_args(args)
+    for name in sorted(given - TRANSLATE_FIELDS - model_fields):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")
     if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam and args.beam > 1 or \
@@ -248,64 +243,63 @@ def main(argv=None):
         parser.error("give a sentence or --input, not both")
     if args.reference and args.sentence is not None:
         parser.error("--reference goes with --input or stdin")
-    beam = max(args.beam, args.nbest)
+    return args, config, given
+
+
+def read_sources(args, config: Config):
+    """(sentences, reference of the one sentence or None): the sentence argument (an integer
+    picks that validation example, with its reference), or the lines of --input / stdin."""
+    if args.sentence is None:
+        return read_lines(args.input), None
+    if args.sentence.strip().isdigit():
+        sentence, reference = validation_example(config, int(args.sentence))
+        return [sentence], reference
+    if not clean(args.sentence):
+        raise InputError("the sentence is empty")
+    return [args.sentence], None
+
+
+def write_outputs(args, sentences, outputs, reference):
+    """Translations to --output or stdout (n-best: index, score, text a line); a validation
+    example is printed with its source and reference."""
+    if reference is not None:
+        print(f"{'SOURCE:':>12} {sentences[0]}\n{'TARGET:':>12} {reference}\n"
+              f"{'PREDICTED:':>12} {outputs[0]}")
+        return
+    if args.nbest > 1:
+        lines = [f"{n}\t{s:.4f}\t{text}" for n, hyps in enumerate(outputs) for text, s in hyps]
+    else:
+        lines = outputs
+    text = "".join(line + "\n" for line in lines)
+    if not args.output:
+        sys.stdout.write(text)
+        return
     try:
-        config, _ = config_from_args(args)
-        model, config, tokenizer_src, tokenizer_tgt = load_translator(config, given,
-                                                                      args.checkpoint,
-                                                                      args.average)
-        reference = None
-        if args.sentence is not None:
-            sentence = args.sentence
-            if sentence.strip().isdigit():
-                sentence, reference = validation_example(config, int(sentence))
-            elif not clean(sentence):
-                raise InputError("the sentence is empty")
-            sentences = [sentence]
-        else:
-            sentences = read_lines(args.input)
-        outputs = translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam,
-                            args.alpha, args.nbest, args.batch_size)
-        if args.nbest > 1:
-            lines = [f"{n}\t{score:.4f}\t{text}" for n, hyps in enumerate(outputs)
-                     for text, score in hyps]
-        else:
-            lines = outputs
-        if reference is not None:
-            print(f"{'SOURCE:':>12} {sentences[0]}\n{'TARGET:':>12} {reference}\n"
-                  f"{'PREDICTED:':>12} {outputs[0]}")
-        elif args.output:
-            try:
-                Path(args.output).write_text("".join(line + "\n" for line in lines),
-                                             encoding="utf-8")
-            except OSError as e:
-                raise InputError(f"cannot write {args.output}: {e.strerror}") from None
-        else:
-            sys.stdout.write("".join(line + "\n" for line in lines))
-        if args.attention:
-            save_attention_map(model, tokenizer_src, tokenizer_tgt, clean(sentences[0]),
-                               outputs[0] if args.nbest == 1 else outputs[0][0][0],
-                               args.attention)
-            print(f"wrote the cross-attention map to {args.attention}", file=sys.stderr)
-        if args.reference:
-            import sacrebleu
-            refs = read_lines(args.reference)
-            if len(refs) != len(sentences):
-                raise InputError(f"{args.reference} has {len(refs)} lines but the input has "
-                                 f"{len(sentences)}")
-            hyps = outputs if args.nbest == 1 else [h[0][0] for h in outputs]
-            bleu = sacrebleu.metrics.BLEU()
-            chrf = sacrebleu.metrics.CHRF()
-            bleu_score = bleu.corpus_score(hyps, [refs])
-            print(f"{bleu_score}  ({bleu.get_signature()})", file=sys.stderr)
-            print(f"{chrf.corpus_score(hyps, [refs])}  ({chrf.get_signature()})",
-                  file=sys.stderr)
-    except UserError as e:
-        print(f"translate.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        Path(args.output).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot write {args.output}: {e.strerror}") from None
+
+
+def main(argv=None):
+    args, config, given = parse_args(argv)
+    model, config, tokenizer_src, tokenizer_tgt = load_translator(config, given, args.checkpoint,
+                                                                  args.average)
+    sentences, reference = read_sources(args, config)
+    outputs = translate(model, config, tokenizer_src, tokenizer_tgt, sentences,
+                        max(args.beam, args.nbest), args.alpha, args.nbest, args.batch_size)
+    write_outputs(args, sentences, outputs, reference)
+    best = outputs if args.nbest == 1 else [hyps[0][0] for hyps in outputs]
+    if args.attention:
+        save_attention_map(model, tokenizer_src, tokenizer_tgt, clean(sentences[0]), best[0],
+                           args.attention)
+        print(f"wrote the cross-attention map to {args.attention}", file=sys.stderr)
+    if args.reference:
+        refs = read_lines(args.reference)
+        if len(refs) != len(sentences):
+            raise InputError(f"{args.reference} has {len(refs)} lines but the input has "
+                             f"{len(sentences)}")
+        print(score(best, refs, error_rates=False)["report"], file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    run_main("translate.py", main)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, number_pairs, run_script, write_aligned
 
-from config import load_checkpoint
+from checkpoint import load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
     home, _ = trained
     import shutil
 
-    from translate import average_checkpoints
+    from checkpoint import average_checkpoints
     for name in ("a.pt", "b.pt", "c.pt"):
         shutil.copy(home / "weights" / "tmodel_00.pt", tmp_path / name)
     averaged = average_checkpoints([tmp_path / n for n in ("a.pt", "b.pt", "c.pt")])

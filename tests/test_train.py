@@ -6,11 +6,18 @@ import pickle
 import pytest
 import torch
 
-from config import (CheckpointError, Config, check_vocab, latest_checkpoint_path, load_checkpoint,
-                    parse_config, save_checkpoint)
+from checkpoint import (CheckpointError, check_vocab, latest_checkpoint_path, load_checkpoint,
+                        save_checkpoint)
+from config import Config
+from config import parse_config as parse_config_and_given
 from dataset import BilingualDataset, Collator
 from model import build_transformer
-from train import edit_distance, error_rate, learning_rate, train_step
+from train import learning_rate, train_step
+from translate import edit_distance, error_rate
+
+
+def parse_config(argv):
+    return parse_config_and_given(argv)[0]
 
 
 def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batches():
@@ -45,7 +52,7 @@ def test_bad_flags_are_refused_with_one_line(argv, message, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_asking_for_a_missing_accelerator_is_a_clear_error():
     from config import UserError
-    from train import get_device
+    from runtime import get_device
     with pytest.raises(UserError, match="--device cuda: CUDA is not available"):
         get_device("cuda")
     assert get_device("cpu").type == "cpu"

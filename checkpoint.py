@@ -1,0 +1,287 @@
+"""Everything about checkpoint files: their names, atomic saving, safe loading and its checks,
+choosing what --preload means, pruning, averaging, and rebuilding a model from the config a
+checkpoint carries.
+
+A checkpoint is a dict of tensors and plain values: model_state_dict, config (Config as a dict),
+epoch, global_step; a training checkpoint adds optimizer_state_dict, scaler_state_dict,
+next_epoch, next_batch and rng_state.
+"""
+
+import dataclasses
+import os
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+from config import Config, UserError, apply_batching_rule, fields_where
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be found, saved or used."""
+
+
+# ---- names --------------------------------------------------------------------------------------
+
+def tokenizer_path(config: Config, lang: str) -> Path:
+    p = Path(config.tokenizer_file.format(lang))
+    return p if p.is_absolute() else Path(config.model_folder) / p
+
+
+def epoch_checkpoint_path(config: Config, epoch: int) -> Path:
+    """weights/tmodel_05.pt: the state after epoch 5 (epochs count from 0)."""
+    return Path(config.model_folder) / f"{config.model_basename}{epoch:02d}.pt"
+
+
+def step_checkpoint_path(config: Config, epoch: int, global_step: int) -> Path:
+    """weights/tmodel_05_s0012345.pt: a mid-epoch save during epoch 5 at that optimizer step."""
+    return Path(config.model_folder) / f"{config.model_basename}{epoch:02d}_s{global_step:07d}.pt"
+
+
+def list_checkpoints(config: Config):
+    """All checkpoints of this run, oldest first, as (path, epoch, global_step or None).
+
+    A per-epoch file sorts after every mid-epoch file of the same epoch."""
+    folder = Path(config.model_folder)
+    if not folder.is_dir():
+        return []
+    pattern = re.compile(re.escape(config.model_basename) + r"(\d+)(?:_s(\d+))?\.pt$")
+    found = []
+    for p in folder.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m:
+            step = int(m.group(2)) if m.group(2) else None
+            found.append((p, int(m.group(1)), step))
+    found.sort(key=lambda t: (t[1], t[2] is None, t[2] or 0))
+    return found
+
+
+def latest_checkpoint_path(config: Config):
+    found = list_checkpoints(config)
+    return found[-1][0] if found else None
+
+
+def epoch_checkpoints(config: Config):
+    return [p for p, _, step in list_checkpoints(config) if step is None]
+
+
+def resolve_preload(config: Config):
+    """The checkpoint `--preload` names, or None for a fresh start or an empty folder."""
+    if config.preload == "none":
+        return None
+    if config.preload == "latest":
+        return latest_checkpoint_path(config)
+    path = epoch_checkpoint_path(config, int(config.preload))
+    if not path.exists():
+        raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}")
+    return path
+
+
+def prune_checkpoints(config: Config):
+    """Keeps the newest keep_last mid-epoch checkpoints (none older than the newest per-epoch
+    one, which supersedes them) and the newest keep_epochs per-epoch ones (0 = all)."""
+    found = list_checkpoints(config)
+    epochs = [c for c in found if c[2] is None]
+    steps = [c for c in found if c[2] is not None]
+    last_epoch = epochs[-1][1] if epochs else -1
+    stale = [c for c in steps if c[1] <= last_epoch]
+    fresh = [c for c in steps if c[1] > last_epoch]
+    if config.keep_last:
+        stale += fresh[:-config.keep_last]
+    if config.keep_epochs:
+        stale += epochs[:-config.keep_epochs]
+    for path, _, _ in stale:
+        path.unlink(missing_ok=True)
+
+
+def check_writable(folder):
+    """Creates `folder` and refuses, before any training, one that cannot be written."""
+    folder = Path(folder)
+    probe = folder / ".write-test"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(f"--model_folder {folder} is not writable: {e.strerror}") from None
+
+
+# ---- saving and loading -------------------------------------------------------------------------
+
+def save_checkpoint(state: dict, path: Path):
+    """Atomic save: a temporary file in the same folder, flushed to disk, then renamed over
+    `path`. A crash at any instant leaves either the old file or the new one, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not write checkpoint {path}: {e.strerror or e}; the "
+                              f"checkpoints already saved are untouched") from None
+
+
+CHECKPOINT_KEYS = ("model_state_dict", "config", "epoch", "global_step")
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Loads with weights_only=True: only tensors and plain values, so a crafted file cannot run
+    code. Raises CheckpointError naming the file for anything unusable."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} not found")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
+    except pickle.UnpicklingError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        unsafe = next((line for line in lines if "global" in line.lower()), None)
+        if unsafe:  # a class or function reference: code that would run on load
+            raise CheckpointError(f"checkpoint {path} refused: it holds more than tensors and "
+                                  f"plain values ({unsafe})") from None
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt "
+                              f"({lines[0] if lines else 'unreadable'})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first})") from None
+    if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project "
+                              f"(expected keys {', '.join(CHECKPOINT_KEYS)})")
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(f"checkpoint {path} has no config dict")
+    return state
+
+
+def check_vocab(state: dict, path: Path, src_vocab_size: int, tgt_vocab_size: int):
+    """Refuses a checkpoint whose embedding sizes differ from the tokenizer files'."""
+    weights = state["model_state_dict"]
+    for name, key, size in (("source", "src_embed.embedding.weight", src_vocab_size),
+                            ("target", "tgt_embed.embedding.weight", tgt_vocab_size)):
+        if key not in weights:
+            raise CheckpointError(f"checkpoint {path} has no {key}: not a model of this project")
+        if weights[key].shape[0] != size:
+            raise CheckpointError(f"checkpoint {path} has a {name} vocabulary of "
+                                  f"{weights[key].shape[0]} but the tokenizer file has {size}; "
+                                  f"the tokenizers in --model_folder do not belong to it")
+
+
+# ---- a checkpoint's config and model ------------------------------------------------------------
+
+def merge_config(saved: Config, current: Config, given: set, path, overrides: set) -> Config:
+    """The config to continue a checkpoint with. The checkpoint's values, except: the run
+    fields (where the run works: model folder, device) come from `current` always, and the
+    `overrides` the user gave win. A model field given with another value than the
+    checkpoint's is refused: the architecture is fixed once trained."""
+    for name in sorted(given & fields_where(group="model") - overrides):
+        if getattr(current, name) != getattr(saved, name):
+            new, old = getattr(current, name), getattr(saved, name)
+            raise CheckpointError(
+                f"--{name} {new} does not match {path}: it was trained with --{name} {old}, "
+                f"not {new}; the architecture is fixed once trained: drop the flag, or train "
+                f"into another --model_folder")
+    merged = dataclasses.replace(saved)
+    for name in fields_where(group="run") | (given & overrides):
+        setattr(merged, name, getattr(current, name))
+    return merged
+
+
+def build_model(config: Config, src_vocab_size: int, tgt_vocab_size: int):
+    """The Transformer that `config` describes (what a checkpoint's config rebuilds)."""
+    from model import build_transformer
+    return build_transformer(src_vocab_size, tgt_vocab_size, config.seq_len, config.seq_len,
+                             d_model=config.d_model, N=config.N, h=config.h,
+                             dropout=config.dropout, d_ff=config.d_ff,
+                             tie_embeddings=config.tie_embeddings)
+
+
+def load_model_weights(model, state: dict, path: Path):
+    """load_state_dict, with an architecture mismatch as one CheckpointError line."""
+    try:
+        model.load_state_dict(state["model_state_dict"])
+    except RuntimeError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        raise CheckpointError(f"checkpoint {path} does not fit this architecture: "
+                              f"{detail[:300]}") from None
+
+
+def average_checkpoints(paths):
+    """The element-wise mean of the model weights of several checkpoints (the paper averages
+    the last 5). Returns the newest checkpoint's state with averaged weights."""
+    states = [load_checkpoint(p) for p in paths]
+    newest = states[-1]
+    keys = newest["model_state_dict"].keys()
+    for p, s in zip(paths, states):
+        if s["model_state_dict"].keys() != keys or any(
+                s["model_state_dict"][k].shape != newest["model_state_dict"][k].shape
+                for k in keys):
+            raise CheckpointError(f"cannot average {p} with {paths[-1]}: different architectures")
+    averaged = {}
+    for k in keys:
+        tensors = [s["model_state_dict"][k] for s in states]
+        if tensors[0].is_floating_point():
+            averaged[k] = torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
+        else:
+            averaged[k] = tensors[-1]
+    return {**newest, "model_state_dict": averaged}
+
+
+def load_averaged(config: Config, path: Path, average: int):
+    """(state, paths): the state of `path`, or with average > 1 the mean of it and the
+    per-epoch checkpoints before it (the newest `average` in all)."""
+    if average <= 1:
+        return load_checkpoint(path), [path]
+    paths = [p for p in epoch_checkpoints(config) if p.resolve() != path.resolve()]
+    paths = [p for p in paths if p.stat().st_mtime <= path.stat().st_mtime]
+    paths = (paths + [path])[-average:]
+    if len(paths) < average:
+        raise CheckpointError(f"--average {average}: only {len(paths)} per-epoch "
+                              f"checkpoint(s) up to {path.name} in {path.parent}")
+    return average_checkpoints(paths), paths
+
+
+# ---- what train.py resumes from ----------------------------------------------------------------
+
+# The settings that fix the order of an epoch's batches: a mid-epoch checkpoint needs them.
+BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
+
+
+def resume_state(config: Config, given: set):
+    """The checkpoint --preload names (None for a fresh start) as (path, state), and the config
+    to train with: flags given on the command line win; the rest comes from the checkpoint."""
+    path = resolve_preload(config)
+    if path is None:
+        existing = list_checkpoints(config)
+        if config.preload == "none" and existing:
+            raise CheckpointError(
+                f"{config.model_folder} already holds checkpoints ({existing[-1][0].name}); "
+                f"--preload none would overwrite them: resume with --preload latest or train "
+                f"into another --model_folder")
+        return None, config
+    state = load_checkpoint(path)
+    saved = Config.from_dict(state["config"])
+    overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
+    merged = merge_config(saved, config, given, path, overrides)
+    apply_batching_rule(merged, given)
+    if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
+        for name in BATCH_ORDER_FIELDS:
+            if getattr(saved, name) != getattr(merged, name):
+                raise CheckpointError(
+                    f"{path} was saved mid-epoch with --{name} {getattr(saved, name)}; resume "
+                    f"it with the same value (the epoch's batch order depends on it), or from a "
+                    f"per-epoch checkpoint with --preload")
+    problem = merged.validate()
+    if problem:
+        raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
+    return (path, state), merged
