@@ -50,16 +50,15 @@ class TorchTransformer(nn.Module):
                                               batch_first=True, norm_first=True)
         self.proj = nn.Linear(d_model, tgt_vocab)
 
-    def forward(self, src, tgt, src_mask, tgt_mask):
+    def forward(self, src, tgt, src_mask, tgt_mask=None):
         src_pad = ~src_mask[:, 0, 0, :]  # (batch, src_len), True at padding
-        tgt_pad = ~tgt_mask[:, 0, -1, :]  # the last row of the causal mask marks padding
+        # Like this repo's model: the decoder is causal only (right padding needs no mask).
         causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device,
                                                                 dtype=torch.bool)
         out = self.transformer(self.pos(self.src_embed(src) * math.sqrt(self.d_model)),
                                self.pos(self.tgt_embed(tgt) * math.sqrt(self.d_model)),
                                tgt_mask=causal, src_key_padding_mask=src_pad,
-                               tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
-                               tgt_is_causal=True)
+                               memory_key_padding_mask=src_pad, tgt_is_causal=True)
         return self.proj(out)  # (batch, tgt_len, tgt_vocab)
 
 
@@ -139,6 +138,21 @@ def time_train_loop(config: Config, data, steps: int) -> float:
     return sum(tokens[1:]) / sum(seconds[1:])
 
 
+def attention_kernels(step: "Step", batch) -> dict:
+    """On CUDA: the attention kernels one training step launches, by name and count, read
+    from the profiler (flash, memory-efficient or cuDNN attention; none of them means the
+    unfused math path)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(batch, record=False)
+    found = {}
+    for event in prof.key_averages():
+        name = event.key.lower()
+        if any(k in name for k in ("flash", "fmha", "efficient_attention", "sdpa", "cudnn")):
+            found[event.key[:80]] = event.count
+    return found
+
+
 def peak_rss_mb():
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -213,6 +227,10 @@ def compare(config: Config, data, device, args):
         times = f"ours {step_ours.times[-1]:.2f}s, nn.Transformer {step_theirs.times[-1]:.2f}s" \
             if timed else "warm-up"
         print(f"  step {n}: {times} ({real_tokens(batch)} real tokens)", flush=True)
+    if device.type == "cuda":
+        print("attention kernels of one training step of this repo's model:")
+        for name, count in sorted(attention_kernels(step_ours, batches[-1]).items()):
+            print(f"  {count:4d} x {name}")
     return step_ours, step_theirs, flops
 
 

@@ -19,7 +19,6 @@ from torch.utils.data import Dataset as TorchDataset
 
 from checkpoint import tokenizer_path
 from config import Config, UserError
-from model import causal_mask
 
 SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]  # ids 0, 1, 2, 3 in every tokenizer
 UNK, PAD, SOS, EOS = range(4)  # load_tokenizer refuses a file where they differ
@@ -333,7 +332,11 @@ def real_tokens(batch) -> int:
 
 
 class Collator:
-    """Pads a list of items to the longest sequence of the batch and builds the masks."""
+    """Pads a list of items to the longest sequence of the batch and builds the source mask.
+
+    The decoder needs no mask tensor: its self-attention is causal (the model applies it
+    inside attention, so the flash kernel can run), and for right-padded targets that is
+    enough, since a real position never sees a later padded one and the loss ignores padding."""
 
     def __init__(self, pad_id: int = PAD):
         self.pad_id = pad_id
@@ -347,10 +350,8 @@ class Collator:
         label = pad([it["label"] for it in items], batch_first=True,
                     padding_value=self.pad_id)  # (batch, tgt_len)
         encoder_mask = (enc != self.pad_id)[:, None, None, :]  # (batch, 1, 1, src_len)
-        decoder_mask = ((dec != self.pad_id)[:, None, None, :]
-                        & causal_mask(dec.size(1)).unsqueeze(0))  # (batch, 1, tgt_len, tgt_len)
         return {"encoder_input": enc, "decoder_input": dec, "label": label,
-                "encoder_mask": encoder_mask, "decoder_mask": decoder_mask}
+                "encoder_mask": encoder_mask}
 
 
 class TokenBatchSampler:

@@ -119,11 +119,13 @@ class MultiHeadAttentionBlock(nn.Module):
         # (batch, seq_len, d_model) -> (batch, h, seq_len, d_k)
         return x.view(x.size(0), x.size(1), self.h, self.d_k).transpose(1, 2)
 
-    def forward(self, x, memory=None, mask=None, cache=None):
+    def forward(self, x, memory=None, mask=None, cache=None, causal=False):
         """Self-attention over x, or cross-attention from x to `memory` (the encoder output).
 
-        `cache` (a dict) makes decoding incremental: self-attention appends this step's keys
-        and values to it; cross-attention projects `memory` once and reuses it."""
+        `causal`: position i sees positions <= i, without a mask tensor (so the fused kernels,
+        flash attention included, can run). `cache` (a dict) makes decoding incremental:
+        self-attention appends this step's keys and values to it; cross-attention projects
+        `memory` once and reuses it."""
         d = self.d_model
         if memory is None:  # self-attention: one fused projection
             q, k, v = F.linear(x, self.w_qkv.weight).split(d, dim=-1)  # 3 x (batch, len, d)
@@ -143,11 +145,14 @@ class MultiHeadAttentionBlock(nn.Module):
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
         if self.use_reference or self.need_weights:
+            if causal:
+                mask = causal_mask(q.size(2), q.device)  # (1, q_len, q_len)
             out, scores = self.attention(q, k, v, mask, self.dropout)
             self.attention_scores = scores if self.need_weights else None
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout.p if self.training else 0.0)
+                q, k, v, attn_mask=mask, is_causal=causal,
+                dropout_p=self.dropout.p if self.training else 0.0)
         # (batch, h, len, d_k) -> (batch, len, h, d_k) -> (batch, len, d_model)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), d)
         return self.w_o(out)
@@ -207,11 +212,12 @@ class DecoderBlock(nn.Module):
         self.residual_connections = nn.ModuleList(
             [ResidualConnection(features, dropout) for _ in range(3)])
 
-    def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None):
+    def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None, causal=False):
         self_cache = cache["self"] if cache is not None else None
         cross_cache = cache["cross"] if cache is not None else None
         x = self.residual_connections[0](
-            x, lambda x: self.self_attention_block(x, mask=tgt_mask, cache=self_cache))
+            x, lambda x: self.self_attention_block(x, mask=tgt_mask, cache=self_cache,
+                                                   causal=causal))
         x = self.residual_connections[1](
             x, lambda x: self.cross_attention_block(x, encoder_output, src_mask, cross_cache))
         return self.residual_connections[2](x, self.feed_forward_block)
@@ -223,10 +229,10 @@ class Decoder(nn.Module):
         self.layers = layers
         self.norm = LayerNormalization(features)
 
-    def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None):
+    def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None, causal=False):
         for i, layer in enumerate(self.layers):
             x = layer(x, encoder_output, src_mask, tgt_mask,
-                      cache.layers[i] if cache is not None else None)
+                      cache.layers[i] if cache is not None else None, causal)
         return self.norm(x)  # (batch, tgt_len, d_model)
 
 
@@ -274,12 +280,19 @@ class Transformer(nn.Module):
         # (batch, src_len) -> (batch, src_len, d_model)
         return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
 
-    def decode(self, encoder_output, src_mask, tgt, tgt_mask, cache: KVCache = None):
+    def decode(self, encoder_output, src_mask, tgt, tgt_mask=None, cache: KVCache = None):
         """(batch, tgt_len) -> (batch, tgt_len, d_model). With a cache, `tgt` holds only the new
-        positions and attends to the cached ones as well."""
+        positions and attends to the cached ones as well.
+
+        tgt_mask None means causal: right-padded targets need no more, since a real position
+        never sees a later (padding) one and the loss ignores the padded positions. Without a
+        mask tensor, scaled_dot_product_attention can use its flash kernel."""
         start = cache.length if cache is not None else 0
+        if tgt_mask is None and start > 0 and tgt.size(1) > 1:
+            raise ValueError("several new positions after cached ones need an explicit tgt_mask")
         x = self.tgt_pos(self.tgt_embed(tgt), start)
-        out = self.decoder(x, encoder_output, src_mask, tgt_mask, cache)
+        causal = tgt_mask is None and start == 0 and tgt.size(1) > 1
+        out = self.decoder(x, encoder_output, src_mask, tgt_mask, cache, causal)
         if cache is not None:
             cache.length += tgt.size(1)
         return out
@@ -287,8 +300,8 @@ class Transformer(nn.Module):
     def project(self, x):
         return self.projection_layer(x)
 
-    def forward(self, src, tgt, src_mask, tgt_mask):
-        """Teacher-forced logits: (batch, tgt_len, tgt_vocab_size)."""
+    def forward(self, src, tgt, src_mask, tgt_mask=None):
+        """Teacher-forced logits: (batch, tgt_len, tgt_vocab_size); tgt_mask None: causal."""
         return self.project(self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask))
 
     def new_cache(self) -> KVCache:

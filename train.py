@@ -194,8 +194,7 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
         with amp():
             logits = model(b["encoder_input"].to(device, non_blocking=True),
                            b["decoder_input"].to(device, non_blocking=True),
-                           b["encoder_mask"].to(device, non_blocking=True),
-                           b["decoder_mask"].to(device, non_blocking=True))
+                           b["encoder_mask"].to(device, non_blocking=True))  # causal decoder
         label = b["label"].to(device, non_blocking=True)  # (batch, tgt_len)
         # (batch * tgt_len, vocab) against (batch * tgt_len,)
         loss = loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)) / n_tokens
@@ -268,7 +267,7 @@ def run_validation(run: Run):
     for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator()):
         with run.amp():
             logits = model(batch["encoder_input"].to(device), batch["decoder_input"].to(device),
-                           batch["encoder_mask"].to(device), batch["decoder_mask"].to(device))
+                           batch["encoder_mask"].to(device))
         label = batch["label"].to(device)  # (batch, tgt_len)
         loss_sum += run.loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)).item()
         tokens += (label != PAD).sum().item()

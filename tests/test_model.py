@@ -53,6 +53,29 @@ def test_padding_never_changes_the_outputs_of_real_tokens():
     assert not torch.allclose(unmasked[:, :5], out, atol=1e-4)
 
 
+def test_without_a_target_mask_the_decoder_is_causal_and_ignores_right_padding():
+    """Training passes no decoder mask (so SDPA may use flash attention): the outputs at real
+    positions equal those under the write-ups' causal-and-padding mask, and a later token
+    never changes an earlier output, on the fused and the written-out attention paths."""
+    model = tiny_model()
+    src = torch.randint(4, 20, (2, 6))
+    tgt = torch.randint(4, 20, (2, 8))
+    tgt[0, 5:] = PAD  # a right-padded target
+    src_mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    full_mask = (tgt != PAD)[:, None, None, :] & causal_mask(8)
+    for reference in (False, True):
+        for m in model.modules():
+            if isinstance(m, MultiHeadAttentionBlock):
+                m.use_reference = reference
+        expected = model(src, tgt, src_mask, full_mask)
+        out = model(src, tgt, src_mask)  # no tgt_mask: causal
+        torch.testing.assert_close(out[0, :5], expected[0, :5], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[1], expected[1], atol=1e-5, rtol=1e-5)
+        changed = tgt.clone()
+        changed[1, 6] = (changed[1, 6] + 1 - 4) % 16 + 4
+        torch.testing.assert_close(model(src, changed, src_mask)[1, :6], out[1, :6])
+
+
 def test_positional_encoding_equals_the_formula():
     d_model, seq_len = 16, 50
     pe = PositionalEncoding(d_model, seq_len, dropout=0.0).pe[0]
