@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from config import ArgumentParser, add_config_arguments, config_from_args, run_main
-from dataset import EOS, PAD, SOS
+from dataset import EOS, PAD, SOS, UNK, detokenize
 from model import translate_ids
 from translate import TRANSLATE_FIELDS, load_translator, read_lines, score
 
@@ -49,7 +49,7 @@ def main(argv=None):
     sources = read_lines(data_dir / f"{args.split}.{config.lang_src}")
     references = read_lines(data_dir / f"{args.split}.{config.lang_tgt}")
     ids = [e.ids for e in tok_src.encode_batch(sources)]
-    special = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len)
+    special = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len, unk_id=UNK)
     batch = args.batch_size or 100
     device = next(model.parameters()).device
     print(f"{len(sources)} sentences of {data_dir / args.split}.{config.lang_src}; model "
@@ -57,7 +57,7 @@ def main(argv=None):
           f"({torch.get_num_threads()} threads); batches of {batch}")
 
     def decode(texts):
-        return [tok_tgt.decode(o).strip() for o in texts]
+        return [detokenize(tok_tgt, o) for o in texts]
 
     for beam in (1, args.beam):  # warm-up: one batch of each
         translate_ids(model, ids[:batch], **special, beam=beam, batch_size=batch)

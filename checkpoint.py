@@ -8,9 +8,11 @@ next_epoch, next_batch and rng_state.
 """
 
 import dataclasses
+import json
 import os
 import pickle
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -37,6 +39,16 @@ def epoch_checkpoint_path(config: Config, epoch: int) -> Path:
 def step_checkpoint_path(config: Config, epoch: int, global_step: int) -> Path:
     """weights/tmodel_05_s0012345.pt: a mid-epoch save during epoch 5 at that optimizer step."""
     return Path(config.model_folder) / f"{config.model_basename}{epoch:02d}_s{global_step:07d}.pt"
+
+
+def best_checkpoint_path(config: Config) -> Path:
+    """weights/tmodel_best.pt: the weights with the best validation BLEU (never pruned)."""
+    return Path(config.model_folder) / f"{config.model_basename}best.pt"
+
+
+def history_path(config: Config) -> Path:
+    """weights/tmodel_validation.json: every validation's step, epoch and scores."""
+    return Path(config.model_folder) / f"{config.model_basename}validation.json"
 
 
 def list_checkpoints(config: Config):
@@ -72,6 +84,12 @@ def resolve_preload(config: Config):
         return None
     if config.preload == "latest":
         return latest_checkpoint_path(config)
+    if config.preload == "best":
+        path = best_checkpoint_path(config)
+        if not path.exists():
+            raise CheckpointError(f"--preload best: no checkpoint {path} (it is written after "
+                                  f"the first validation)")
+        return path
     path = epoch_checkpoint_path(config, int(config.preload))
     if not path.exists():
         raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}")
@@ -238,20 +256,90 @@ def average_checkpoints(paths):
 
 
 def load_averaged(config: Config, path: Path, average: int):
-    """(state, paths): the state of `path`, or with average > 1 the mean of it and the
-    per-epoch checkpoints before it (the newest `average` in all)."""
+    """(state, paths): the state of `path`, or with average > 1 the mean of the newest
+    `average` per-epoch checkpoints up to the epoch `path` holds (mid-epoch files never take
+    part: they are not the end of an epoch, and they overlap the per-epoch ones)."""
     if average <= 1:
         return load_checkpoint(path), [path]
-    paths = [p for p in epoch_checkpoints(config) if p.resolve() != path.resolve()]
-    paths = [p for p in paths if p.stat().st_mtime <= path.stat().st_mtime]
-    paths = (paths + [path])[-average:]
+    state = load_checkpoint(path)
+    last = state.get("next_epoch", state["epoch"] + 1) - 1  # the last epoch `path` finished
+    paths = [p for p, epoch, step in list_checkpoints(config) if step is None and epoch <= last]
+    paths = paths[-average:]
     if len(paths) < average:
         raise CheckpointError(f"--average {average}: only {len(paths)} per-epoch "
                               f"checkpoint(s) up to {path.name} in {path.parent}")
     return average_checkpoints(paths), paths
 
 
+def read_history(config: Config, up_to_step: int = None) -> list:
+    """The validations recorded in this run folder (those after `up_to_step` belong to a
+    line of training abandoned by --preload, and are left out)."""
+    path = history_path(config)
+    if not path.exists():
+        return []
+    history = json.loads(path.read_text(encoding="utf-8"))
+    return [h for h in history if up_to_step is None or h["step"] <= up_to_step]
+
+
+def write_history(config: Config, history: list):
+    path = history_path(config)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(history, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---- random state -------------------------------------------------------------------------------
+
+def rng_states(device) -> dict:
+    """The random state that dropout draws from: the CPU generator's, and on CUDA the
+    device's own (without it a resumed GPU run restarts its dropout stream)."""
+    states = {"rng_state": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda_rng_state"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(state: dict, device):
+    if "rng_state" in state:
+        torch.set_rng_state(state["rng_state"])
+    if device.type == "cuda" and "cuda_rng_state" in state:
+        torch.cuda.set_rng_state(state["cuda_rng_state"], device)
+
+
 # ---- what train.py resumes from ----------------------------------------------------------------
+
+def check_split(state: dict, path: Path, config: Config, held_out: bool):
+    """A corpus without a validation split of its own has one drawn from train with --seed and
+    --val_fraction: resuming with other values would move training pairs into validation."""
+    if not held_out:
+        return
+    for name in ("seed", "val_fraction"):
+        saved = state["config"].get(name)
+        if saved != getattr(config, name):
+            raise CheckpointError(
+                f"{path} was trained with --{name} {saved}, which drew its validation pairs "
+                f"from the training split (the corpus has none of its own); resume with "
+                f"--{name} {saved}, or train into another --model_folder")
+
+
+def set_aside_later(config: Config, path: Path):
+    """Training on from an earlier epoch (--preload N) starts a new line of training: the
+    checkpoints saved after `path` belong to the abandoned line. They are moved, never
+    deleted, into a subfolder, so that pruning and --preload latest see the new line only."""
+    found = [p for p, _, _ in list_checkpoints(config)]
+    later = found[found.index(path) + 1:] if path in found else []
+    best = best_checkpoint_path(config)
+    if best.exists() and load_checkpoint(best)["epoch"] > int(config.preload):
+        later.append(best)
+    if not later:
+        return
+    folder = Path(config.model_folder) / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir()
+    for p in later:
+        os.replace(p, folder / p.name)
+    print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
+          f"({', '.join(p.name for p in later)}) to {folder}; training goes on from {path.name}")
+
 
 # The settings that fix the order of an epoch's batches: a mid-epoch checkpoint needs them.
 BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
@@ -260,7 +348,12 @@ BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
 def resume_state(config: Config, given: set):
     """The checkpoint --preload names (None for a fresh start) as (path, state), and the config
     to train with: flags given on the command line win; the rest comes from the checkpoint."""
+    if config.preload == "best":
+        raise CheckpointError("--preload best is for translate.py (the best checkpoint holds "
+                              "the weights only); resume training with latest or an epoch")
     path = resolve_preload(config)
+    if path is not None and config.preload not in ("latest", "none"):
+        set_aside_later(config, path)
     if path is None:
         existing = list_checkpoints(config)
         if config.preload == "none" and existing:

@@ -63,10 +63,10 @@ class Config:
     num_epochs: int = _f(20, "epochs to train")
     max_steps: int = _f(0, "stop after this many optimizer steps in all, saving a checkpoint "
                            "(0 = no limit)")
-    lr: float = _f(1e-4, "peak learning rate (inverse_sqrt: scale on the paper's formula)")
-    lr_schedule: str = _f("constant", "learning-rate schedule",
+    lr: float = _f(1e-3, "peak learning rate (inverse_sqrt: scale on the paper's formula)")
+    lr_schedule: str = _f("inverse_sqrt", "learning-rate schedule",
                           ["constant", "inverse_sqrt", "cosine"])
-    warmup: int = _f(4000, "warm-up steps (inverse_sqrt, cosine)")
+    warmup: int = _f(4000, "warm-up steps (inverse_sqrt, cosine), at most a tenth of the run")
     label_smoothing: float = _f(0.1, "label smoothing of the cross-entropy")
     clip_grad: float = _f(1.0, "clip the gradient norm to this (0 = off)")
     max_bad_steps: int = _f(10, "non-finite updates in a row that stop training")
@@ -74,23 +74,26 @@ class Config:
     precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16), "
                                 "fp32 elsewhere", ["auto", "fp32", "bf16", "fp16"])
     compile: bool = _f(False, "torch.compile the model")
-    num_workers: int = _f(0, "DataLoader worker processes")
+    num_workers: int = _f(0, "DataLoader worker processes", group="run")
     seed: int = _f(42, "random seed (data split, batch order, initialisation, dropout)",
                        translate=True)
-    device: str = _f("auto", "auto picks cuda, then mps, then cpu", group="run")
+    device: str = _f("auto", "auto picks cuda, then mps, then cpu", group="run", translate=True)
     # ---- validation -------------------------------------------------------------------------
     val_max_sentences: int = _f(0, "sentences greedily decoded for BLEU each epoch (0 = all)")
     val_examples: int = _f(3, "SOURCE/TARGET/PREDICTED examples printed each epoch")
+    patience: int = _f(0, "stop after this many validations without a better BLEU (0 = off)")
     # ---- checkpoints and logs ---------------------------------------------------------------
-    model_folder: str = _f("weights", "folder of checkpoints and tokenizers", group="run")
-    model_basename: str = _f("tmodel_", "checkpoint file prefix: tmodel_05.pt is epoch 5",
-                             group="run")
+    model_folder: str = _f("weights", "folder of checkpoints and tokenizers", group="run",
+                           translate=True)
+    model_basename: str = _f("tmodel_", "checkpoint file prefix: tmodel_05.pt is epoch 5, "
+                                        "tmodel_best.pt the best by validation BLEU",
+                             group="run", translate=True)
     preload: str = _f("latest", "checkpoint to start from: latest, none, or an epoch (05)",
-                      group="run")
+                      group="run", translate=True)
     save_every: int = _f(0, "also save every this many optimizer steps mid-epoch (0 = off)")
     keep_last: int = _f(3, "mid-epoch checkpoints kept on disk (per-epoch ones are kept apart)")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
-    experiment_name: str = _f("runs/tmodel", "TensorBoard log folder")
+    experiment_name: str = _f("runs/tmodel", "TensorBoard log folder", group="run")
     log_every: int = _f(1, "log train loss and learning rate every this many steps")
 
     # ---- derived helpers --------------------------------------------------------------------
@@ -103,7 +106,7 @@ class Config:
                 return f"--{name} must be positive (got {getattr(self, name)})"
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
-                     "clip_grad"]:
+                     "clip_grad", "patience"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
         if self.max_tokens == 0 and self.batch_size == 0:
@@ -129,8 +132,9 @@ class Config:
             return "--tokenizer_file must contain {0} (replaced by the language code)"
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             return f"--device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'"
-        if self.preload not in ("latest", "none") and not self.preload.isdigit():
-            return f"--preload must be latest, none or an epoch number, got '{self.preload}'"
+        if self.preload not in ("latest", "none", "best") and not self.preload.isdigit():
+            return (f"--preload must be latest, none or an epoch number (translate.py also "
+                    f"takes best), got '{self.preload}'")
         return None
 
     def to_dict(self):

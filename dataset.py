@@ -233,7 +233,8 @@ def _load_hub(config: Config):
 
 def load_corpus(config: Config):
     """{"train", "validation"(, "test")} -> datasets.Dataset with `src` and `tgt` columns.
-    Without a validation split of its own, a seeded `val_fraction` of train is held out."""
+    Without a validation split of its own, a seeded `val_fraction` of train is held out, and
+    splits["held_out"] is True."""
     splits = _load_local(config) if config.data_dir else _load_hub(config)
     if len(splits["train"]) < 2:
         raise DataError("the training split has fewer than 2 usable pairs")
@@ -241,6 +242,7 @@ def load_corpus(config: Config):
         parts = splits["train"].train_test_split(test_size=config.val_fraction,
                                                  seed=config.seed)
         splits["train"], splits["validation"] = parts["train"], parts["test"]
+        splits["held_out"] = True
     return splits
 
 
@@ -248,11 +250,15 @@ def load_corpus(config: Config):
 
 def build_tokenizer(kind: str, vocab_size: int, texts):
     """bpe: byte-level BPE (every string encodes, decoding restores it exactly);
-    word: the write-ups' word-level tokenizer (words seen fewer than twice become [UNK])."""
+    word: the write-ups' word-level tokenizer (words seen fewer than twice become [UNK]), with
+    word boundaries kept (Metaspace) so that decoding restores the spacing: "doesn't" comes
+    back as "doesn't", not "doesn ' t"."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     if kind == "word":
         tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(),
+                                                     pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.Metaspace()
         trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2,
                                             special_tokens=SPECIAL_TOKENS, show_progress=False)
     else:
@@ -264,10 +270,34 @@ def build_tokenizer(kind: str, vocab_size: int, texts):
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
     return tok
 
 
-def load_tokenizer(path: Path, kind: str = None):
+def detokenize(tok, ids) -> str:
+    """The text of token ids. Unknown words (word-level only) show as [UNK]; word-level files
+    of older versions (no decoder) join their tokens with spaces, as the write-ups did."""
+    if type(tok.model).__name__ != "WordLevel":
+        return tok.decode(ids).strip()
+    tokens = ["▁[UNK]" if i == UNK else tok.id_to_token(i) for i in ids]
+    if tok.decoder is None:
+        return " ".join(t.lstrip("▁") for t in tokens).strip()
+    return "".join(tokens).replace("▁", " ").strip()
+
+
+def _recipe_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".meta.json")  # tokenizer_en.json -> tokenizer_en.meta.json
+
+
+def tokenizer_recipe(config: Config, lang: str) -> dict:
+    """What a tokenizer file was trained as; saved beside it and checked on every load."""
+    return {"lang": lang, "tokenizer_type": config.tokenizer_type,
+            "vocab_size": config.vocab_size}
+
+
+def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
+    """A tokenizer file, refused with one line if it is not what `kind` / `recipe` say (files
+    saved before recipes were recorded are checked for their kind only)."""
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(str(path))
@@ -283,19 +313,31 @@ def load_tokenizer(path: Path, kind: str = None):
     for i, special in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(special) != i:
             raise DataError(f"tokenizer file {path} lacks the special token {special} at id {i}")
+    saved = _recipe_path(path)
+    if recipe and saved.exists():
+        was = json.loads(saved.read_text(encoding="utf-8"))
+        for key, value in recipe.items():
+            if was.get(key) != value:
+                flag = "lang_src/--lang_tgt" if key == "lang" else key
+                raise DataError(f"tokenizer file {path} was trained with --{flag} {was.get(key)}"
+                                f", not {value}; use another --model_folder, or delete the "
+                                f"tokenizer files to train new ones")
+    tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
     return tok
 
 
 def get_tokenizer(config: Config, lang: str, texts):
-    """The tokenizer of `lang`: loaded from tokenizer_file if present, else trained on
-    `texts` (the training split) and saved there."""
+    """The tokenizer of `lang`: loaded from tokenizer_file if present (and trained as config
+    says), else trained on `texts` (the training split) and saved there with its recipe."""
     path = tokenizer_path(config, lang)
+    recipe = tokenizer_recipe(config, lang)
     if path.exists():
-        return load_tokenizer(path, config.tokenizer_type)
+        return load_tokenizer(path, config.tokenizer_type, recipe)
     tok = build_tokenizer(config.tokenizer_type, config.vocab_size, texts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tok.save(str(tmp))
+    _recipe_path(path).write_text(json.dumps(recipe), encoding="utf-8")
     os.replace(tmp, path)
     return tok
 
@@ -412,6 +454,8 @@ class Data:
     tokenizer_tgt: object
     train: BilingualDataset
     validation: BilingualDataset
+    held_out: bool  # the validation pairs were drawn from the training split
+    test: tuple = None  # (source texts, reference texts) of the test split, if there is one
 
 
 def tokenize_split(ds, tokenizer_src, tokenizer_tgt):
@@ -447,7 +491,12 @@ def get_ds(config: Config) -> Data:
                          config.seq_len, "train")
     validation = to_bilingual(tokenize_split(splits["validation"], tokenizer_src, tokenizer_tgt),
                               config.seq_len, "validation")
-    note(f"data: {len(train)} training pairs, {len(validation)} validation pairs; vocabulary "
+    test = None
+    if "test" in splits:
+        test = (column(splits["test"], "src"), column(splits["test"], "tgt"))
+    note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
+         + (f", {len(test[0])} test pairs" if test else "") + f"; vocabulary "
          f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
          f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
-    return Data(tokenizer_src, tokenizer_tgt, train, validation)
+    return Data(tokenizer_src, tokenizer_tgt, train, validation,
+                held_out=splits.get("held_out", False), test=test)

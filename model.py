@@ -347,7 +347,7 @@ def causal_mask(size: int, device=None):
 
 @torch.no_grad()
 def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
-                  use_cache: bool = True):
+                  use_cache: bool = True, banned=()):
     """Greedy decoding of a batch. src (batch, src_len), src_mask (batch, 1, 1, src_len);
     max_len: most tokens to generate per sentence ([EOS] included), an int or a (batch,) tensor.
 
@@ -367,7 +367,9 @@ def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, m
         else:
             mask = causal_mask(ys.size(1), src.device)
             out = model.decode(memory, src_mask, ys, mask)  # (alive, step, d_model)
-        next_token = model.project(out[:, -1]).argmax(dim=-1)  # (alive,)
+        logits = model.project(out[:, -1])  # (alive, vocab)
+        logits[:, list(banned)] = float("-inf")  # tokens never generated ([PAD], [SOS], ...)
+        next_token = logits.argmax(dim=-1)  # (alive,)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
         done = (next_token == eos_id) | (limit[alive] <= step)  # (alive,)
         if done.any():
@@ -390,7 +392,7 @@ def length_penalty(length, alpha: float):
 
 @torch.no_grad()
 def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
-                beam: int = 4, alpha: float = 0.6, nbest: int = 1):
+                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=()):
     """Batched beam search with a key/value cache.
 
     Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] (or reaches the
@@ -413,6 +415,7 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
         n = alive.numel()
         out = model.decode(memory, src_mask, tokens[:, -1:], None, cache)  # (n*k, 1, d_model)
         logits = model.project(out[:, -1]).float()  # (n*k, vocab)
+        logits[:, list(banned)] = float("-inf")  # tokens never generated ([PAD], [SOS], ...)
         # The best 2k continuations overall lie within each beam's own best 2k tokens.
         width = min(2 * k, logits.size(-1))
         top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, 2k)
@@ -459,13 +462,16 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
 @torch.no_grad()
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
                   seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
-                  nbest: int = 1, extra_len: int = 50, use_cache: bool = True):
+                  nbest: int = 1, extra_len: int = 50, use_cache: bool = True,
+                  unk_id: int = None):
     """Translates lists of source token ids (no special tokens) in batches of similar length.
 
     Each sentence may produce up to its own length + `extra_len` tokens, capped by seq_len.
-    Sources longer than seq_len allows are cut (translate.py warns first). Returns per
-    sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score)."""
+    [PAD], [SOS] and `unk_id` are never generated. Sources longer than seq_len allows are
+    cut (translate.py warns first). Returns per sentence the output ids (beam 1: greedy), or
+    with nbest > 1 a list of (ids, score)."""
     device = next(model.parameters()).device
+    banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths
     results = [None] * len(src_ids)
     for start in range(0, len(order), batch_size):
@@ -477,10 +483,11 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
         lengths = (src != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
         max_len = (lengths + extra_len).clamp(min=1, max=seq_len - 1)  # (batch,)
         if beam == 1 and nbest == 1:
-            outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache)
+            outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache,
+                                    banned)
         else:
             outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
-                                  nbest)
+                                  nbest, banned)
             if nbest == 1:
                 outputs = [hyps[0][0] for hyps in outputs]
         for i, out in zip(idx, outputs):

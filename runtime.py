@@ -52,12 +52,22 @@ def tune_cpu_allocator():
                 libc.mallopt(m_trim_threshold, 1 << 31))
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether the GPU computes in bf16 itself: NVIDIA from Ampere (compute capability 8.0)
+    on, and AMD GPUs. Older NVIDIA GPUs (T4, V100) only emulate it, slowly, although
+    torch.cuda.is_bf16_supported() says yes unless told to exclude emulation."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
 def autocast_dtype(config: Config, device: torch.device):
-    """The dtype of mixed precision, or None for fp32."""
+    """The dtype of mixed precision, or None for fp32. auto: bf16 on GPUs that have it, else
+    fp16 (with the gradient scaler); fp32 on CPU and MPS."""
     if config.precision == "auto":
         if device.type != "cuda":
             return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if native_bf16(device) else torch.float16
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
 
 

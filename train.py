@@ -8,6 +8,7 @@
 Resumes from the newest checkpoint in --model_folder by default (--preload latest).
 """
 
+import json
 import math
 import signal
 import time
@@ -21,35 +22,46 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from checkpoint import (CheckpointError, build_model, check_vocab, check_writable,
-                        epoch_checkpoint_path, load_model_weights, prune_checkpoints, resume_state,
-                        save_checkpoint, step_checkpoint_path)
+from checkpoint import (CheckpointError, best_checkpoint_path, build_model, check_split,
+                        check_vocab, check_writable, epoch_checkpoint_path, load_checkpoint,
+                        load_model_weights, prune_checkpoints, read_history, resume_state,
+                        rng_states, save_checkpoint, set_rng_states, step_checkpoint_path,
+                        write_history)
 from config import ArgumentParser, Config, parse_config, run_main
-from dataset import EOS, PAD, SOS, Collator, Data, TokenBatchSampler, get_ds, real_tokens
+from dataset import (EOS, PAD, SOS, UNK, Collator, Data, TokenBatchSampler, detokenize, get_ds,
+                     real_tokens)
 from model import translate_ids
 from runtime import autocast, autocast_dtype, setup_device
-from translate import score
+from translate import score, translate
 
 # ---- the paper's section 5.3: Adam and its learning rate ----------------------------------------
 
 
-def learning_rate(config: Config, step: int, total_steps: int) -> float:
-    """The learning rate of optimizer step `step` (counting from 1).
+def learning_rate(config: Config, step: int, total_steps: int, cosine_from=None) -> float:
+    """The learning rate of optimizer step `step` (counting from 1) of a run of `total_steps`
+    (0: unknown). The warm-up lasts `warmup` steps, but at most a tenth of the run, so that a
+    short run on small data warms up and learns too.
 
     constant:     lr
     inverse_sqrt: the paper's lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), rescaled so
                   that its peak (at step = warmup) is `lr`; --lr (d_model·warmup)^-0.5 gives the
                   paper's exact values (7.0e-4 for 512 and 4000).
-    cosine:       linear warm-up to lr, then half a cosine down to 0 at the last step."""
+    cosine:       linear warm-up to lr, then half a cosine down to 0 at the last step; a run
+                  lengthened on resume goes on from (step, lr) `cosine_from` down to 0 at its
+                  new last step, without a jump."""
     step = max(step, 1)
+    if config.lr_schedule == "cosine" and cosine_from:
+        start, start_lr = cosine_from
+        progress = min(max(step - start, 0) / max(total_steps - start, 1), 1.0)
+        return start_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    warmup = max(min(config.warmup, total_steps // 10) if total_steps else config.warmup, 1)
     if config.lr_schedule == "inverse_sqrt":
-        warmup = max(config.warmup, 1)
         paper = config.d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
         return config.lr * paper / (config.d_model * warmup) ** -0.5
     if config.lr_schedule == "cosine":
-        if step < config.warmup:
-            return config.lr * step / config.warmup
-        progress = min((step - config.warmup) / max(total_steps - config.warmup, 1), 1.0)
+        if step < warmup:
+            return config.lr * step / warmup
+        progress = min((step - warmup) / max(total_steps - warmup, 1), 1.0)
         return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
     return config.lr
 
@@ -92,11 +104,20 @@ class Run:
     start_batch: int = 0
     bad_steps: int = 0  # non-finite updates in a row
     stop_signal: list = field(default_factory=list)  # the name of a SIGINT/SIGTERM received
+    schedule_steps: int = 0  # the run length the learning-rate schedule was set up for
+    cosine_from: tuple = None  # see learning_rate
+    history: list = field(default_factory=list)  # every validation: step, epoch, scores
+
+    def lr(self):
+        """The learning rate of the next optimizer step."""
+        return learning_rate(self.config, self.global_step + 1, self.schedule_steps,
+                             self.cosine_from)
 
     @property
     def total_steps(self):
-        steps = math.ceil(self.batches_per_epoch / self.config.accum_steps)
-        return steps * self.config.num_epochs
+        """The length of the run in optimizer steps: num_epochs, or max_steps if sooner."""
+        steps = math.ceil(self.batches_per_epoch / self.config.accum_steps) * self.config.num_epochs
+        return min(steps, self.config.max_steps) if self.config.max_steps else steps
 
 
 def set_up(config: Config, given: set) -> Run:
@@ -116,22 +137,38 @@ def set_up(config: Config, given: set) -> Run:
     run = Run(config, device, data, model, make_optimizer(model, config.lr),
               torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
               autocast(device, amp_dtype), make_loss(config), sampler, len(sampler.batches(0)))
+    run.schedule_steps = run.total_steps
     if resume:
-        path, state = resume
-        check_vocab(state, path, src_vocab, tgt_vocab)
-        load_model_weights(model, state, path)
-        run.optimizer.load_state_dict(state["optimizer_state_dict"])
-        if state.get("scaler_state_dict"):
-            run.scaler.load_state_dict(state["scaler_state_dict"])
-        if "rng_state" in state:
-            torch.set_rng_state(state["rng_state"])
-        run.start_epoch, run.start_batch = state["next_epoch"], state["next_batch"]
-        run.global_step = state["global_step"]
-        print(f"resumed from {path}: epoch {run.start_epoch}, batch {run.start_batch}, "
-              f"step {run.global_step}")
+        restore(run, *resume)
     run.step_model = torch.compile(model, dynamic=True) if config.compile else model
     run.writer = SummaryWriter(config.experiment_name)
     return run
+
+
+def restore(run: Run, path: Path, state: dict):
+    """Continues the run saved in `state`: weights, optimizer, scaler, random state, position,
+    learning-rate schedule and validation history."""
+    check_vocab(state, path, run.data.tokenizer_src.get_vocab_size(),
+                run.data.tokenizer_tgt.get_vocab_size())
+    check_split(state, path, run.config, run.data.held_out)
+    load_model_weights(run.model, state, path)
+    run.optimizer.load_state_dict(state["optimizer_state_dict"])
+    if state.get("scaler_state_dict"):
+        run.scaler.load_state_dict(state["scaler_state_dict"])
+    set_rng_states(state, run.device)
+    run.start_epoch, run.start_batch = state["next_epoch"], state["next_batch"]
+    run.global_step = state["global_step"]
+    run.history = read_history(run.config, up_to_step=run.global_step)
+    saved_steps = state.get("schedule_steps", run.total_steps)
+    run.cosine_from = state.get("cosine_from")
+    if run.config.lr_schedule == "cosine" and saved_steps != run.total_steps:
+        old = learning_rate(run.config, run.global_step, saved_steps, run.cosine_from)
+        run.cosine_from = (run.global_step, old)  # decay from here to the new end, no jump
+        print(f"the run is now {run.total_steps} steps long (was {saved_steps}): the cosine "
+              f"schedule goes on from {old:.2e} down to 0 at step {run.total_steps}")
+    run.schedule_steps = run.total_steps if run.cosine_from else saved_steps
+    print(f"resumed from {path}: epoch {run.start_epoch}, batch {run.start_batch}, "
+          f"step {run.global_step}")
 
 
 def save(run: Run, epoch: int, next_epoch: int, next_batch: int, path: Path):
@@ -141,7 +178,8 @@ def save(run: Run, epoch: int, next_epoch: int, next_batch: int, path: Path):
         "optimizer_state_dict": run.optimizer.state_dict(),
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch,
-        "global_step": run.global_step, "rng_state": torch.get_rng_state(),
+        "global_step": run.global_step, **rng_states(run.device),
+        "schedule_steps": run.schedule_steps, "cosine_from": run.cosine_from,
         "config": run.config.to_dict(),
     }, path)
     prune_checkpoints(run.config)
@@ -273,9 +311,9 @@ def run_validation(run: Run):
         tokens += (label != PAD).sum().item()
     n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
     started = time.time()
-    outputs = translate_ids(model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
+    outputs = translate_ids(model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len, unk_id=UNK,
                             batch_size=max(config.max_tokens // 40, config.batch_size, 1))
-    predictions = [run.data.tokenizer_tgt.decode(ids).strip() for ids in outputs]
+    predictions = [detokenize(run.data.tokenizer_tgt, ids) for ids in outputs]
     metrics = {"loss": loss_sum / max(tokens, 1), **score(predictions, val.tgt_texts[:n])}
     for name, value in metrics.items():
         if name != "report":
@@ -296,9 +334,83 @@ def run_validation(run: Run):
 
 # ---- the loop -----------------------------------------------------------------------------------
 
+def train_epoch(run: Run, epoch: int):
+    """Optimizer steps over the epoch's batches. Returns None at the end of the epoch, or why
+    it stopped early: "signal" (Ctrl-C / SIGTERM) or "max_steps"."""
+    config = run.config
+    run.model.train()
+    bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
+               mininterval=1.0, initial=run.start_batch if epoch == run.start_epoch else 0)
+    tokens_seen, started = 0, time.time()
+    for group, done in accumulation_groups(run, epoch):
+        loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
+                             run.scaler)
+        lr = run.lr()
+        optimizer_step(run, loss, lr)
+        run.global_step += 1
+        tokens_seen += sum(real_tokens(b) for b in group)
+        bar.update(done - bar.n)
+        bar.set_postfix(loss=f"{loss:6.3f}", refresh=False,
+                        tok_s=f"{tokens_seen / (time.time() - started):,.0f}")
+        if run.global_step % config.log_every == 0:
+            run.writer.add_scalar("train/loss", loss, run.global_step)
+            run.writer.add_scalar("train/lr", lr, run.global_step)
+        if maybe_save(run, epoch, done):
+            bar.close()
+            return "signal" if run.stop_signal else "max_steps"
+    bar.close()
+    run.writer.add_scalar("train/epoch_tokens_per_s", tokens_seen / (time.time() - started),
+                          run.global_step)
+    return None
+
+
+def keep_best(run: Run, epoch: int, metrics: dict) -> bool:
+    """Records a validation; a new best BLEU is saved as the best checkpoint (weights and
+    config only). Returns whether patience has run out."""
+    config = run.config
+    run.history.append({"step": run.global_step, "epoch": epoch,
+                        **{k: v for k, v in metrics.items() if k != "report"}})
+    write_history(config, run.history)
+    best = max(run.history, key=lambda h: h["bleu"])
+    if best is run.history[-1]:
+        save_checkpoint({"model_state_dict": run.model.state_dict(), "config": config.to_dict(),
+                         "epoch": epoch, "global_step": run.global_step,
+                         "validation": run.history[-1]}, best_checkpoint_path(config))
+        tqdm.write(f"new best validation BLEU {best['bleu']:.2f}: saved "
+                   f"{best_checkpoint_path(config)}")
+    since = len(run.history) - 1 - run.history.index(best)
+    return bool(config.patience) and since >= config.patience
+
+
+@torch.no_grad()
+def score_test_sets(run: Run):
+    """Translates the corpus's test split with the best checkpoint, greedy and beam 4, and
+    prints, logs and writes (results.json in the model folder) sacreBLEU BLEU and chrF."""
+    config, test = run.config, run.data.test
+    best = best_checkpoint_path(config)
+    if test is None or not best.exists():
+        return
+    load_model_weights(run.model, load_checkpoint(best), best)
+    run.model.eval()
+    results = {"checkpoint": str(best), "sentences": len(test[0]), "scores": {}}
+    for beam in (1, 4):
+        name = "greedy" if beam == 1 else f"beam{beam}"
+        hyps = translate(run.model, config, run.data.tokenizer_src, run.data.tokenizer_tgt,
+                         test[0], beam=beam)
+        scores = score(hyps, test[1], error_rates=False)
+        results["scores"][name] = scores
+        for metric in ("bleu", "chrf"):
+            run.writer.add_scalar(f"test/{metric}_{name}", scores[metric], run.global_step)
+        tqdm.write(f"test ({len(hyps)} sentences, best checkpoint, {name}):\n{scores['report']}")
+    path = Path(config.model_folder) / "results.json"
+    path.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    tqdm.write(f"wrote {path}")
+
+
 def train_model(config: Config, given: set = frozenset()):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
-    ending with validation and a checkpoint."""
+    ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
+    and scores the test split at the end."""
     run = set_up(config, given)
     config = run.config
     if config.max_steps and run.global_step >= config.max_steps:
@@ -307,33 +419,20 @@ def train_model(config: Config, given: set = frozenset()):
         return
     catch_stop_signals(run)
     for epoch in range(run.start_epoch, config.num_epochs):
-        run.model.train()
-        bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
-                   mininterval=1.0, initial=run.start_batch if epoch == run.start_epoch else 0)
-        tokens_seen, started = 0, time.time()
-        for group, done in accumulation_groups(run, epoch):
-            loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
-                                 run.scaler)
-            lr = learning_rate(config, run.global_step + 1, run.total_steps)
-            optimizer_step(run, loss, lr)
-            run.global_step += 1
-            tokens_seen += sum(real_tokens(b) for b in group)
-            bar.update(done - bar.n)
-            bar.set_postfix(loss=f"{loss:6.3f}", refresh=False,
-                            tok_s=f"{tokens_seen / (time.time() - started):,.0f}")
-            if run.global_step % config.log_every == 0:
-                run.writer.add_scalar("train/loss", loss, run.global_step)
-                run.writer.add_scalar("train/lr", lr, run.global_step)
-            if maybe_save(run, epoch, done):
-                bar.close()
-                run.writer.close()
-                return
-        bar.close()
-        run.writer.add_scalar("train/epoch_tokens_per_s", tokens_seen / (time.time() - started),
-                              run.global_step)
-        run_validation(run)
+        stopped = train_epoch(run, epoch)
+        if stopped == "signal":
+            run.writer.close()
+            return
+        if stopped is None:  # the checkpoint first: a crash while decoding loses nothing
+            save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
+        out_of_patience = keep_best(run, epoch, run_validation(run))
         run.writer.flush()
-        save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
+        if out_of_patience:
+            print(f"no better validation BLEU in the last {config.patience} validations "
+                  f"(--patience {config.patience}): training stops")
+        if stopped or out_of_patience:
+            break
+    score_test_sets(run)
     run.writer.close()
 
 

@@ -9,6 +9,7 @@
 
 import argparse
 import sys
+import unicodedata
 from pathlib import Path
 
 import torch
@@ -17,13 +18,14 @@ from checkpoint import (CheckpointError, build_model, check_vocab, load_averaged
                         load_model_weights, merge_config, resolve_preload, tokenizer_path)
 from config import (ArgumentParser, Config, UserError, add_config_arguments, config_from_args,
                     fields_where, run_main)
-from dataset import EOS, PAD, SOS, decode_lines, load_corpus, load_tokenizer
+from dataset import (EOS, PAD, SOS, UNK, decode_lines, detokenize, load_corpus, load_tokenizer,
+                     tokenizer_recipe)
 from dataset import read_lines as dataset_read_lines
 from model import causal_mask, translate_ids
 from runtime import setup_device
 
 # Config fields translate.py takes from the command line; the rest describe training.
-TRANSLATE_FIELDS = fields_where(translate=True) | fields_where(group="run")
+TRANSLATE_FIELDS = fields_where(translate=True)
 
 
 class InputError(UserError):
@@ -52,8 +54,10 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     problem = config.validate()
     if problem:
         raise CheckpointError(problem)
-    tokenizer_src = load_tokenizer(tokenizer_path(config, config.lang_src), config.tokenizer_type)
-    tokenizer_tgt = load_tokenizer(tokenizer_path(config, config.lang_tgt), config.tokenizer_type)
+    tokenizer_src, tokenizer_tgt = (
+        load_tokenizer(tokenizer_path(config, lang), config.tokenizer_type,
+                       tokenizer_recipe(config, lang))
+        for lang in (config.lang_src, config.lang_tgt))
     check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     device = setup_device(config.device)
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
@@ -164,8 +168,10 @@ def read_lines(path_or_stdin):
 
 
 def clean(sentence: str) -> str:
-    """Control characters (other than tab) become spaces; whitespace is collapsed."""
-    return " ".join("".join(c if c.isprintable() or c == "\t" else " " for c in sentence).split())
+    """The sentence as training text is: control characters (tab, line breaks, bell...) become
+    spaces and the ends are stripped. Format characters (zero-width joiner and non-joiner, soft
+    hyphen) and other spaces (no-break, thin) are text and stay."""
+    return "".join(" " if unicodedata.category(c) == "Cc" else c for c in sentence).strip()
 
 
 def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=0.6,
@@ -181,13 +187,14 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
                   file=sys.stderr)
     todo = [n for n, s in enumerate(sentences) if s]
     outputs = translate_ids(model, [ids[n] for n in todo], SOS, EOS, PAD, config.seq_len,
-                            beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size or 64)
+                            beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size or 64,
+                            unk_id=UNK)
     results = [[("", 0.0)] if nbest > 1 else "" for _ in sentences]
     for n, out in zip(todo, outputs):
         if nbest > 1:
-            results[n] = [(tokenizer_tgt.decode(h).strip(), s) for h, s in out]
+            results[n] = [(detokenize(tokenizer_tgt, h), s) for h, s in out]
         else:
-            results[n] = tokenizer_tgt.decode(out).strip()
+            results[n] = detokenize(tokenizer_tgt, out)
     return results
 
 
