@@ -54,8 +54,22 @@ class Config:
     h: int = _f(8, "attention heads", group="model")
     d_ff: int = _f(2048, "feed-forward inner width", group="model")
     dropout: float = _f(0.1, "dropout rate")
-    tie_embeddings: bool = _f(False, "share the target embedding and output projection weights "
-                                     "(the paper does)", group="model")
+    norm_first: bool = _f(True, "pre-norm (the write-ups; a final norm ends each stack); false: "
+                                "the paper's post-norm (Add & Norm)", group="model")
+    norm: str = _f("layer", "layer: LayerNorm; rms: RMSNorm (no centring, no bias)",
+                   ["layer", "rms"], "model")
+    ffn: str = _f("relu", "feed-forward: relu (the paper); swiglu: SiLU-gated, hidden width "
+                          "2/3 of d_ff (the same parameters)", ["relu", "swiglu"], "model")
+    pos: str = _f("sinusoidal", "positions: sinusoidal (added to the embeddings) or rope "
+                                "(rotary, in self-attention)", ["sinusoidal", "rope"], "model")
+    n_kv_heads: int = _f(0, "key/value heads, each shared by h/n_kv_heads query heads "
+                            "(grouped-query attention); 0 = h", group="model")
+    tie_embeddings: str = _f("none", "share weights: decoder = target embedding and output "
+                                     "projection (the paper); all = also the source "
+                                     "embedding (needs shared_vocab)",
+                             ["none", "decoder", "all"], "model")
+    shared_vocab: bool = _f(False, "one tokenizer trained on both languages and one embedding "
+                                   "table (vocab_size is then the joint size)", group="model")
     # ---- optimisation -----------------------------------------------------------------------
     batch_size: int = _f(8, "sentences per batch (used when max_tokens is 0; giving --batch_size "
                             "alone switches to sentence batches)", translate=True)
@@ -88,8 +102,8 @@ class Config:
     model_basename: str = _f("tmodel_", "checkpoint file prefix: tmodel_05.pt is epoch 5, "
                                         "tmodel_best.pt the best by validation BLEU",
                              group="run", translate=True)
-    preload: str = _f("latest", "checkpoint to start from: latest, none, or an epoch (05)",
-                      group="run", translate=True)
+    preload: str = _f("latest", "checkpoint to start from: latest, none, or an epoch (05); "
+                                "translate.py also takes best", group="run", translate=True)
     save_every: int = _f(0, "also save every this many optimizer steps mid-epoch (0 = off)")
     keep_last: int = _f(3, "mid-epoch checkpoints kept on disk (per-epoch ones are kept apart)")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
@@ -113,6 +127,12 @@ class Config:
             return "one of --max_tokens and --batch_size must be positive"
         if self.d_model % self.h:
             return f"--d_model ({self.d_model}) must be divisible by --h ({self.h})"
+        if self.n_kv_heads < 0 or (self.n_kv_heads and self.h % self.n_kv_heads):
+            return f"--h ({self.h}) must be divisible by --n_kv_heads ({self.n_kv_heads})"
+        if self.pos == "rope" and (self.d_model // self.h) % 2:
+            return f"--pos rope needs an even head width (d_model / h = {self.d_model // self.h})"
+        if self.tie_embeddings == "all" and not self.shared_vocab:
+            return "--tie_embeddings all needs --shared_vocab true (one vocabulary to share)"
         if self.seq_len < 3:
             return f"--seq_len must be at least 3 ([SOS], one token, [EOS]), got {self.seq_len}"
         if self.max_tokens and self.max_tokens < self.seq_len:
@@ -142,9 +162,43 @@ class Config:
 
     @classmethod
     def from_dict(cls, d):
-        """Rebuild a Config from a checkpoint's dict; unknown keys (newer code) are dropped."""
+        """Rebuild a Config from a checkpoint's dict; unknown keys (newer code) are dropped,
+        missing ones (older code) take their defaults, and tie_embeddings true/false (before
+        it had three values) reads as decoder/none."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        d = {k: v for k, v in d.items() if k in names}
+        if isinstance(d.get("tie_embeddings"), bool):
+            d["tie_embeddings"] = "decoder" if d["tie_embeddings"] else "none"
+        return cls(**d)
+
+
+# ---- presets: several flags at once; flags given beside --preset win ----------------------------
+
+ARCHITECTURE = dict(norm_first=True, norm="layer", ffn="relu", pos="sinusoidal", n_kv_heads=0)
+PRESETS = {
+    # The step-by-step write-ups: pre-norm, word-level vocabularies per language, batches of 8
+    # sentences padded to 350, Adam at a constant 1e-4.
+    "writeups": dict(ARCHITECTURE, tie_embeddings="none", shared_vocab=False,
+                     tokenizer_type="word", seq_len=350, d_model=512, N=6, h=8, d_ff=2048,
+                     dropout=0.1, batch_size=8, max_tokens=0, lr_schedule="constant", lr=1e-4),
+    # The paper (section 5, table 3): post-norm, one joint BPE vocabulary (37k for WMT14 en-de)
+    # shared by both embeddings and the projection, about 25k tokens a step, warm-up 4000 then
+    # inverse square root at its exact values (d_model · warmup)^-0.5.
+    "paper_base": dict(ARCHITECTURE, norm_first=False, tie_embeddings="all", shared_vocab=True,
+                       tokenizer_type="bpe", vocab_size=37000, d_model=512, N=6, h=8,
+                       d_ff=2048, dropout=0.1, label_smoothing=0.1, max_tokens=25000,
+                       lr_schedule="inverse_sqrt", warmup=4000, lr=6.99e-4),
+    "paper_big": dict(ARCHITECTURE, norm_first=False, tie_embeddings="all", shared_vocab=True,
+                      tokenizer_type="bpe", vocab_size=37000, d_model=1024, N=6, h=16,
+                      d_ff=4096, dropout=0.3, label_smoothing=0.1, max_tokens=25000,
+                      lr_schedule="inverse_sqrt", warmup=4000, lr=4.94e-4),
+    # The modern encoder-decoder write-up: RMSNorm pre-norm, rotary positions, 8 query heads
+    # sharing 4 key/value heads, SwiGLU, linear warm-up then cosine decay, clipping.
+    "modern_small": dict(norm_first=True, norm="rms", ffn="swiglu", pos="rope", n_kv_heads=4,
+                         tie_embeddings="decoder", shared_vocab=False, tokenizer_type="bpe",
+                         d_model=128, N=4, h=8, d_ff=512, dropout=0.1, lr_schedule="cosine",
+                         warmup=4000, lr=1e-3, clip_grad=1.0),
+}
 
 
 def fields_where(**metadata) -> set:
@@ -193,8 +247,14 @@ def _bool(text):
 
 
 def add_config_arguments(parser, visible=None, helps=None):
-    """One --flag per Config field (same name, same type, default from the dataclass).
-    `visible`: the fields --help lists (default all); `helps`: other help texts by name."""
+    """One --flag per Config field (same name, same type, default from the dataclass), and
+    --preset. `visible`: the fields --help lists (default all, and then --preset);
+    `helps`: other help texts by name."""
+    if visible is None:
+        parser.add_argument("--preset", choices=sorted(PRESETS), help="set several flags at "
+                            "once (flags given beside it win): " + "; ".join(
+                                f"{name}: " + " ".join(f"--{k} {v}" for k, v in values.items())
+                                for name, values in PRESETS.items()))
     for f in dataclasses.fields(Config):
         hidden = visible is not None and f.name not in visible
         kind = _bool if f.type in (bool, "bool") else {"int": int, "float": float,
@@ -212,6 +272,9 @@ def config_from_args(args, base: Config = None):
     Returns (config, names of the flags given)."""
     config = dataclasses.replace(base) if base else Config()
     given = set()
+    for name, value in PRESETS.get(getattr(args, "preset", None), {}).items():
+        setattr(config, name, value)
+        given.add(name)
     for f in dataclasses.fields(Config):
         value = getattr(args, f.name, None)
         if value is not None:

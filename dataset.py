@@ -114,7 +114,7 @@ def _read_aligned(folder: Path, src: str, tgt: str, splits: dict):
 
 def _read_tsv(folder: Path, src: str, tgt: str, splits: dict):
     """train.tsv (+ val.tsv, test.tsv), or a single *.tsv: 'source<TAB>target' a line, with an
-    optional header line naming the two languages."""
+    optional header line naming the two languages; further columns (attribution) are ignored."""
     tsv_files = sorted(folder.glob("*.tsv"))
     for tsv in tsv_files:
         split = _split_name(tsv.stem) or ("train" if len(tsv_files) == 1 else None)
@@ -123,14 +123,18 @@ def _read_tsv(folder: Path, src: str, tgt: str, splits: dict):
         lines = read_lines(tsv)
         if lines and lines[0].strip().split("\t") == [src, tgt]:
             lines = lines[1:]
-        src_lines, tgt_lines = [], []
+        src_lines, tgt_lines, extra = [], [], 0
         for n, line in enumerate(lines, 1):
             parts = line.split("\t") if line.strip() else ["", ""]
-            if len(parts) != 2:
+            if len(parts) < 2:
                 raise DataError(f"{tsv}, line {n}: expected 'source<TAB>target', found "
                                 f"{len(parts)} field(s)")
+            extra += len(parts) > 2
             src_lines.append(parts[0])
             tgt_lines.append(parts[1])
+        if extra:  # the Anki files carry a third, attribution column
+            note(f"{tsv.name}: {extra} line(s) have more than two tab-separated fields; the "
+                 f"first two are taken as source and target")
         splits[split] = _pairs_to_dataset(src_lines, tgt_lines, tsv.name)
 
 
@@ -326,6 +330,15 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
     return tok
 
 
+def tokenizer_keys(config: Config):
+    """The tokenizer names of source and target: their languages, or with shared_vocab one
+    joint tokenizer for both ("en_de": tokenizer_en_de.json)."""
+    if config.shared_vocab:
+        joint = f"{config.lang_src}_{config.lang_tgt}"
+        return joint, joint
+    return config.lang_src, config.lang_tgt
+
+
 def get_tokenizer(config: Config, lang: str, texts):
     """The tokenizer of `lang`: loaded from tokenizer_file if present (and trained as config
     says), else trained on `texts` (the training split) and saved there with its recipe."""
@@ -485,8 +498,13 @@ def get_ds(config: Config) -> Data:
     """Loads the corpus, gets the tokenizers (trained on train only), tokenizes once."""
     _quiet_datasets()
     splits = load_corpus(config)
-    tokenizer_src = get_tokenizer(config, config.lang_src, column(splits["train"], "src"))
-    tokenizer_tgt = get_tokenizer(config, config.lang_tgt, column(splits["train"], "tgt"))
+    src_key, tgt_key = tokenizer_keys(config)
+    if config.shared_vocab:  # one tokenizer, trained on both sides of the training split
+        tokenizer_src = tokenizer_tgt = get_tokenizer(
+            config, src_key, column(splits["train"], "src") + column(splits["train"], "tgt"))
+    else:
+        tokenizer_src = get_tokenizer(config, src_key, column(splits["train"], "src"))
+        tokenizer_tgt = get_tokenizer(config, tgt_key, column(splits["train"], "tgt"))
     train = to_bilingual(tokenize_split(splits["train"], tokenizer_src, tokenizer_tgt),
                          config.seq_len, "train")
     validation = to_bilingual(tokenize_split(splits["validation"], tokenizer_src, tokenizer_tgt),

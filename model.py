@@ -4,6 +4,10 @@ Each class is one piece of the paper (section numbers in the docstrings). Masks 
 True where attention is allowed: encoder masks are (batch, 1, 1, src_len), decoder masks
 (batch, 1, tgt_len, tgt_len). At the bottom: batched greedy and beam search with a key/value
 cache, so each new target token costs one position of work.
+
+Beside the paper's choices, `build_transformer` offers the options of the write-ups this repo
+follows: pre- or post-norm, LayerNorm or RMSNorm, ReLU or SwiGLU feed-forward, sinusoidal or
+rotary positions, grouped-query attention, and shared vocabularies and embeddings.
 """
 
 import math
@@ -50,6 +54,41 @@ class PositionalEncoding(nn.Module):
         return self.dropout(x + self.pe[:, start:end].to(x.dtype))
 
 
+class EmbeddingDropout(nn.Module):
+    """With rotary positions the embeddings carry no position: only the dropout of 5.4."""
+
+    def __init__(self, seq_len: int, dropout: float):
+        super().__init__()
+        self.seq_len = seq_len
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, start: int = 0):
+        if start + x.size(1) > self.seq_len:
+            raise ValueError(f"sequence of {start + x.size(1)} positions is longer than seq_len "
+                             f"{self.seq_len}")
+        return self.dropout(x)
+
+
+class RotaryPositionalEmbedding(nn.Module):
+    """RoPE (Su et al., 2021): each pair of query/key features (i, i + d_k/2) is rotated by the
+    angle pos · 10000^(-2i/d_k), so q_m · k_n depends on m - n only: relative positions,
+    inside self-attention, at any offset of cached decoding."""
+
+    def __init__(self, d_k: int, seq_len: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, d_k, 2).float() / d_k)  # (d_k / 2,)
+        angles = torch.outer(torch.arange(seq_len).float(), inv_freq)  # (seq_len, d_k / 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x, start: int = 0):
+        # x: (batch, heads, len, d_k) at positions start .. start + len - 1
+        cos = self.cos[start:start + x.size(2)].to(x.dtype)  # (len, d_k / 2)
+        sin = self.sin[start:start + x.size(2)].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)  # 2 x (batch, heads, len, d_k / 2)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
 class LayerNormalization(nn.Module):
     """Layer normalization (Ba et al., 2016) with a learnable gain and bias per feature."""
 
@@ -83,21 +122,71 @@ class FeedForwardBlock(nn.Module):
         return self.linear_2(self.dropout(torch.relu(self.linear_1(x))))
 
 
+class RMSNormalization(nn.Module):
+    """RMSNorm (Zhang and Sennrich, 2019): x / sqrt(mean(x²) + eps) · gain; no centring, no
+    bias. Computed in float32 for stability under bf16."""
+
+    def __init__(self, features: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.alpha = nn.Parameter(torch.ones(features))  # gain
+
+    def forward(self, x):
+        rms = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+        return (x.float() * rms).to(x.dtype) * self.alpha
+
+
+class SwiGLUFeedForwardBlock(nn.Module):
+    """SwiGLU (Shazeer, 2020): FFN(x) = W2 (SiLU(x W1) ⊙ x W3). Three matrices instead of two,
+    so the hidden width is 2/3 of d_ff (rounded up to a multiple of 8): the same parameters
+    and FLOPs as the ReLU block of that d_ff."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        hidden = swiglu_width(d_ff)
+        self.linear_1 = nn.Linear(d_model, hidden, bias=False)  # gate
+        self.linear_3 = nn.Linear(d_model, hidden, bias=False)  # value
+        self.dropout = nn.Dropout(dropout)
+        self.linear_2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        # (batch, seq_len, d_model) -> (batch, seq_len, hidden) -> (batch, seq_len, d_model)
+        return self.linear_2(self.dropout(F.silu(self.linear_1(x)) * self.linear_3(x)))
+
+
+def swiglu_width(d_ff: int) -> int:
+    return -(-2 * d_ff // 3 // 8) * 8 if (2 * d_ff // 3) % 8 else 2 * d_ff // 3
+
+
+def make_norm(kind: str, features: int) -> nn.Module:
+    return RMSNormalization(features) if kind == "rms" else LayerNormalization(features)
+
+
 class MultiHeadAttentionBlock(nn.Module):
     """Section 3.2: multi-head scaled dot-product attention.
 
-    The query, key and value projections W_Q, W_K, W_V are stored as one (3·d_model, d_model)
-    matrix `w_qkv`: self-attention projects all three in one matmul; cross-attention projects
-    the queries with its first third and the encoder output's keys and values with the rest.
+    The query, key and value projections W_Q, W_K, W_V are stored as one matrix `w_qkv`:
+    self-attention projects all three in one matmul; cross-attention projects the queries with
+    the W_Q rows and the encoder output's keys and values with the rest.
+
+    Options: grouped-query attention (Ainslie et al., 2023): `n_kv_heads` < h key/value heads,
+    each shared by h / n_kv_heads query heads (fewer parameters, a smaller cache); `rotary`:
+    RoPE on the queries and keys of self-attention.
     """
 
-    def __init__(self, d_model: int, h: int, dropout: float):
+    def __init__(self, d_model: int, h: int, dropout: float, n_kv_heads: int = None,
+                 rotary: RotaryPositionalEmbedding = None):
         super().__init__()
         assert d_model % h == 0, "d_model is not divisible by h"
         self.d_model, self.h, self.d_k = d_model, h, d_model // h
-        self.w_qkv = nn.Linear(d_model, 3 * d_model, bias=False)  # W_Q, W_K, W_V stacked
+        self.n_kv_heads = n_kv_heads or h
+        assert h % self.n_kv_heads == 0, "h is not divisible by n_kv_heads"
+        self.d_kv = self.n_kv_heads * self.d_k  # width of the keys (and of the values)
+        # W_Q, W_K, W_V stacked: (d_model + 2 · d_kv, d_model)
+        self.w_qkv = nn.Linear(d_model, d_model + 2 * self.d_kv, bias=False)
         self.w_o = nn.Linear(d_model, d_model, bias=False)
         self.dropout = nn.Dropout(dropout)
+        self.rotary = [rotary]  # in a list: one module shared by all layers, owned by the model
         self.use_reference = False  # True: the written-out math below instead of the fused kernel
         self.need_weights = False  # True: keep the attention weights in self.attention_scores
         self.attention_scores = None
@@ -116,8 +205,8 @@ class MultiHeadAttentionBlock(nn.Module):
         return scores @ value, scores  # (batch, h, q_len, d_k), (batch, h, q_len, k_len)
 
     def _heads(self, x):
-        # (batch, seq_len, d_model) -> (batch, h, seq_len, d_k)
-        return x.view(x.size(0), x.size(1), self.h, self.d_k).transpose(1, 2)
+        # (batch, seq_len, heads · d_k) -> (batch, heads, seq_len, d_k)
+        return x.view(x.size(0), x.size(1), -1, self.d_k).transpose(1, 2)
 
     def forward(self, x, memory=None, mask=None, cache=None, causal=False):
         """Self-attention over x, or cross-attention from x to `memory` (the encoder output).
@@ -126,24 +215,30 @@ class MultiHeadAttentionBlock(nn.Module):
         flash attention included, can run). `cache` (a dict) makes decoding incremental:
         self-attention appends this step's keys and values to it; cross-attention projects
         `memory` once and reuses it."""
-        d = self.d_model
+        d, rotary = self.d_model, self.rotary[0]
         if memory is None:  # self-attention: one fused projection
-            q, k, v = F.linear(x, self.w_qkv.weight).split(d, dim=-1)  # 3 x (batch, len, d)
-            q, k, v = self._heads(q), self._heads(k), self._heads(v)  # (batch, h, len, d_k)
+            q, k, v = F.linear(x, self.w_qkv.weight).split([d, self.d_kv, self.d_kv], dim=-1)
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)  # (batch, heads, len, d_k)
+            past = cache["k"].size(2) if cache is not None and "k" in cache else 0
+            if rotary is not None:  # positions past .. past + len - 1
+                q, k = rotary(q, past), rotary(k, past)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)  # (batch, h, past + len, d_k)
+                if past:
+                    k = torch.cat([cache["k"], k], dim=2)  # (batch, kv_heads, past + len, d_k)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-        else:  # cross-attention
+        else:  # cross-attention: no positions (the queries and keys are of two sequences)
             q = self._heads(F.linear(x, self.w_qkv.weight[:d]))  # (batch, h, len, d_k)
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
-                k, v = F.linear(memory, self.w_qkv.weight[d:]).split(d, dim=-1)
-                k, v = self._heads(k), self._heads(v)  # (batch, h, src_len, d_k)
+                k, v = F.linear(memory, self.w_qkv.weight[d:]).split(self.d_kv, dim=-1)
+                k, v = self._heads(k), self._heads(v)  # (batch, kv_heads, src_len, d_k)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
+        if self.n_kv_heads != self.h:  # each key/value head serves h / n_kv_heads query heads
+            k = k.repeat_interleave(self.h // self.n_kv_heads, dim=1)  # (batch, h, k_len, d_k)
+            v = v.repeat_interleave(self.h // self.n_kv_heads, dim=1)
         if self.use_reference or self.need_weights:
             if causal:
                 mask = causal_mask(q.size(2), q.device)  # (1, q_len, q_len)
@@ -159,27 +254,33 @@ class MultiHeadAttentionBlock(nn.Module):
 
 
 class ResidualConnection(nn.Module):
-    """Section 5.4: x + Dropout(Sublayer(LayerNorm(x))) (pre-norm, as in the write-ups)."""
+    """Section 5.4. Pre-norm (the write-ups): x + Dropout(Sublayer(Norm(x))). Post-norm (the
+    paper's "Add & Norm"): Norm(x + Dropout(Sublayer(x)))."""
 
-    def __init__(self, features: int, dropout: float):
+    def __init__(self, features: int, dropout: float, norm: str = "layer",
+                 norm_first: bool = True):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
-        self.norm = LayerNormalization(features)
+        self.norm = make_norm(norm, features)
+        self.norm_first = norm_first
 
     def forward(self, x, sublayer):
-        return x + self.dropout(sublayer(self.norm(x)))
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
 
 
 class EncoderBlock(nn.Module):
     """Section 3.1: self-attention, then feed-forward, each in a residual connection."""
 
     def __init__(self, features: int, self_attention_block: MultiHeadAttentionBlock,
-                 feed_forward_block: FeedForwardBlock, dropout: float):
+                 feed_forward_block: nn.Module, dropout: float, norm: str = "layer",
+                 norm_first: bool = True):
         super().__init__()
         self.self_attention_block = self_attention_block
         self.feed_forward_block = feed_forward_block
         self.residual_connections = nn.ModuleList(
-            [ResidualConnection(features, dropout) for _ in range(2)])
+            [ResidualConnection(features, dropout, norm, norm_first) for _ in range(2)])
 
     def forward(self, x, src_mask):
         x = self.residual_connections[0](x, lambda x: self.self_attention_block(x, mask=src_mask))
@@ -187,10 +288,12 @@ class EncoderBlock(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, features: int, layers: nn.ModuleList):
+    def __init__(self, features: int, layers: nn.ModuleList, norm: str = "layer",
+                 norm_first: bool = True):
         super().__init__()
         self.layers = layers
-        self.norm = LayerNormalization(features)  # the final norm of a pre-norm stack
+        # A pre-norm stack ends with a norm; a post-norm one already ends normalised.
+        self.norm = make_norm(norm, features) if norm_first else nn.Identity()
 
     def forward(self, x, mask):
         for layer in self.layers:
@@ -204,13 +307,14 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, features: int, self_attention_block: MultiHeadAttentionBlock,
                  cross_attention_block: MultiHeadAttentionBlock,
-                 feed_forward_block: FeedForwardBlock, dropout: float):
+                 feed_forward_block: nn.Module, dropout: float, norm: str = "layer",
+                 norm_first: bool = True):
         super().__init__()
         self.self_attention_block = self_attention_block
         self.cross_attention_block = cross_attention_block
         self.feed_forward_block = feed_forward_block
         self.residual_connections = nn.ModuleList(
-            [ResidualConnection(features, dropout) for _ in range(3)])
+            [ResidualConnection(features, dropout, norm, norm_first) for _ in range(3)])
 
     def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None, causal=False):
         self_cache = cache["self"] if cache is not None else None
@@ -224,10 +328,11 @@ class DecoderBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, features: int, layers: nn.ModuleList):
+    def __init__(self, features: int, layers: nn.ModuleList, norm: str = "layer",
+                 norm_first: bool = True):
         super().__init__()
         self.layers = layers
-        self.norm = LayerNormalization(features)
+        self.norm = make_norm(norm, features) if norm_first else nn.Identity()
 
     def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None, causal=False):
         for i, layer in enumerate(self.layers):
@@ -268,13 +373,16 @@ class KVCache:
 
 class Transformer(nn.Module):
     def __init__(self, encoder: Encoder, decoder: Decoder, src_embed: InputEmbeddings,
-                 tgt_embed: InputEmbeddings, src_pos: PositionalEncoding,
-                 tgt_pos: PositionalEncoding, projection_layer: ProjectionLayer):
+                 tgt_embed: InputEmbeddings, src_pos: nn.Module, tgt_pos: nn.Module,
+                 projection_layer: ProjectionLayer, seq_len: int,
+                 rotary: RotaryPositionalEmbedding = None):
         super().__init__()
         self.encoder, self.decoder = encoder, decoder
         self.src_embed, self.tgt_embed = src_embed, tgt_embed
-        self.src_pos, self.tgt_pos = src_pos, tgt_pos
+        self.src_pos, self.tgt_pos = src_pos, tgt_pos  # PositionalEncoding, or EmbeddingDropout
         self.projection_layer = projection_layer
+        self.seq_len = seq_len  # the longest source or target
+        self.rotary = rotary  # registered here so that .to(device) moves its tables
 
     def encode(self, src, src_mask):
         # (batch, src_len) -> (batch, src_len, d_model)
@@ -310,28 +418,56 @@ class Transformer(nn.Module):
 
 def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int,
                       tgt_seq_len: int, d_model: int = 512, N: int = 6, h: int = 8,
-                      dropout: float = 0.1, d_ff: int = 2048,
-                      tie_embeddings: bool = False) -> Transformer:
+                      dropout: float = 0.1, d_ff: int = 2048, tie_embeddings="none",
+                      norm_first: bool = True, norm: str = "layer", ffn: str = "relu",
+                      pos: str = "sinusoidal", n_kv_heads: int = None,
+                      shared_vocab: bool = False) -> Transformer:
+    """The Transformer of the paper (with pre-norm by default, as in the write-ups).
+
+    norm_first: pre-norm (True) or the paper's post-norm; norm: "layer" or "rms"; ffn: "relu"
+    or "swiglu"; pos: "sinusoidal" (added to the embeddings) or "rope" (rotary, inside
+    self-attention); n_kv_heads: key/value heads (grouped-query attention; None = h);
+    shared_vocab: one embedding table for both languages (one joint vocabulary);
+    tie_embeddings: "none", "decoder" (the projection shares the target embedding, section
+    3.4) or "all" (source and target embeddings and the projection: one matrix, which needs
+    shared_vocab). True and False mean "decoder" and "none"."""
+    tie = {True: "decoder", False: "none"}.get(tie_embeddings, tie_embeddings)
+    if (tie == "all" or shared_vocab) and src_vocab_size != tgt_vocab_size:
+        raise ValueError("a shared vocabulary needs equal source and target vocabulary sizes")
+    if tie == "all" and not shared_vocab:
+        raise ValueError("tie_embeddings 'all' needs shared_vocab")
     src_embed = InputEmbeddings(d_model, src_vocab_size)
-    tgt_embed = InputEmbeddings(d_model, tgt_vocab_size)
-    src_pos = PositionalEncoding(d_model, src_seq_len, dropout)
-    tgt_pos = PositionalEncoding(d_model, tgt_seq_len, dropout)
-    encoder_blocks = [EncoderBlock(d_model, MultiHeadAttentionBlock(d_model, h, dropout),
-                                   FeedForwardBlock(d_model, d_ff, dropout), dropout)
+    tgt_embed = src_embed if shared_vocab else InputEmbeddings(d_model, tgt_vocab_size)
+    rotary = RotaryPositionalEmbedding(d_model // h, max(src_seq_len, tgt_seq_len)) \
+        if pos == "rope" else None
+    if rotary is None:
+        src_pos = PositionalEncoding(d_model, src_seq_len, dropout)
+        tgt_pos = PositionalEncoding(d_model, tgt_seq_len, dropout)
+    else:
+        src_pos, tgt_pos = EmbeddingDropout(src_seq_len, dropout), EmbeddingDropout(
+            tgt_seq_len, dropout)
+    feed_forward = SwiGLUFeedForwardBlock if ffn == "swiglu" else FeedForwardBlock
+    layer = dict(dropout=dropout, norm=norm, norm_first=norm_first)
+
+    def self_attention():
+        return MultiHeadAttentionBlock(d_model, h, dropout, n_kv_heads, rotary)
+
+    encoder_blocks = [EncoderBlock(d_model, self_attention(),
+                                   feed_forward(d_model, d_ff, dropout), **layer)
                       for _ in range(N)]
-    decoder_blocks = [DecoderBlock(d_model, MultiHeadAttentionBlock(d_model, h, dropout),
-                                   MultiHeadAttentionBlock(d_model, h, dropout),
-                                   FeedForwardBlock(d_model, d_ff, dropout), dropout)
+    decoder_blocks = [DecoderBlock(d_model, self_attention(),
+                                   MultiHeadAttentionBlock(d_model, h, dropout, n_kv_heads),
+                                   feed_forward(d_model, d_ff, dropout), **layer)
                       for _ in range(N)]
-    encoder = Encoder(d_model, nn.ModuleList(encoder_blocks))
-    decoder = Decoder(d_model, nn.ModuleList(decoder_blocks))
+    encoder = Encoder(d_model, nn.ModuleList(encoder_blocks), norm, norm_first)
+    decoder = Decoder(d_model, nn.ModuleList(decoder_blocks), norm, norm_first)
     projection_layer = ProjectionLayer(d_model, tgt_vocab_size)
     transformer = Transformer(encoder, decoder, src_embed, tgt_embed, src_pos, tgt_pos,
-                              projection_layer)
+                              projection_layer, max(src_seq_len, tgt_seq_len), rotary)
     for p in transformer.parameters():  # Xavier (Glorot) uniform on every matrix
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
-    if tie_embeddings:  # Section 3.4: one matrix for the target embedding and the projection
+    if tie in ("decoder", "all"):  # Section 3.4: the target embedding is the projection
         projection_layer.proj.weight = tgt_embed.embedding.weight
     return transformer
 

@@ -19,7 +19,7 @@ from checkpoint import (CheckpointError, build_model, check_vocab, load_averaged
 from config import (ArgumentParser, Config, UserError, add_config_arguments, config_from_args,
                     fields_where, run_main)
 from dataset import (EOS, PAD, SOS, UNK, decode_lines, detokenize, load_corpus, load_tokenizer,
-                     tokenizer_recipe)
+                     tokenizer_keys, tokenizer_recipe)
 from dataset import read_lines as dataset_read_lines
 from model import causal_mask, translate_ids
 from runtime import setup_device
@@ -55,9 +55,8 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     if problem:
         raise CheckpointError(problem)
     tokenizer_src, tokenizer_tgt = (
-        load_tokenizer(tokenizer_path(config, lang), config.tokenizer_type,
-                       tokenizer_recipe(config, lang))
-        for lang in (config.lang_src, config.lang_tgt))
+        load_tokenizer(tokenizer_path(config, key), config.tokenizer_type,
+                       tokenizer_recipe(config, key)) for key in tokenizer_keys(config))
     check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     device = setup_device(config.device)
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
@@ -110,8 +109,8 @@ def cross_attention(model, tokenizer_src, tokenizer_tgt, sentence: str, translat
     """Teacher-forces `translation` and returns the decoder's cross-attention weights,
     (layers, heads, target tokens, source tokens), with the token strings of both axes."""
     device = next(model.parameters()).device
-    src_ids = tokenizer_src.encode(sentence).ids[:model.src_pos.pe.size(1) - 2]
-    tgt_ids = tokenizer_tgt.encode(translation).ids[:model.tgt_pos.pe.size(1) - 1]
+    src_ids = tokenizer_src.encode(sentence).ids[:model.seq_len - 2]
+    tgt_ids = tokenizer_tgt.encode(translation).ids[:model.seq_len - 1]
     src = torch.tensor([[SOS] + src_ids + [EOS]], device=device)  # (1, src_len)
     tgt = torch.tensor([[SOS] + tgt_ids], device=device)  # (1, tgt_len)
     blocks = [layer.cross_attention_block for layer in model.decoder.layers]

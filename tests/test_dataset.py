@@ -46,6 +46,18 @@ def test_tab_separated_pairs(tmp_path):
     assert texts == ["Ciao.", "Il gatto.", "Un cane."]  # header skipped, empty line dropped
 
 
+def test_tab_separated_pairs_with_an_attribution_column_take_the_first_two(tmp_path, capsys):
+    folder = tmp_path / "anki"
+    folder.mkdir()
+    (folder / "fra.tsv").write_text("Go.\tVa !\tCC-BY 2.0 (France) #2877272\n"
+                                    "Hi.\tSalut !\tCC-BY 2.0 (France) #538123\nRun!\tCours !\n",
+                                    encoding="utf-8")
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.34))
+    texts = sorted(column(splits["train"], "tgt") + column(splits["validation"], "tgt"))
+    assert texts == ["Cours !", "Salut !", "Va !"]
+    assert "fra.tsv: 2 line(s) have more than two tab-separated fields" in capsys.readouterr().err
+
+
 def test_json_lines_with_a_translation_field(tmp_path):
     folder = tmp_path / "jl"
     folder.mkdir()

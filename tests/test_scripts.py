@@ -351,3 +351,24 @@ def test_patience_stops_training_and_says_so(tmp_path):
     assert sorted(p.name for p in (tmp_path / "weights").glob("tmodel_0*.pt")) == [
         "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
     assert load_checkpoint(tmp_path / "weights" / "tmodel_best.pt")["epoch"] == 0
+
+
+def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_feature(tmp_path):
+    """Issue 10: the modern options with one joint vocabulary shared by all three weight
+    matrices, through train.py and translate.py (beam, averaging, attention map)."""
+    write_aligned(tmp_path / "corpus", "train", number_pairs(64, seed=1))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(8, seed=2))
+    t = run_script("train.py", "--preset", "modern_small", "--data_dir", "corpus", *TINY,
+                   "--n_kv_heads", "1", "--shared_vocab", "true", "--tie_embeddings", "all",
+                   "--num_epochs", "2", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    weights = tmp_path / "weights"
+    assert (weights / "tokenizer_en_it.json").exists()
+    assert not (weights / "tokenizer_en.json").exists()
+    config = load_checkpoint(weights / "tmodel_01.pt")["config"]
+    assert (config["pos"], config["norm"], config["ffn"], config["tie_embeddings"]) == (
+        "rope", "rms", "swiglu", "all")
+    t = run_script("translate.py", "--beam", "2", "--average", "2", "--attention",
+                   tmp_path / "att.png", "one two.", cwd=tmp_path)
+    assert t.returncode == 0 and len(t.stdout.decode().split("\n")) == 2, t.stderr.decode()
+    assert (tmp_path / "att.png").exists()

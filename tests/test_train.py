@@ -21,9 +21,9 @@ def parse_config(argv):
 
 
 def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batches():
-    config = parse_config(["--d_model", "256", "--h", "4", "--tie_embeddings", "true",
+    config = parse_config(["--d_model", "256", "--h", "4", "--tie_embeddings", "decoder",
                            "--lr_schedule", "inverse_sqrt"])
-    assert (config.d_model, config.h, config.tie_embeddings) == (256, 4, True)
+    assert (config.d_model, config.h, config.tie_embeddings) == (256, 4, "decoder")
     assert config.lr_schedule == "inverse_sqrt" and config.max_tokens == 4096
     assert parse_config(["--batch_size", "32"]).max_tokens == 0
     both = parse_config(["--batch_size", "32", "--max_tokens", "2000"])
