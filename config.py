@@ -93,7 +93,10 @@ class Config:
                        translate=True)
     device: str = _f("auto", "auto picks cuda, then mps, then cpu", group="run", translate=True)
     # ---- validation -------------------------------------------------------------------------
-    val_max_sentences: int = _f(0, "sentences greedily decoded for BLEU each epoch (0 = all)")
+    val_max_sentences: int = _f(0, "sentences greedily decoded for BLEU at each validation "
+                                   "(0 = all)")
+    eval_every: int = _f(0, "also validate every this many optimizer steps, besides the end of "
+                            "each epoch (0 = off)")
     val_examples: int = _f(3, "SOURCE/TARGET/PREDICTED examples printed each epoch")
     patience: int = _f(0, "stop after this many validations without a better BLEU (0 = off)")
     # ---- checkpoints and logs ---------------------------------------------------------------
@@ -120,7 +123,7 @@ class Config:
                 return f"--{name} must be positive (got {getattr(self, name)})"
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
-                     "clip_grad", "patience"]:
+                     "clip_grad", "patience", "eval_every"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
         if self.max_tokens == 0 and self.batch_size == 0:

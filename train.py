@@ -335,8 +335,9 @@ def run_validation(run: Run):
 # ---- the loop -----------------------------------------------------------------------------------
 
 def train_epoch(run: Run, epoch: int):
-    """Optimizer steps over the epoch's batches. Returns None at the end of the epoch, or why
-    it stopped early: "signal" (Ctrl-C / SIGTERM) or "max_steps"."""
+    """Optimizer steps over the epoch's batches, validating every eval_every steps. Returns
+    None at the end of the epoch, or why it stopped early: "signal" (Ctrl-C / SIGTERM),
+    "max_steps", or "patience" (run out at a validation within the epoch)."""
     config = run.config
     run.model.train()
     bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
@@ -358,6 +359,13 @@ def train_epoch(run: Run, epoch: int):
         if maybe_save(run, epoch, done):
             bar.close()
             return "signal" if run.stop_signal else "max_steps"
+        if (config.eval_every and run.global_step % config.eval_every == 0
+                and done < run.batches_per_epoch):  # the epoch's end validates anyway
+            if keep_best(run, epoch, run_validation(run)):
+                save(run, epoch, epoch, done, step_checkpoint_path(config, epoch,
+                                                                   run.global_step))
+                bar.close()
+                return "patience"
     bar.close()
     run.writer.add_scalar("train/epoch_tokens_per_s", tokens_seen / (time.time() - started),
                           run.global_step)
@@ -425,7 +433,7 @@ def train_model(config: Config, given: set = frozenset()):
             return
         if stopped is None:  # the checkpoint first: a crash while decoding loses nothing
             save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
-        out_of_patience = keep_best(run, epoch, run_validation(run))
+        out_of_patience = stopped == "patience" or keep_best(run, epoch, run_validation(run))
         run.writer.flush()
         if out_of_patience:
             print(f"no better validation BLEU in the last {config.patience} validations "

@@ -372,3 +372,17 @@ def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_featu
                    tmp_path / "att.png", "one two.", cwd=tmp_path)
     assert t.returncode == 0 and len(t.stdout.decode().split("\n")) == 2, t.stderr.decode()
     assert (tmp_path / "att.png").exists()
+
+
+def test_eval_every_validates_at_its_steps_and_at_the_end_of_each_epoch(tmp_path):
+    write_aligned(tmp_path / "corpus", "train", number_pairs(40, seed=1))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=2))
+    t = run_script("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
+                   "--eval_every", "2", "--val_examples", "0", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    per_epoch = load_checkpoint(tmp_path / "weights" / "tmodel_00.pt")["global_step"]
+    history = json.loads((tmp_path / "weights" / "tmodel_validation.json").read_text())
+    expected = sorted({s for s in range(2, 2 * per_epoch, 2) if s != per_epoch}
+                      | {per_epoch, 2 * per_epoch})
+    assert [h["step"] for h in history] == expected
+    assert [h["epoch"] for h in history] == [0 if s <= per_epoch else 1 for s in expected]

@@ -76,7 +76,7 @@ def test_cosine_and_constant_schedules():
     assert learning_rate(config, 10, 110) == pytest.approx(1e-3)
     assert learning_rate(config, 60, 110) == pytest.approx(0.5e-3)
     assert learning_rate(config, 110, 110) == pytest.approx(0.0, abs=1e-12)
-    assert learning_rate(Config(lr=3e-4), 12345, 0) == 3e-4
+    assert learning_rate(Config(lr=3e-4, lr_schedule="constant"), 12345, 0) == 3e-4
 
 
 def test_accumulating_k_batches_gives_the_gradients_of_one_k_times_batch():
