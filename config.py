@@ -8,9 +8,13 @@ run takes from the checkpoint and which from the command line.
 
 import argparse
 import dataclasses
+import math
 import re
 import sys
 from dataclasses import dataclass, field
+
+
+LR_AT_512 = 1e-3  # the default peak learning rate at d_model 512 (Config.peak_lr)
 
 
 def _f(default, help, choices=None, group="train", translate=False):
@@ -77,7 +81,8 @@ class Config:
     num_epochs: int = _f(20, "epochs to train")
     max_steps: int = _f(0, "stop after this many optimizer steps in all, saving a checkpoint "
                            "(0 = no limit)")
-    lr: float = _f(1e-3, "peak learning rate (inverse_sqrt: scale on the paper's formula)")
+    lr: float = _f(0.0, f"peak learning rate; 0 = by model width, {LR_AT_512:g} · sqrt(512 / "
+                        f"d_model) ({LR_AT_512 * 2:g} at d_model 128)")
     lr_schedule: str = _f("inverse_sqrt", "learning-rate schedule",
                           ["constant", "inverse_sqrt", "cosine"])
     warmup: int = _f(4000, "warm-up steps (inverse_sqrt, cosine), at most a tenth of the run")
@@ -114,6 +119,11 @@ class Config:
     log_every: int = _f(1, "log train loss and learning rate every this many steps")
 
     # ---- derived helpers --------------------------------------------------------------------
+    def peak_lr(self) -> float:
+        """--lr, or with --lr 0 (the default) one chosen by model width as the paper's formula
+        scales it, LR_AT_512 · sqrt(512 / d_model); the README shows how it was measured."""
+        return self.lr or LR_AT_512 * math.sqrt(512 / self.d_model)
+
     def validate(self):
         """Return an error message for an invalid combination of values, or None."""
         positive = ["seq_len", "d_model", "N", "h", "d_ff", "vocab_size", "num_epochs",
@@ -146,8 +156,8 @@ class Config:
             return f"--label_smoothing must be in [0, 1), got {self.label_smoothing}"
         if not 0 < self.val_fraction < 1:
             return f"--val_fraction must be in (0, 1), got {self.val_fraction}"
-        if self.lr <= 0:
-            return f"--lr must be positive, got {self.lr}"
+        if self.lr < 0:
+            return f"--lr must not be negative (0: chosen by model width), got {self.lr}"
         if not self.lang_src or not self.lang_tgt or self.lang_src == self.lang_tgt:
             return (f"--lang_src and --lang_tgt must be two different languages "
                     f"(got '{self.lang_src}' and '{self.lang_tgt}')")
@@ -179,8 +189,8 @@ class Config:
 
 ARCHITECTURE = dict(norm_first=True, norm="layer", ffn="relu", pos="sinusoidal", n_kv_heads=0)
 PRESETS = {
-    # The step-by-step write-ups: pre-norm, word-level vocabularies per language, batches of 8
-    # sentences padded to 350, Adam at a constant 1e-4.
+    # The step-by-step write-ups: pre-norm, word-level vocabularies per language, seq_len 350,
+    # batches of 8 sentences (padded to their longest: the same updates), constant 1e-4.
     "writeups": dict(ARCHITECTURE, tie_embeddings="none", shared_vocab=False,
                      tokenizer_type="word", seq_len=350, d_model=512, N=6, h=8, d_ff=2048,
                      dropout=0.1, batch_size=8, max_tokens=0, lr_schedule="constant", lr=1e-4),
@@ -200,7 +210,7 @@ PRESETS = {
     "modern_small": dict(norm_first=True, norm="rms", ffn="swiglu", pos="rope", n_kv_heads=4,
                          tie_embeddings="decoder", shared_vocab=False, tokenizer_type="bpe",
                          d_model=128, N=4, h=8, d_ff=512, dropout=0.1, lr_schedule="cosine",
-                         warmup=4000, lr=1e-3, clip_grad=1.0),
+                         warmup=4000, lr=0.0, clip_grad=1.0),
 }
 
 

@@ -49,7 +49,7 @@ def learning_rate(config: Config, step: int, total_steps: int, cosine_from=None)
     cosine:       linear warm-up to lr, then half a cosine down to 0 at the last step; a run
                   lengthened on resume goes on from (step, lr) `cosine_from` down to 0 at its
                   new last step, without a jump."""
-    step = max(step, 1)
+    step, peak = max(step, 1), config.peak_lr()
     if config.lr_schedule == "cosine" and cosine_from:
         start, start_lr = cosine_from
         progress = min(max(step - start, 0) / max(total_steps - start, 1), 1.0)
@@ -57,13 +57,13 @@ def learning_rate(config: Config, step: int, total_steps: int, cosine_from=None)
     warmup = max(min(config.warmup, total_steps // 10) if total_steps else config.warmup, 1)
     if config.lr_schedule == "inverse_sqrt":
         paper = config.d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
-        return config.lr * paper / (config.d_model * warmup) ** -0.5
+        return peak * paper / (config.d_model * warmup) ** -0.5
     if config.lr_schedule == "cosine":
         if step < warmup:
-            return config.lr * step / warmup
+            return peak * step / warmup
         progress = min((step - warmup) / max(total_steps - warmup, 1), 1.0)
-        return config.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return config.lr
+        return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return peak
 
 
 def make_optimizer(model, lr: float):
@@ -134,7 +134,7 @@ def set_up(config: Config, given: set) -> Run:
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
                                 shuffle=True, seed=config.seed)
-    run = Run(config, device, data, model, make_optimizer(model, config.lr),
+    run = Run(config, device, data, model, make_optimizer(model, config.peak_lr()),
               torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
               autocast(device, amp_dtype), make_loss(config), sampler, len(sampler.batches(0)))
     run.schedule_steps = run.total_steps
