@@ -8,7 +8,6 @@ run takes from the checkpoint and which from the command line.
 
 import argparse
 import dataclasses
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -81,8 +80,8 @@ class Config:
     num_epochs: int = _f(20, "epochs to train")
     max_steps: int = _f(0, "stop after this many optimizer steps in all, saving a checkpoint "
                            "(0 = no limit)")
-    lr: float = _f(0.0, f"peak learning rate; 0 = by model width, {LR_AT_512:g} · sqrt(512 / "
-                        f"d_model) ({LR_AT_512 * 2:g} at d_model 128)")
+    lr: float = _f(0.0, f"peak learning rate; 0 = by model width, {LR_AT_512:g} · 512 / d_model "
+                        f"({LR_AT_512 * 4:g} at d_model 128)")
     lr_schedule: str = _f("inverse_sqrt", "learning-rate schedule",
                           ["constant", "inverse_sqrt", "cosine"])
     warmup: int = _f(4000, "warm-up steps (inverse_sqrt, cosine), at most a tenth of the run")
@@ -120,9 +119,10 @@ class Config:
 
     # ---- derived helpers --------------------------------------------------------------------
     def peak_lr(self) -> float:
-        """--lr, or with --lr 0 (the default) one chosen by model width as the paper's formula
-        scales it, LR_AT_512 · sqrt(512 / d_model); the README shows how it was measured."""
-        return self.lr or LR_AT_512 * math.sqrt(512 / self.d_model)
+        """--lr, or with --lr 0 (the default) one chosen by model width, LR_AT_512 · 512 /
+        d_model: Adam's learning rate inversely proportional to the width, as muP (Yang et al.,
+        2022) prescribes; measured in the README."""
+        return self.lr or LR_AT_512 * 512 / self.d_model
 
     def validate(self):
         """Return an error message for an invalid combination of values, or None."""
