@@ -311,7 +311,7 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
         tmp_path):
     """A short run with the default optimizer settings learns; the best checkpoint is the
     one with the highest validation BLEU; the test split is scored at the end."""
-    write_aligned(tmp_path / "corpus", "train", number_pairs(300, seed=1))
+    write_aligned(tmp_path / "corpus", "train", number_pairs(200, seed=1))
     write_aligned(tmp_path / "corpus", "val", number_pairs(20, seed=2))
     write_aligned(tmp_path / "corpus", "test", number_pairs(10, seed=3))
     t = run_script("train.py", "--data_dir", "corpus", "--d_model", "64", "--N", "1", "--h", "2",
@@ -323,9 +323,9 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
     assert len(history) == 3
     uniform = math.log(len(json.loads(
         (tmp_path / "weights" / "tokenizer_it.json").read_text())["model"]["vocab"]))
-    # The write-ups' optimizer (Adam at a constant 1e-4) ends this run at loss 2.83, above
-    # uniform (2.71 for these 15 words), and BLEU 0; the defaults reach about 2.2 and 6.6.
-    assert history[-1]["loss"] < 0.85 * uniform and history[-1]["bleu"] > 2, history
+    # The write-ups' optimizer (Adam at a constant 1e-4) ends this run at loss 2.97, above
+    # uniform (2.71 for these 15 words), and BLEU 0; the defaults reach about 1.8 and 8.
+    assert history[-1]["loss"] < 0.8 * uniform and history[-1]["bleu"] > 2, history
     best = load_checkpoint(tmp_path / "weights" / "tmodel_best.pt")
     top = max(history, key=lambda h: h["bleu"])
     assert best["global_step"] == top["step"] and best["validation"]["bleu"] == top["bleu"]
