@@ -316,15 +316,16 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
     write_aligned(tmp_path / "corpus", "test", number_pairs(10, seed=3))
     t = run_script("train.py", "--data_dir", "corpus", "--d_model", "64", "--N", "1", "--h", "2",
                    "--d_ff", "128", "--seq_len", "24", "--tokenizer_type", "word",
-                   "--max_tokens", "300", "--num_epochs", "3", "--val_examples", "0",
+                   "--max_tokens", "300", "--num_epochs", "2", "--val_examples", "0",
                    cwd=tmp_path, timeout=240)
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     history = json.loads((tmp_path / "weights" / "tmodel_validation.json").read_text())
-    assert len(history) == 3
+    assert len(history) == 2
     uniform = math.log(len(json.loads(
         (tmp_path / "weights" / "tokenizer_it.json").read_text())["model"]["vocab"]))
-    # The write-ups' optimizer (Adam at a constant 1e-4) ends this run at loss 2.97, above
-    # uniform (2.71 for these 15 words), and BLEU 0; the defaults reach about 1.8 and 8.
+    # The write-ups' optimizer (Adam at a constant 1e-4) is still at loss 2.97 after 3 epochs,
+    # above uniform (2.71 for these 15 words), at BLEU 0; the defaults reach about 1.9 and 8
+    # after these 2.
     assert history[-1]["loss"] < 0.8 * uniform and history[-1]["bleu"] > 2, history
     best = load_checkpoint(tmp_path / "weights" / "tmodel_best.pt")
     top = max(history, key=lambda h: h["bleu"])
