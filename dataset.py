@@ -512,9 +512,10 @@ def get_ds(config: Config) -> Data:
     test = None
     if "test" in splits:
         test = (column(splits["test"], "src"), column(splits["test"], "tgt"))
+    vocabulary = (f"{tokenizer_src.get_vocab_size()} (joint)" if config.shared_vocab else
+                  f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
+                  f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
-         + (f", {len(test[0])} test pairs" if test else "") + f"; vocabulary "
-         f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
-         f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
+         + (f", {len(test[0])} test pairs" if test else "") + f"; vocabulary {vocabulary}")
     return Data(tokenizer_src, tokenizer_tgt, train, validation,
                 held_out=splits.get("held_out", False), test=test)
