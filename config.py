@@ -51,6 +51,8 @@ class Config:
                              "unless absolute", group="model", translate=True)
     val_fraction: float = _f(0.1, "share of train held out for validation when the corpus has no "
                                   "validation split", translate=True)
+    tokenizer_sample: int = _f(1_000_000, "training sentences (per language) the tokenizers are "
+                                          "trained on, evenly spaced through the corpus (0 = all)")
     # ---- model ------------------------------------------------------------------------------
     d_model: int = _f(512, "model width", group="model")
     N: int = _f(6, "encoder and decoder layers", group="model")
@@ -115,7 +117,8 @@ class Config:
     keep_last: int = _f(3, "mid-epoch checkpoints kept on disk (per-epoch ones are kept apart)")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
     experiment_name: str = _f("runs/tmodel", "TensorBoard log folder", group="run")
-    log_every: int = _f(1, "log train loss and learning rate every this many steps")
+    log_every: int = _f(10, "log train loss and learning rate every this many steps (and at "
+                        "each epoch's end); on a GPU the only steps that wait for it")
 
     # ---- derived helpers --------------------------------------------------------------------
     def peak_lr(self) -> float:
@@ -133,7 +136,7 @@ class Config:
                 return f"--{name} must be positive (got {getattr(self, name)})"
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
-                     "clip_grad", "patience", "eval_every"]:
+                     "clip_grad", "patience", "eval_every", "tokenizer_sample"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
         if self.max_tokens == 0 and self.batch_size == 0:

@@ -1,33 +1,44 @@
 """Data in, masked batches out.
 
 load_corpus   -> {"train", "validation", maybe "test"}: `datasets.Dataset`s with `src`/`tgt` text
-get_tokenizer -> a `tokenizers.Tokenizer` per language, trained on the training split only
-get_ds        -> tokenized once (datasets.map), long pairs dropped, wrapped for a DataLoader
+get_tokenizer -> a `tokenizers.Tokenizer` per language, trained on a sample of the training split
+get_ds        -> the training split prepared once (token ids in memory-mapped files, long pairs
+                 dropped) and reloaded in seconds; validation encoded; wrapped for a DataLoader
 TokenBatchSampler + Collator -> length-bucketed batches padded to their longest sequence
 """
 
+import hashlib
+import itertools
 import json
 import os
+import shutil
 import socket
 import sys
+import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
 from checkpoint import tokenizer_path
 from config import Config, UserError
+from runtime import is_main
 
 SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]  # ids 0, 1, 2, 3 in every tokenizer
 UNK, PAD, SOS, EOS = range(4)  # load_tokenizer refuses a file where they differ
 VAL_NAMES = ("validation", "valid", "val", "dev")
+SPLITS = ("train", "validation", "test")
 
 
 def note(message: str):
-    """Data messages go to stderr, so translate.py's stdout holds translations only."""
-    print(message, file=sys.stderr)
+    """Data messages go to stderr, so translate.py's stdout holds translations only; under
+    torchrun, from rank 0 only."""
+    if is_main():
+        print(message, file=sys.stderr)
 
 
 class DataError(UserError):
@@ -61,15 +72,16 @@ def _split_name(stem: str):
     return None
 
 
-def decode_lines(data: bytes, name) -> list:
-    """The lines of UTF-8 text (no line endings, no BOM); a bad byte names its line."""
+def decode_lines(data: bytes, name, first_line: int = 1) -> list:
+    """The lines of UTF-8 text (no line endings, no BOM); a bad byte names its line (counting
+    from `first_line`)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
+        line = data[:e.start].count(b"\n") + first_line
         raise DataError(f"{name}, line {line}: not valid UTF-8 (byte {data[e.start]:#04x})") \
             from None
-    if text.startswith("\ufeff"):
+    if text.startswith("\ufeff") and first_line == 1:  # a byte order mark
         text = text[1:]
     lines = text.split("\n")  # not splitlines(): it also splits on \x1c, \x85, \u2028 ...
     if lines and lines[-1] == "":
@@ -86,39 +98,74 @@ def read_lines(path: Path) -> list:
     return decode_lines(data, path)
 
 
+def _non_empty_pairs(src, tgt):
+    """An Arrow table of the stripped pairs with no empty side, and how many were dropped."""
+    import pyarrow as pa
+    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s.strip() and t.strip()]
+    table = pa.table({"src": [src[i].strip() for i in keep], "tgt": [tgt[i].strip() for i in keep]})
+    return table, len(src) - len(keep)
+
+
+def _to_dataset(tables, dropped: int, where: str):
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+    if dropped:
+        note(f"{where}: skipped {dropped} pair(s) with an empty side")
+    schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
+    return Dataset(InMemoryTable(pa.concat_tables(tables) if tables else schema.empty_table()))
+
+
 def _pairs_to_dataset(src, tgt, where: str):
     """A datasets.Dataset of non-empty pairs; pairs with an empty side are dropped, counted."""
-    from datasets import Dataset
-    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s.strip() and t.strip()]
-    if len(keep) < len(src):
-        note(f"{where}: skipped {len(src) - len(keep)} pair(s) with an empty side")
-    return Dataset.from_dict({"src": [src[i].strip() for i in keep],
-                              "tgt": [tgt[i].strip() for i in keep]})
+    table, dropped = _non_empty_pairs(src, tgt)
+    return _to_dataset([table], dropped, where)
 
 
-def _read_aligned(folder: Path, src: str, tgt: str, splits: dict):
+def _aligned_dataset(src_file: Path, tgt_file: Path, chunk: int = 100_000):
+    """Two line-aligned files read together, `chunk` lines at a time, into an Arrow table: no
+    Python list of a whole (WMT-size) file is ever held."""
+    tables, dropped, n = [], 0, 0
+    try:
+        with open(src_file, "rb") as fs, open(tgt_file, "rb") as ft:
+            while True:
+                a, b = list(itertools.islice(fs, chunk)), list(itertools.islice(ft, chunk))
+                if len(a) != len(b):
+                    n_src = n + len(a) + sum(1 for _ in fs)
+                    n_tgt = n + len(b) + sum(1 for _ in ft)
+                    raise DataError(f"{src_file} has {n_src} lines but {tgt_file} has {n_tgt}: "
+                                    f"the files must be aligned line by line")
+                if not a:
+                    break
+                src = decode_lines(b"".join(a), src_file, n + 1)
+                tgt = decode_lines(b"".join(b), tgt_file, n + 1)
+                table, d = _non_empty_pairs(src, tgt)
+                tables.append(table)
+                dropped, n = dropped + d, n + len(a)
+    except OSError as e:
+        raise DataError(f"cannot read {e.filename}: {e.strerror}") from None
+    return _to_dataset(tables, dropped, f"{src_file.name}/{tgt_file.name}")
+
+
+def _read_aligned(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
     """train.en + train.de (+ val.*, valid.*, dev.*, test*.*), one sentence a line."""
     for src_file in sorted(folder.glob(f"*.{src}")):
         split = _split_name(src_file.stem)
-        if split is None or split in splits:
+        if split not in wanted or split in splits:
             continue
         tgt_file = src_file.with_suffix(f".{tgt}")
         if not tgt_file.exists():
             raise DataError(f"{src_file} has no matching target file {tgt_file}")
-        src_lines, tgt_lines = read_lines(src_file), read_lines(tgt_file)
-        if len(src_lines) != len(tgt_lines):
-            raise DataError(f"{src_file} has {len(src_lines)} lines but {tgt_file} has "
-                            f"{len(tgt_lines)}: the files must be aligned line by line")
-        splits[split] = _pairs_to_dataset(src_lines, tgt_lines, f"{src_file.name}/{tgt_file.name}")
+        splits[split] = _aligned_dataset(src_file, tgt_file)
 
 
-def _read_tsv(folder: Path, src: str, tgt: str, splits: dict):
+def _read_tsv(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
     """train.tsv (+ val.tsv, test.tsv), or a single *.tsv: 'source<TAB>target' a line, with an
     optional header line naming the two languages; further columns (attribution) are ignored."""
     tsv_files = sorted(folder.glob("*.tsv"))
     for tsv in tsv_files:
         split = _split_name(tsv.stem) or ("train" if len(tsv_files) == 1 else None)
-        if split is None or split in splits:
+        if split not in wanted or split in splits:
             continue
         lines = read_lines(tsv)
         if lines and lines[0].strip().split("\t") == [src, tgt]:
@@ -138,11 +185,11 @@ def _read_tsv(folder: Path, src: str, tgt: str, splits: dict):
         splits[split] = _pairs_to_dataset(src_lines, tgt_lines, tsv.name)
 
 
-def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict):
+def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
     """train.jsonl (+ validation.jsonl ...): {"translation": {"en": ..., "de": ...}} a line."""
     for jl in sorted(list(folder.glob("*.jsonl")) + list(folder.glob("*.json"))):
         split = _split_name(jl.stem)
-        if split is None or split in splits:
+        if split not in wanted or split in splits:
             continue
         src_lines, tgt_lines = [], []
         for n, line in enumerate(read_lines(jl), 1):
@@ -158,17 +205,21 @@ def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict):
         splits[split] = _pairs_to_dataset(src_lines, tgt_lines, jl.name)
 
 
-def _load_local(config: Config):
+def _load_local(config: Config, wanted=SPLITS):
     """Parallel files in config.data_dir: aligned text files, tab-separated pairs or JSON lines
-    (see each reader); a split found in one format is not read again from another."""
+    (see each reader); a split found in one format is not read again from another. The
+    fingerprint is the folder's file names, sizes and modification times."""
     folder = Path(config.data_dir)
     if not folder.is_dir():
         raise DataError(f"--data_dir {folder}: no such folder")
     src, tgt = config.lang_src, config.lang_tgt
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
-        reader(folder, src, tgt, splits)
-    if "train" not in splits:
+        reader(folder, src, tgt, splits, wanted)
+    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()
+                   if f.is_file())
+    splits["fingerprint"] = _digest(files)
+    if "train" in wanted and "train" not in splits:
         raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
                         f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
     return splits
@@ -185,7 +236,7 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
         return False
 
 
-def _load_hub(config: Config):
+def _load_hub(config: Config, wanted=SPLITS):
     """`load_dataset(datasource, "{src}-{tgt}")`: a hub repo (OPUS Books by default), or a
     local folder laid out like one (README.md with `configs:` and data files)."""
     import datasets
@@ -215,10 +266,15 @@ def _load_hub(config: Config):
     if raw is None:
         raise DataError(f"dataset '{name}' has no subset {subsets[0]} or {subsets[1]}: "
                         f"{errors[0]}")
-    splits = {}
+    if "train" not in {_split_name(k) for k in raw}:
+        raise DataError(f"dataset '{name}' has no train split (splits: {', '.join(raw)})")
+    # the datasets library's own fingerprints of the downloaded splits identify the corpus
+    splits = {"fingerprint": _digest(sorted((k, ds._fingerprint) for k, ds in raw.items()))}
     for split_name, ds in raw.items():
         split = _split_name(split_name)
         if split is None or split in splits:
+            continue
+        if split not in wanted:
             continue
         if "translation" not in ds.column_names:
             raise DataError(f"dataset '{name}' has no 'translation' column "
@@ -227,19 +283,27 @@ def _load_hub(config: Config):
         if src not in first or tgt not in first:
             raise DataError(f"dataset '{name}' has no {src}/{tgt} texts "
                             f"(languages: {', '.join(first)})")
-        pairs = column(ds, "translation")
-        splits[split] = _pairs_to_dataset([p[src] or "" for p in pairs],
-                                          [p[tgt] or "" for p in pairs], f"{name}:{split_name}")
-    if "train" not in splits:
-        raise DataError(f"dataset '{name}' has no train split (splits: {', '.join(raw)})")
+        # column by column through Arrow, a chunk at a time: WMT's 4.5M pairs never become
+        # Python dicts all at once
+        flat = ds.flatten().select_columns([f"translation.{src}", f"translation.{tgt}"])
+        tables, dropped = [], 0
+        for batch in flat.iter(batch_size=100_000):
+            table, d = _non_empty_pairs([s or "" for s in batch[f"translation.{src}"]],
+                                        [s or "" for s in batch[f"translation.{tgt}"]])
+            tables.append(table)
+            dropped += d
+        splits[split] = _to_dataset(tables, dropped, f"{name}:{split_name}")
     return splits
 
 
-def load_corpus(config: Config):
-    """{"train", "validation"(, "test")} -> datasets.Dataset with `src` and `tgt` columns.
-    Without a validation split of its own, a seeded `val_fraction` of train is held out, and
-    splits["held_out"] is True."""
-    splits = _load_local(config) if config.data_dir else _load_hub(config)
+def load_corpus(config: Config, wanted=SPLITS):
+    """{"train", "validation"(, "test")} -> datasets.Dataset with `src` and `tgt` columns, and
+    "fingerprint": what identifies the corpus. Without a validation split of its own, a seeded
+    `val_fraction` of train is held out, and splits["held_out"] is True. `wanted` names the
+    splits to read (without "train", nothing is held out)."""
+    splits = _load_local(config, wanted) if config.data_dir else _load_hub(config, wanted)
+    if "train" not in wanted:
+        return splits
     if len(splits["train"]) < 2:
         raise DataError("the training split has fewer than 2 usable pairs")
     if "validation" not in splits:
@@ -341,12 +405,14 @@ def tokenizer_keys(config: Config):
 
 def get_tokenizer(config: Config, lang: str, texts):
     """The tokenizer of `lang`: loaded from tokenizer_file if present (and trained as config
-    says), else trained on `texts` (the training split) and saved there with its recipe."""
+    says), else trained on `texts` (training sentences; or a function returning them, called
+    only then) and saved there with its recipe."""
     path = tokenizer_path(config, lang)
     recipe = tokenizer_recipe(config, lang)
     if path.exists():
         return load_tokenizer(path, config.tokenizer_type, recipe)
-    tok = build_tokenizer(config.tokenizer_type, config.vocab_size, texts)
+    tok = build_tokenizer(config.tokenizer_type, config.vocab_size,
+                          texts() if callable(texts) else texts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tok.save(str(tmp))
@@ -358,10 +424,11 @@ def get_tokenizer(config: Config, lang: str, texts):
 # ---- the dataset and its batches ----------------------------------------------------------------
 
 class BilingualDataset(TorchDataset):
-    """Items: encoder_input [SOS] src [EOS], decoder_input [SOS] tgt, label tgt [EOS]. The texts
-    are kept for validation's scores and examples."""
+    """Items: encoder_input [SOS] src [EOS], decoder_input [SOS] tgt, label tgt [EOS]. The ids
+    are lists, or TokenArrays of prepared data; the texts are kept for validation's scores and
+    examples (training keeps none)."""
 
-    def __init__(self, src_ids, tgt_ids, src_texts, tgt_texts):
+    def __init__(self, src_ids, tgt_ids, src_texts=None, tgt_texts=None):
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
         self.src_texts, self.tgt_texts = src_texts, tgt_texts
 
@@ -370,15 +437,37 @@ class BilingualDataset(TorchDataset):
 
     def lengths(self):
         """Padded length of each pair in a batch: the longer of encoder input and label."""
+        if isinstance(self.src_ids, TokenArray):
+            return np.maximum(self.src_ids.lengths() + 2, self.tgt_ids.lengths() + 1)
         return [max(len(s) + 2, len(t) + 1) for s, t in zip(self.src_ids, self.tgt_ids)]
 
     def __getitem__(self, i):
-        src, tgt = self.src_ids[i], self.tgt_ids[i]
+        src = torch.as_tensor(np.asarray(self.src_ids[i], dtype=np.int64))  # (src_len - 2,)
+        tgt = torch.as_tensor(np.asarray(self.tgt_ids[i], dtype=np.int64))  # (tgt_len - 1,)
+        sos, eos = torch.tensor([SOS]), torch.tensor([EOS])
         return {
-            "encoder_input": torch.tensor([SOS] + src + [EOS]),  # (src_len,)
-            "decoder_input": torch.tensor([SOS] + tgt),  # (tgt_len,)
-            "label": torch.tensor(tgt + [EOS]),  # (tgt_len,)
+            "encoder_input": torch.cat([sos, src, eos]),  # (src_len,)
+            "decoder_input": torch.cat([sos, tgt]),  # (tgt_len,)
+            "label": torch.cat([tgt, eos]),  # (tgt_len,)
         }
+
+
+class TokenArray:
+    """Token-id sequences stored flat: `ids`, every sequence one after another, and `offsets`,
+    where each starts (one more than there are sequences). Memory-mapped from the prepared
+    data, so that ranks and DataLoader workers share the same pages instead of copies."""
+
+    def __init__(self, ids, offsets):
+        self.ids, self.offsets = ids, offsets
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        return self.ids[self.offsets[i]:self.offsets[i + 1]]
+
+    def lengths(self):
+        return np.diff(self.offsets)
 
 
 def real_tokens(batch) -> int:
@@ -414,15 +503,22 @@ class TokenBatchSampler:
     seeded random order), cut into batches of at most `max_tokens` padded tokens, or of
     `batch_size` sentences when max_tokens is 0; batch order shuffled each epoch. Every pair
     lands in exactly one batch per epoch. The order depends only on (seed, epoch), so a resumed
-    run can skip the batches it already trained on (`set_epoch(epoch, start=k)`)."""
+    run can skip the batches it already trained on (`set_epoch(epoch, start=k)`).
+
+    Data-parallel (world_size > 1): every rank builds the same order and takes every
+    world_size-th batch from its rank on. So that all ranks make the same number of steps
+    without dropping or repeating a pair, the largest batches are first halved until the count
+    divides by world_size."""
 
     def __init__(self, lengths, max_tokens: int = 0, batch_size: int = 0,
-                 shuffle: bool = True, seed: int = 0):
-        if max_tokens and max(lengths, default=0) > max_tokens:
-            raise ValueError(f"a pair of {max(lengths)} tokens does not fit max_tokens "
-                             f"{max_tokens}")
-        self.lengths, self.max_tokens, self.batch_size = list(lengths), max_tokens, batch_size
+                 shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.lengths = torch.as_tensor(np.asarray(lengths, dtype=np.int64))
+        longest = int(self.lengths.max()) if len(self.lengths) else 0
+        if max_tokens and longest > max_tokens:
+            raise ValueError(f"a pair of {longest} tokens does not fit max_tokens {max_tokens}")
+        self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.seed = shuffle, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0):
@@ -431,8 +527,7 @@ class TokenBatchSampler:
     def batches(self, epoch: int = None):
         epoch = self.epoch if epoch is None else epoch
         g = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
-        n = len(self.lengths)
-        lengths = torch.tensor(self.lengths)
+        n, lengths = len(self.lengths), self.lengths
         if self.shuffle:
             perm = torch.randperm(n, generator=g)
             order = perm[torch.sort(lengths[perm], stable=True).indices]
@@ -452,6 +547,8 @@ class TokenBatchSampler:
             batches.append(current)
         if self.shuffle:
             batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+        if self.world_size > 1:
+            batches = split_for_ranks(batches, self.world_size)[self.rank::self.world_size]
         return batches
 
     def __iter__(self):
@@ -459,6 +556,20 @@ class TokenBatchSampler:
 
     def __len__(self):
         return len(self.batches()) - self.start
+
+
+def split_for_ranks(batches, world_size: int):
+    """The batches, with the largest halved (in place in the order) until their count divides
+    by world_size; refuses when there are too few pairs."""
+    batches = list(batches)
+    while len(batches) % world_size:
+        i = max(range(len(batches)), key=lambda j: len(batches[j]))
+        if len(batches[i]) < 2:
+            raise DataError(f"too little training data for {world_size} processes: "
+                            f"{len(batches)} pairs cannot be shared out evenly")
+        half = len(batches[i]) // 2
+        batches[i:i + 1] = [batches[i][:half], batches[i][half:]]
+    return batches
 
 
 @dataclass
@@ -471,43 +582,170 @@ class Data:
     test: tuple = None  # (source texts, reference texts) of the test split, if there is one
 
 
-def tokenize_split(ds, tokenizer_src, tokenizer_tgt):
-    """Adds src_ids/tgt_ids columns, in batches, once (not in every __getitem__)."""
-    def encode(batch):
-        return {"src_ids": [e.ids for e in tokenizer_src.encode_batch(batch["src"])],
-                "tgt_ids": [e.ids for e in tokenizer_tgt.encode_batch(batch["tgt"])]}
-    return ds.map(encode, batched=True, batch_size=1000)
+def encode_pairs(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: int):
+    """Token ids of pairs, and the indices of those that fit seq_len ([SOS], [EOS] included)."""
+    src = [e.ids for e in tokenizer_src.encode_batch(src_texts)]
+    tgt = [e.ids for e in tokenizer_tgt.encode_batch(tgt_texts)]
+    keep = [i for i in range(len(src)) if len(src[i]) + 2 <= seq_len and len(tgt[i]) + 2 <= seq_len]
+    return src, tgt, keep
 
 
-def to_bilingual(ds, seq_len: int, name: str):
-    """Drops pairs that do not fit seq_len ([SOS] and [EOS] included), with a printed count."""
-    src_ids, tgt_ids = column(ds, "src_ids"), column(ds, "tgt_ids")
-    keep = [i for i in range(len(src_ids))
-            if len(src_ids[i]) + 2 <= seq_len and len(tgt_ids[i]) + 2 <= seq_len]
-    if len(keep) < len(src_ids):
-        note(f"{name}: dropped {len(src_ids) - len(keep)} of {len(src_ids)} pairs longer than "
-             f"seq_len {seq_len}")
-    if not keep:
+def dropped_note(name: str, dropped: int, total: int, seq_len: int):
+    if dropped:
+        note(f"{name}: dropped {dropped} of {total} pairs longer than seq_len {seq_len}")
+    if dropped == total:
         raise DataError(f"{name}: no pair fits --seq_len {seq_len}")
-    src_texts, tgt_texts = column(ds, "src"), column(ds, "tgt")
-    return BilingualDataset([src_ids[i] for i in keep], [tgt_ids[i] for i in keep],
+
+
+def to_bilingual(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: int, name: str):
+    """A BilingualDataset of the pairs that fit seq_len, texts kept (validation)."""
+    src, tgt, keep = encode_pairs(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len)
+    dropped_note(name, len(src) - len(keep), len(src), seq_len)
+    return BilingualDataset([src[i] for i in keep], [tgt[i] for i in keep],
                             [src_texts[i] for i in keep], [tgt_texts[i] for i in keep])
 
 
-def get_ds(config: Config) -> Data:
-    """Loads the corpus, gets the tokenizers (trained on train only), tokenizes once."""
-    _quiet_datasets()
-    splits = load_corpus(config)
+# ---- prepared data: the training split as token ids on disk, memory-mapped ----------------------
+
+PREPARED_FORMAT = 1
+CHUNK = 50_000  # pairs encoded at a time (tokenizers spreads each chunk over all cores)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def prepared_key(config: Config, fingerprint: str, tokenizer_src, tokenizer_tgt) -> str:
+    """What prepared data depends on: the corpus, the tokenizers, seq_len, and (for a held-out
+    validation split) seed and val_fraction."""
+    return _digest({"format": PREPARED_FORMAT, "corpus": fingerprint,
+                    "languages": [config.lang_src, config.lang_tgt], "seq_len": config.seq_len,
+                    "tokenizers": [hashlib.sha256(t.to_str().encode()).hexdigest()
+                                   for t in (tokenizer_src, tokenizer_tgt)],
+                    "split": [config.seed, config.val_fraction]})
+
+
+def prepared_folder(config: Config) -> Path:
+    return Path(config.model_folder) / "prepared"
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def prepare(folder: Path, key: str, splits, tokenizer_src, tokenizer_tgt, seq_len: int):
+    """Encodes the training split chunk by chunk into flat id files (uint16 when the vocabulary
+    allows) with their offsets, and keeps the validation texts; written to a temporary folder
+    that replaces `folder` only when complete, its checksums last."""
+    started = time.time()
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    vocab = max(tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
+    dtype = np.uint16 if vocab <= 1 << 16 else np.int32
+    lengths, total = {"src": [], "tgt": []}, 0
+    with open(tmp / "train.src.bin", "wb") as fs, open(tmp / "train.tgt.bin", "wb") as ft:
+        for batch in splits["train"].iter(batch_size=CHUNK):
+            src, tgt, keep = encode_pairs(batch["src"], batch["tgt"], tokenizer_src,
+                                          tokenizer_tgt, seq_len)
+            total += len(src)
+            for side, ids, f in (("src", src, fs), ("tgt", tgt, ft)):
+                kept = [ids[i] for i in keep]
+                n = np.fromiter(map(len, kept), np.int64, len(kept))
+                f.write(np.fromiter(itertools.chain.from_iterable(kept), dtype,
+                                    int(n.sum())).tobytes())
+                lengths[side].append(n)
+    for side in ("src", "tgt"):
+        n = np.concatenate(lengths[side])
+        np.save(tmp / f"train.{side}.offsets.npy", np.concatenate([[0], np.cumsum(n)]))
+    validation = splits["validation"]
+    (tmp / "validation.json").write_text(json.dumps(
+        {"src": column(validation, "src"), "tgt": column(validation, "tgt")}), encoding="utf-8")
+    meta = {"format": PREPARED_FORMAT, "key": key, "dtype": np.dtype(dtype).name,
+            "pairs": total, "kept": int(sum(len(n) for n in lengths["src"])),
+            "seq_len": seq_len, "held_out": bool(splits.get("held_out")),
+            "checksums": {f.name: _crc32(f) for f in sorted(tmp.iterdir())}}
+    (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    note(f"prepared {meta['kept']} training pairs in {folder} ({time.time() - started:.0f}s)")
+
+
+def load_prepared(folder: Path, key: str):
+    """(train BilingualDataset over memory-mapped ids, validation texts, meta), or None when
+    there is no prepared data, or it was made from something else (stale) or does not match
+    its checksums (damaged): then it is prepared again, saying why."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if meta.get("key") != key:
+        note(f"{folder} was prepared from another corpus, tokenizer or seq_len: preparing again")
+        return None
+    for name, crc in meta["checksums"].items():
+        if not (folder / name).is_file() or _crc32(folder / name) != crc:
+            note(f"{folder}/{name} is damaged or missing: preparing again")
+            return None
+    sides = []
+    for side in ("src", "tgt"):
+        offsets = np.load(folder / f"train.{side}.offsets.npy")
+        path = folder / f"train.{side}.bin"
+        ids = (np.memmap(path, dtype=meta["dtype"], mode="r") if path.stat().st_size else
+               np.zeros(0, dtype=meta["dtype"]))
+        sides.append(TokenArray(ids, offsets))
+    validation = json.loads((folder / "validation.json").read_text(encoding="utf-8"))
+    return BilingualDataset(*sides), validation, meta
+
+
+def sample_texts(ds, columns, n: int):
+    """About n texts of each column (all for n = 0), evenly spaced through the split, in
+    batches: what the tokenizers train on (streamed, never a list of the whole corpus)."""
+    stride = max(1, -(-len(ds) // n)) if n else 1
+    picked = ds.select(range(0, len(ds), stride)) if stride > 1 else ds
+    for batch in picked.iter(batch_size=10_000):
+        for name in columns:
+            yield batch[name]
+
+
+def get_tokenizers(config: Config, train):
+    """Source and target tokenizers (one joint one with shared_vocab), trained on a sample of
+    `train` if their files do not exist yet (`train` may be None when they do)."""
     src_key, tgt_key = tokenizer_keys(config)
+    n = config.tokenizer_sample
     if config.shared_vocab:  # one tokenizer, trained on both sides of the training split
-        tokenizer_src = tokenizer_tgt = get_tokenizer(
-            config, src_key, column(splits["train"], "src") + column(splits["train"], "tgt"))
-    else:
-        tokenizer_src = get_tokenizer(config, src_key, column(splits["train"], "src"))
-        tokenizer_tgt = get_tokenizer(config, tgt_key, column(splits["train"], "tgt"))
-    train = to_bilingual(tokenize_split(splits["train"], tokenizer_src, tokenizer_tgt),
-                         config.seq_len, "train")
-    validation = to_bilingual(tokenize_split(splits["validation"], tokenizer_src, tokenizer_tgt),
+        tok = get_tokenizer(config, src_key, lambda: sample_texts(train, ["src", "tgt"], n))
+        return tok, tok
+    return (get_tokenizer(config, src_key, lambda: sample_texts(train, ["src"], n)),
+            get_tokenizer(config, tgt_key, lambda: sample_texts(train, ["tgt"], n)))
+
+
+def get_ds(config: Config) -> Data:
+    """The tokenizers and the prepared training data: made once (tokenizers trained on a sample
+    of train, the training split encoded to memory-mapped arrays), then loaded in seconds by
+    every later start, resume and torchrun rank, as long as corpus, tokenizers and seq_len are
+    the same. Validation and test texts are kept in memory; training texts are not."""
+    _quiet_datasets()
+    folder = prepared_folder(config)
+    splits = load_corpus(config, wanted=("test",))  # the fingerprint, and the test texts
+    prepared = None
+    if all(tokenizer_path(config, k).exists() for k in tokenizer_keys(config)):
+        tokenizer_src, tokenizer_tgt = get_tokenizers(config, None)
+        prepared = load_prepared(folder, prepared_key(config, splits["fingerprint"],
+                                                      tokenizer_src, tokenizer_tgt))
+    if prepared is None:
+        full = load_corpus(config)
+        tokenizer_src, tokenizer_tgt = get_tokenizers(config, full["train"])
+        key = prepared_key(config, full["fingerprint"], tokenizer_src, tokenizer_tgt)
+        prepare(folder, key, full, tokenizer_src, tokenizer_tgt, config.seq_len)
+        del full
+        prepared = load_prepared(folder, key)
+    train, val_texts, meta = prepared
+    dropped_note("train", meta["pairs"] - meta["kept"], meta["pairs"], config.seq_len)
+    validation = to_bilingual(val_texts["src"], val_texts["tgt"], tokenizer_src, tokenizer_tgt,
                               config.seq_len, "validation")
     test = None
     if "test" in splits:
@@ -517,5 +755,5 @@ def get_ds(config: Config) -> Data:
                   f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
          + (f", {len(test[0])} test pairs" if test else "") + f"; vocabulary {vocabulary}")
-    return Data(tokenizer_src, tokenizer_tgt, train, validation,
-                held_out=splits.get("held_out", False), test=test)
+    return Data(tokenizer_src, tokenizer_tgt, train, validation, held_out=meta["held_out"],
+                test=test)

@@ -1,11 +1,14 @@
-"""Where and how the model runs: the device, its precision, and CPU allocator tuning. Used by
-train.py, translate.py and both benchmarks."""
+"""Where and how the model runs: the device, its precision, CPU allocator tuning, and the
+processes of a data-parallel (torchrun) run. Used by train.py, translate.py and the benchmarks."""
 
 import ctypes
+import datetime
+import os
 import platform
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.distributed as dist
 
 from config import Config, UserError
 
@@ -16,10 +19,11 @@ def get_device(name: str = "auto") -> torch.device:
     if name == "mps" and not (getattr(torch.backends, "mps", None)
                               and torch.backends.mps.is_available()):
         raise UserError("--device mps: MPS is not available on this machine")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)  # under torchrun, each process its own GPU
     if name != "auto":
         return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
@@ -30,8 +34,13 @@ def setup_device(name: str = "auto") -> torch.device:
     below on CPU."""
     device = get_device(name)
     if device.type == "cuda":
+        torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        # cuDNN's attention builds a plan for every new batch shape (about a second each on an
+        # H100, measured), and token batches come in many shapes: use the flash and
+        # memory-efficient kernels, which have no such cost and run as fast (README, GPU).
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if device.type == "cpu":
         tune_cpu_allocator()
     return device
@@ -76,3 +85,77 @@ def autocast(device: torch.device, dtype):
     if dtype is None:
         return nullcontext
     return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+# ---- data-parallel training: torchrun + DistributedDataParallel ---------------------------------
+
+_flags_group = None  # a Gloo group for small host-side numbers (no GPU synchronisation)
+
+
+def start_distributed(device_name: str = "auto"):
+    """Under torchrun (WORLD_SIZE in the environment), joins the process group: NCCL between
+    GPUs, Gloo on CPU. Returns (rank, world_size); (0, 1) for a plain `python train.py`."""
+    global _flags_group
+    if "WORLD_SIZE" not in os.environ:
+        return 0, 1
+    if not dist.is_initialized():
+        gpu = device_name.startswith("cuda") or (device_name == "auto"
+                                                   and torch.cuda.is_available())
+        if gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        # rank 0 validates while the others wait: allow an hour for it
+        dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(hours=1))
+        _flags_group = dist.new_group(backend="gloo") if gpu else dist.group.WORLD
+    return dist.get_rank(), dist.get_world_size()
+
+
+def rank_and_world():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main() -> bool:
+    """Rank 0, which alone writes files, logs and progress bars (always true without torchrun)."""
+    return rank_and_world()[0] == 0
+
+
+def barrier():
+    if rank_and_world()[1] > 1:
+        dist.barrier(group=_flags_group)
+
+
+@contextmanager
+def main_first():
+    """Rank 0 runs the block first (training tokenizers, preparing data, moving files), the
+    other ranks after it, to find its results."""
+    if not is_main():
+        barrier()
+    yield
+    if is_main():
+        barrier()
+
+
+def sum_over_ranks(*values: float):
+    """The sums over all ranks of a few numbers held on the host (token counts, flags), through
+    Gloo: no GPU synchronisation."""
+    if rank_and_world()[1] == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=_flags_group)
+    return tuple(t.tolist())
+
+
+def gather_to_main(obj):
+    """A list of every rank's `obj` on rank 0 (None elsewhere)."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return [obj]
+    out = [None] * world if rank == 0 else None
+    dist.gather_object(obj, out, dst=0, group=_flags_group)
+    return out
+
+
+def stop_distributed():
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

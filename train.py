@@ -3,6 +3,7 @@
     python train.py                                   # OPUS Books en->it from the hub
     python train.py --data_dir data/multi30k --lang_src en --lang_tgt de
     python train.py --help                            # every flag, with its default
+    torchrun --standalone --nproc_per_node=4 train.py ...   # data-parallel on 4 GPUs
     tensorboard --logdir runs
 
 Resumes from the newest checkpoint in --model_folder by default (--preload latest).
@@ -10,7 +11,9 @@ Resumes from the newest checkpoint in --model_folder by default (--preload lates
 
 import json
 import math
+import os
 import signal
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -31,7 +35,9 @@ from config import ArgumentParser, Config, parse_config, run_main
 from dataset import (EOS, PAD, SOS, UNK, Collator, Data, TokenBatchSampler, detokenize, get_ds,
                      real_tokens)
 from model import translate_ids
-from runtime import autocast, autocast_dtype, setup_device
+from runtime import (autocast, autocast_dtype, gather_to_main, is_main, main_first,
+                     rank_and_world, setup_device, start_distributed, stop_distributed,
+                     sum_over_ranks)
 from translate import score, translate
 
 # ---- the paper's section 5.3: Adam and its learning rate ----------------------------------------
@@ -98,11 +104,14 @@ class Run:
     sampler: TokenBatchSampler
     batches_per_epoch: int
     writer: SummaryWriter = None
-    step_model: nn.Module = None  # the model the step calls (compiled or not)
+    step_model: nn.Module = None  # the model the step calls (DDP-wrapped, compiled, or not)
+    rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
+    world_size: int = 1
     global_step: int = 0
     start_epoch: int = 0
     start_batch: int = 0
-    bad_steps: int = 0  # non-finite updates in a row
+    bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
+    loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
     stop_signal: list = field(default_factory=list)  # the name of a SIGINT/SIGTERM received
     schedule_steps: int = 0  # the run length the learning-rate schedule was set up for
     cosine_from: tuple = None  # see learning_rate
@@ -121,28 +130,51 @@ class Run:
 
 
 def set_up(config: Config, given: set) -> Run:
-    """The data, the model and its optimizer, restored from the checkpoint --preload names."""
-    resume, config = resume_state(config, given)
-    check_writable(config.model_folder)
-    torch.manual_seed(config.seed)
+    """The data, the model and its optimizer, restored from the checkpoint --preload names.
+    Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers and prepares the
+    data); every rank then builds the same model, and DistributedDataParallel keeps them equal."""
+    rank, world = start_distributed(config.device)
+    if rank:
+        sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
+    with main_first():
+        resume, config = resume_state(config, given)
+        if rank == 0:
+            check_writable(config.model_folder)
+        data = get_ds(config)
     device = setup_device(config.device)
     amp_dtype = autocast_dtype(config, device)
-    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32"))
-    data = get_ds(config)
+    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
+          + (f", {world} processes (torchrun)" if world > 1 else ""))
     src_vocab, tgt_vocab = data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()
+    torch.manual_seed(config.seed)
     model = build_model(config, src_vocab, tgt_vocab).to(device)
+    if world > 1:
+        torch.manual_seed(config.seed + rank)  # the same weights, but each rank its own dropout
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
-                                shuffle=True, seed=config.seed)
+                                shuffle=True, seed=config.seed, rank=rank, world_size=world)
     run = Run(config, device, data, model, make_optimizer(model, config.peak_lr()),
               torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
-              autocast(device, amp_dtype), make_loss(config), sampler, len(sampler.batches(0)))
+              autocast(device, amp_dtype), make_loss(config), sampler, len(sampler.batches(0)),
+              rank=rank, world_size=world, bad_steps=torch.zeros((), device=device))
     run.schedule_steps = run.total_steps
     if resume:
         restore(run, *resume)
-    run.step_model = torch.compile(model, dynamic=True) if config.compile else model
-    run.writer = SummaryWriter(config.experiment_name)
+    run.step_model = model
+    if world > 1:  # averages the gradients over the ranks during backward
+        run.step_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.compile:
+        run.step_model = torch.compile(run.step_model, dynamic=True)
+    run.writer = SummaryWriter(config.experiment_name) if rank == 0 else NoWriter()
     return run
+
+
+class NoWriter:
+    """The TensorBoard writer of ranks other than 0: writes nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def restore(run: Run, path: Path, state: dict):
@@ -155,7 +187,13 @@ def restore(run: Run, path: Path, state: dict):
     run.optimizer.load_state_dict(state["optimizer_state_dict"])
     if state.get("scaler_state_dict"):
         run.scaler.load_state_dict(state["scaler_state_dict"])
-    set_rng_states(state, run.device)
+    ranks = state.get("rank_rng_states")
+    if run.world_size == 1 and not ranks:
+        set_rng_states(state, run.device)
+    elif ranks and len(ranks) == run.world_size:
+        set_rng_states(ranks[run.rank], run.device)
+    else:  # another number of processes than saved: a fresh dropout stream for each rank
+        torch.manual_seed(run.config.seed + run.rank + state["global_step"])
     run.start_epoch, run.start_batch = state["next_epoch"], state["next_batch"]
     run.global_step = state["global_step"]
     run.history = read_history(run.config, up_to_step=run.global_step)
@@ -172,13 +210,18 @@ def restore(run: Run, path: Path, state: dict):
 
 
 def save(run: Run, epoch: int, next_epoch: int, next_batch: int, path: Path):
-    """A checkpoint of everything needed to continue exactly here, then pruning."""
+    """A checkpoint of everything needed to continue exactly here, then pruning. Every rank
+    calls it (each rank's random state is gathered); rank 0 writes."""
+    ranks = gather_to_main(rng_states(run.device))
+    if run.rank:
+        return
     save_checkpoint({
         "model_state_dict": run.model.state_dict(),
         "optimizer_state_dict": run.optimizer.state_dict(),
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch,
-        "global_step": run.global_step, **rng_states(run.device),
+        "global_step": run.global_step, **ranks[0],
+        "rank_rng_states": ranks if run.world_size > 1 else None,
         "schedule_steps": run.schedule_steps, "cosine_from": run.cosine_from,
         "config": run.config.to_dict(),
     }, path)
@@ -222,73 +265,110 @@ def accumulation_groups(run: Run, epoch: int):
             group = []
 
 
-def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scaler=None):
+def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scaler=None,
+               world_size: int = 1, no_sync=None):
     """Forward and backward over a group of batches (gradient accumulation). The loss is summed
-    over tokens and divided by the group's token count, so k accumulated batches give the
-    gradients of one k-times batch. Returns (mean loss per token, tokens)."""
-    n_tokens = sum((b["label"] != pad_id).sum().item() for b in group)  # the loss's tokens
-    loss_total = 0.0
-    for b in group:
-        with amp():
-            logits = model(b["encoder_input"].to(device, non_blocking=True),
-                           b["decoder_input"].to(device, non_blocking=True),
-                           b["encoder_mask"].to(device, non_blocking=True))  # causal decoder
-        label = b["label"].to(device, non_blocking=True)  # (batch, tgt_len)
-        # (batch * tgt_len, vocab) against (batch * tgt_len,)
-        loss = loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)) / n_tokens
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        loss_total += loss.item()
+    over tokens and divided by the token count of the whole update, on every rank, so that k
+    accumulated batches on N ranks give the gradients of one k·N-times batch. `no_sync` (DDP's)
+    skips the gradient all-reduce on all but the last batch. Returns (mean loss per token of
+    this rank's batches, as a tensor: reading it waits for the GPU; tokens of the update)."""
+    n_tokens = sum(int((b["label"] != pad_id).sum()) for b in group)  # on the host: no sync
+    if world_size > 1:
+        n_tokens = int(sum_over_ranks(n_tokens)[0])
+    loss_total = torch.zeros((), device=device)
+    for i, b in enumerate(group):
+        last = i == len(group) - 1
+        with nullcontext() if last or no_sync is None else no_sync():
+            with amp():
+                logits = model(b["encoder_input"].to(device, non_blocking=True),
+                               b["decoder_input"].to(device, non_blocking=True),
+                               b["encoder_mask"].to(device, non_blocking=True))  # causal decoder
+            label = b["label"].to(device, non_blocking=True)  # (batch, tgt_len)
+            # (batch * tgt_len, vocab) against (batch * tgt_len,)
+            loss = loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)) / n_tokens
+            # DDP averages the ranks' gradients: times world_size makes it their sum
+            scaled = loss * world_size
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        loss_total += loss.detach()
     return loss_total, n_tokens
 
 
-def optimizer_step(run: Run, loss: float, lr: float) -> bool:
-    """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the loss or the
-    gradient is not finite: then the update is skipped and counted, and max_bad_steps in a row
-    stop training without saving. Returns whether the update was applied."""
+def optimizer_step(run: Run, loss: torch.Tensor, lr: float) -> torch.Tensor:
+    """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the gradient
+    (or, with the fp16 scaler, the loss) is not finite: then the update is skipped and counted.
+    All on the device, without waiting for it: the skip is fused Adam's `found_inf`, as the
+    gradient scaler uses it; `check_updates` reads the count. Returns whether it applied."""
     config = run.config
     run.scaler.unscale_(run.optimizer)
     grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad or math.inf,
                                          foreach=True)
     for param_group in run.optimizer.param_groups:
         param_group["lr"] = lr
-    finite = math.isfinite(loss) and bool(torch.isfinite(grad_norm))
-    if finite or (run.scaler.is_enabled() and math.isfinite(loss)):
-        run.scaler.step(run.optimizer)  # fp16 overflow: the scaler skips it, lowers its scale
-        run.bad_steps = 0 if finite else run.bad_steps
-    else:
-        run.bad_steps += 1
-        run.writer.add_scalar("train/skipped_nonfinite", run.bad_steps, run.global_step)
-        tqdm.write(f"step {run.global_step + 1}: non-finite loss or gradient, update skipped "
-                   f"({run.bad_steps} in a row)")
-        if run.bad_steps >= config.max_bad_steps:
-            raise CheckpointError(
-                f"{run.bad_steps} non-finite updates in a row: training stopped without saving "
-                f"the diverged weights; lower --lr or use --precision fp32, then resume from "
-                f"the last checkpoint in {config.model_folder}")
+    finite = torch.isfinite(grad_norm)
+    if run.scaler.is_enabled():  # fp16: the scaler skips overflows and lowers its scale
+        run.scaler.step(run.optimizer)
+        finite = torch.isfinite(loss)  # an overflow is not a diverged step; a NaN loss is
+    elif run.optimizer.defaults.get("fused"):
+        run.optimizer.found_inf = (~finite).float()
+        run.optimizer.step()
+        del run.optimizer.found_inf
+    elif bool(finite):  # a device without fused Adam: decided on the host
+        run.optimizer.step()
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
+    run.bad_steps = torch.where(finite, 0, run.bad_steps + 1)
     return finite
 
 
-def maybe_save(run: Run, epoch: int, done: int) -> bool:
-    """Saves mid-epoch every save_every steps, and on a stop signal or at max_steps; returns
-    whether training should stop now."""
+def check_updates(run: Run):
+    """Reads the count of skipped (non-finite) updates in a row: says so, and stops training
+    without saving when it reaches max_bad_steps. Called where reading from the device is
+    free (CPU) or asked for (--log_every)."""
+    config, bad = run.config, int(run.bad_steps)
+    if not bad:
+        return
+    run.writer.add_scalar("train/skipped_nonfinite", bad, run.global_step)
+    tqdm.write(f"step {run.global_step}: non-finite loss or gradient, update skipped "
+               f"({bad} in a row)")
+    if bad >= config.max_bad_steps:
+        raise CheckpointError(
+            f"{bad} non-finite updates in a row: training stopped without saving the diverged "
+            f"weights; lower --lr or use --precision fp32, then resume from the last checkpoint "
+            f"in {config.model_folder}")
+
+
+def log_progress(run: Run, bar, lr: float, tokens_per_s: float):
+    """The mean training loss since the last log (over all ranks), to TensorBoard and the
+    progress bar: the one place the loop waits for the GPU."""
+    loss = torch.stack(run.loss_window).mean()
+    if run.world_size > 1:
+        torch.distributed.all_reduce(loss)  # each rank holds its share of the update's loss
+    loss, run.loss_window = loss.item(), []
+    run.writer.add_scalar("train/loss", loss, run.global_step)
+    run.writer.add_scalar("train/lr", lr, run.global_step)
+    bar.set_postfix(loss=f"{loss:6.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+
+
+def maybe_save(run: Run, epoch: int, done: int):
+    """Saves mid-epoch every save_every steps, and on a stop signal (on any rank) or at
+    max_steps; returns why training should stop now ("signal", "max_steps"), or None."""
     config = run.config
-    at_max_steps = bool(config.max_steps) and run.global_step >= config.max_steps
-    stopping = bool(run.stop_signal) or at_max_steps
+    signalled = sum_over_ranks(float(bool(run.stop_signal)))[0] > 0
+    stopped = ("signal" if signalled else "max_steps"
+               if config.max_steps and run.global_step >= config.max_steps else None)
     periodic = (config.save_every and done < run.batches_per_epoch
                 and run.global_step % config.save_every == 0)
-    if not (stopping or periodic):
-        return False
+    if not (stopped or periodic):
+        return None
     path = step_checkpoint_path(config, epoch, run.global_step)
     save(run, epoch, epoch, done, path)
-    if stopping:
-        why = (f"stopped by {run.stop_signal[0]}" if run.stop_signal else
+    if stopped:
+        why = (f"stopped by {(run.stop_signal or ['a signal'])[0]}" if signalled else
                f"reached --max_steps {config.max_steps}")
         tqdm.write(f"{why} in epoch {epoch} after batch {done} of {run.batches_per_epoch} "
                    f"(step {run.global_step}); saved {path}. Resume with: python train.py "
                    f"--model_folder {config.model_folder}")
-    return stopping
+    return stopped
 
 
 # ---- validation ---------------------------------------------------------------------------------
@@ -341,35 +421,46 @@ def train_epoch(run: Run, epoch: int):
     config = run.config
     run.model.train()
     bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
-               mininterval=1.0, initial=run.start_batch if epoch == run.start_epoch else 0)
+               mininterval=1.0, initial=run.start_batch if epoch == run.start_epoch else 0,
+               disable=run.rank != 0)
     tokens_seen, started = 0, time.time()
+    no_sync = getattr(run.step_model, "no_sync", None)
     for group, done in accumulation_groups(run, epoch):
         loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
-                             run.scaler)
+                             run.scaler, run.world_size, no_sync)
         lr = run.lr()
         optimizer_step(run, loss, lr)
         run.global_step += 1
+        run.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)
         bar.update(done - bar.n)
-        bar.set_postfix(loss=f"{loss:6.3f}", refresh=False,
-                        tok_s=f"{tokens_seen / (time.time() - started):,.0f}")
-        if run.global_step % config.log_every == 0:
-            run.writer.add_scalar("train/loss", loss, run.global_step)
-            run.writer.add_scalar("train/lr", lr, run.global_step)
-        if maybe_save(run, epoch, done):
+        logging = run.global_step % config.log_every == 0 or done == run.batches_per_epoch
+        if logging:
+            log_progress(run, bar, lr, tokens_seen * run.world_size / (time.time() - started))
+        if logging or run.device.type == "cpu":
+            check_updates(run)
+        stopped = maybe_save(run, epoch, done)
+        if stopped:
             bar.close()
-            return "signal" if run.stop_signal else "max_steps"
+            return stopped
         if (config.eval_every and run.global_step % config.eval_every == 0
                 and done < run.batches_per_epoch):  # the epoch's end validates anyway
-            if keep_best(run, epoch, run_validation(run)):
+            if validate(run, epoch):
                 save(run, epoch, epoch, done, step_checkpoint_path(config, epoch,
                                                                    run.global_step))
                 bar.close()
                 return "patience"
     bar.close()
-    run.writer.add_scalar("train/epoch_tokens_per_s", tokens_seen / (time.time() - started),
-                          run.global_step)
+    run.writer.add_scalar("train/epoch_tokens_per_s",
+                          tokens_seen * run.world_size / (time.time() - started), run.global_step)
     return None
+
+
+def validate(run: Run, epoch: int) -> bool:
+    """Validation, once: on rank 0 while the others wait. Returns whether patience has run out
+    (on every rank)."""
+    out = keep_best(run, epoch, run_validation(run)) if run.rank == 0 else False
+    return sum_over_ranks(float(out))[0] > 0
 
 
 def keep_best(run: Run, epoch: int, metrics: dict) -> bool:
@@ -433,14 +524,15 @@ def train_model(config: Config, given: set = frozenset()):
             return
         if stopped is None:  # the checkpoint first: a crash while decoding loses nothing
             save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
-        out_of_patience = stopped == "patience" or keep_best(run, epoch, run_validation(run))
+        out_of_patience = stopped == "patience" or validate(run, epoch)
         run.writer.flush()
         if out_of_patience:
             print(f"no better validation BLEU in the last {config.patience} validations "
                   f"(--patience {config.patience}): training stops")
         if stopped or out_of_patience:
             break
-    score_test_sets(run)
+    if run.rank == 0:
+        score_test_sets(run)
     run.writer.close()
 
 
@@ -448,8 +540,11 @@ def main(argv=None):
     parser = ArgumentParser(description="Train a Transformer for translation. Every flag "
                                         "defaults to config.py; on resume, to the checkpoint's.")
     config, given = parse_config(argv, parser)
-    run_main("train.py", lambda: train_model(config, given),
-             aborted="aborted; the checkpoints already saved are intact")
+    try:
+        run_main("train.py", lambda: train_model(config, given),
+                 aborted="aborted; the checkpoints already saved are intact")
+    finally:
+        stop_distributed()
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ def test_every_preset_trains_and_translates_after_a_save_load_round_trip(preset,
     loss_fn = make_loss(config)
     losses = []
     for _ in range(15):
-        losses.append(train_step(model, [batch], loss_fn, PAD, "cpu")[0])
+        losses.append(float(train_step(model, [batch], loss_fn, PAD, "cpu")[0]))
         optimizer.step()
         optimizer.zero_grad()
     assert losses[-1] < 0.7 * losses[0], (preset, losses)

@@ -90,7 +90,7 @@ def test_accumulating_k_batches_gives_the_gradients_of_one_k_times_batch():
     def grads(groups):
         torch.manual_seed(1)
         model = build_transformer(30, 30, 32, 32, d_model=16, N=1, h=2, d_ff=32, dropout=0.0)
-        losses = [train_step(model, g, loss_fn, 1, "cpu")[0] for g in groups]
+        losses = [float(train_step(model, g, loss_fn, 1, "cpu")[0]) for g in groups]
         return losses, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     # three micro-batches of different sizes and paddings, accumulated in one step ...
@@ -113,7 +113,7 @@ def test_bf16_autocast_step_matches_fp32_closely():
     for amp in (nullcontext, lambda: torch.autocast("cpu", dtype=torch.bfloat16)):
         torch.manual_seed(1)
         model = build_transformer(30, 30, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=0.0)
-        losses.append(train_step(model, [batch], loss_fn, 1, "cpu", amp)[0])
+        losses.append(float(train_step(model, [batch], loss_fn, 1, "cpu", amp)[0]))
         assert all(torch.isfinite(p.grad).all() for p in model.parameters())
     assert losses[1] == pytest.approx(losses[0], rel=0.05)
 

@@ -1,0 +1,45 @@
+"""Run by tests/test_distributed.py under torchrun: one rank's view of a data-parallel run.
+
+    torchrun --standalone --nproc_per_node=2 tests/ddp_worker.py OUT.pt [train.py flags]
+
+Rank 0 writes to OUT.pt what every rank saw: its starting weights, its batches of epoch 0,
+its gradient after one DDP step on its first batch, and its weights after one epoch."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from config import parse_config  # noqa: E402
+from dataset import PAD, Collator  # noqa: E402
+from runtime import gather_to_main, stop_distributed  # noqa: E402
+from train import set_up, train_epoch, train_step  # noqa: E402
+
+
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+
+
+def main():
+    out, argv = sys.argv[1], sys.argv[2:]
+    config, given = parse_config(argv)
+    run = set_up(config, given)
+    report = {"start": gather_to_main(flat(run.model)),
+              "batches": gather_to_main(run.sampler.batches(0))}
+    first = Collator()([run.data.train[i] for i in run.sampler.batches(0)[0]])
+    train_step(run.step_model, [first], run.loss_fn, PAD, run.device, run.amp, run.scaler,
+               run.world_size)
+    report["grads"] = gather_to_main({n: p.grad.clone() for n, p in run.model.named_parameters()})
+    run.optimizer.zero_grad(set_to_none=True)
+    train_epoch(run, 0)
+    report["end"] = gather_to_main(flat(run.model))
+    report["world_size"] = run.world_size
+    if run.rank == 0:
+        torch.save(report, out)
+    run.writer.close()
+    stop_distributed()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Data-parallel training (torchrun + DistributedDataParallel), run for real with two Gloo
+processes on the CPU."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, number_pairs, write_aligned
+from dataset import PAD, Collator, TokenBatchSampler, split_for_ranks
+
+TORCHRUN = shutil.which("torchrun")
+pytestmark = pytest.mark.skipif(
+    TORCHRUN is None or not torch.distributed.is_available() or
+    not torch.distributed.is_gloo_available(), reason="needs torchrun and Gloo")
+
+
+def torchrun(*args, cwd, nproc=2, timeout=180):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_disjoint_equal_shares_that_cover_the_epoch(world_size):
+    lengths = [3, 9, 4, 4, 12, 7, 5, 6, 8, 3, 10, 11, 2]
+    for epoch in range(3):
+        shares = [TokenBatchSampler(lengths, max_tokens=24, seed=5, rank=r,
+                                    world_size=world_size).batches(epoch)
+                  for r in range(world_size)]
+        assert len({len(s) for s in shares}) == 1  # every rank makes the same number of steps
+        seen = [i for s in shares for b in s for i in b]
+        assert sorted(seen) == list(range(len(lengths)))  # each pair exactly once
+        whole = TokenBatchSampler(lengths, max_tokens=24, seed=5).batches(epoch)
+        assert [sorted(b) for b in split_for_ranks(whole, world_size)] == \
+            [sorted(b) for r in range(len(shares[0])) for s in shares for b in [s[r]]]
+
+
+def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
+    write_aligned(tmp_path / "corpus", "train", number_pairs(120, seed=3))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=4))
+    flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
+             "--model_folder", "w", "--experiment_name", "runs/w", "--val_examples", "0"]
+    t = torchrun(ROOT / "tests" / "ddp_worker.py", tmp_path / "out.pt", *flags, cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-3000:]
+    report = torch.load(tmp_path / "out.pt")
+    assert report["world_size"] == 2
+    # the same starting weights, and the same weights after an epoch of different batches
+    torch.testing.assert_close(report["start"][0], report["start"][1], rtol=0, atol=0)
+    torch.testing.assert_close(report["end"][0], report["end"][1], rtol=0, atol=0)
+    assert not torch.equal(report["start"][0], report["end"][0])
+    # disjoint batches that together cover the epoch, as many on each rank
+    a, b = report["batches"]
+    assert len(a) == len(b) > 1
+    seen = [i for batch in a + b for i in batch]
+    assert len(seen) == len(set(seen)) == 120
+
+    # one process, one update over both ranks' first batches: the same gradient
+    from checkpoint import build_model
+    from config import Config
+    from dataset import get_ds
+    from train import make_loss, train_step
+    os.chdir(tmp_path)
+    config = Config(data_dir="corpus", d_model=32, N=1, h=2, d_ff=64, seq_len=24,
+                    vocab_size=300, dropout=0.0, model_folder="w")
+    data = get_ds(config)
+    torch.manual_seed(config.seed)
+    model = build_model(config, data.tokenizer_src.get_vocab_size(),
+                        data.tokenizer_tgt.get_vocab_size())
+    group = [Collator()([data.train[i] for i in batches[0]]) for batches in (a, b)]
+    train_step(model, group, make_loss(config), PAD, "cpu")
+    for name, p in model.named_parameters():
+        for rank in (0, 1):
+            torch.testing.assert_close(report["grads"][rank][name], p.grad, rtol=1e-4,
+                                       atol=1e-6)
+
+
+def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
+    write_aligned(tmp_path / "corpus", "train", number_pairs(160, seed=5))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
+    write_aligned(tmp_path / "corpus", "test", number_pairs(4, seed=7))
+    flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--model_folder", "w",
+             "--experiment_name", "runs/w", "--num_epochs", "2"]
+    # stopped mid-epoch 1 by --max_steps, then resumed under torchrun to the end
+    first = torchrun(ROOT / "train.py", *flags, "--max_steps", "6", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr.decode()[-3000:]
+    out = first.stdout.decode()
+    assert "2 processes (torchrun)" in out
+    assert out.count("reached --max_steps 6") == 1  # one voice: rank 0's
+    names = sorted(p.name for p in (tmp_path / "w").glob("*.pt"))
+    assert names == ["tmodel_00.pt", "tmodel_01_s0000006.pt", "tmodel_best.pt"], names
+    state = torch.load(tmp_path / "w" / "tmodel_01_s0000006.pt", weights_only=False)
+    assert len(state["rank_rng_states"]) == 2
+
+    second = torchrun(ROOT / "train.py", *flags, "--max_steps", "0", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr.decode()[-3000:]
+    out = second.stdout.decode()
+    assert f"resumed from w/tmodel_01_s0000006.pt: epoch 1, batch {state['next_batch']}, " \
+           f"step 6" in out
+    assert out.count("validation: loss") == 1 and (tmp_path / "w" / "results.json").exists()
+    assert (tmp_path / "w" / "tmodel_01.pt").exists()
+    assert len(list((tmp_path / "runs" / "w").glob("events.out.tfevents.*"))) == 2  # one a run

@@ -1,0 +1,106 @@
+"""Prepared data: the training split encoded once to memory-mapped arrays, reloaded by later
+starts, and rebuilt (never silently used) when stale or damaged."""
+
+import numpy as np
+import pytest
+import torch
+
+import dataset
+from config import Config
+from conftest import number_pairs, write_aligned
+from dataset import (Collator, TokenArray, TokenBatchSampler, encode_pairs, get_ds,
+                     prepared_folder)
+
+
+def cfg(tmp_path, corpus, **kw):
+    kw = {"vocab_size": 300, "seq_len": 24, **kw}
+    return Config(model_folder=str(tmp_path / "weights"), data_dir=str(corpus), lang_src="en",
+                  lang_tgt="it", **kw)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Counts how often a training file is read."""
+    calls = []
+    real = dataset._aligned_dataset
+
+    def counting(src_file, tgt_file, chunk=100_000):
+        calls.append(src_file.stem)
+        return real(src_file, tgt_file, chunk)
+    monkeypatch.setattr(dataset, "_aligned_dataset", counting)
+    return calls
+
+
+def batches(data, seed=3):
+    sampler = TokenBatchSampler(data.train.lengths(), max_tokens=100, seed=seed)
+    return [Collator()([data.train[i] for i in b]) for b in sampler.batches(0)]
+
+
+def test_prepared_data_gives_the_batches_of_fresh_tokenization(tmp_path, corpus, reads):
+    config = cfg(tmp_path, corpus)
+    first = get_ds(config)  # prepares: reads train
+    assert reads.count("train") == 1 and isinstance(first.train.src_ids, TokenArray)
+    assert first.train.src_texts is None  # training texts are not kept
+    again = get_ds(config)  # loads: does not read train again
+    assert reads.count("train") == 1
+    # the same ids as encoding the texts now, pair by pair and batch by batch
+    pairs = number_pairs(64, seed=1)
+    src, tgt, keep = encode_pairs([s for s, _ in pairs], [t for _, t in pairs],
+                                  again.tokenizer_src, again.tokenizer_tgt, 24)
+    assert [list(again.train.src_ids[i]) for i in range(len(again.train))] == \
+        [src[i] for i in keep]
+    assert [list(again.train.tgt_ids[i]) for i in range(len(again.train))] == \
+        [tgt[i] for i in keep]
+    for a, b in zip(batches(first), batches(again), strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key])
+    assert again.train.src_ids.ids.dtype == np.uint16  # 300 tokens fit 16 bits
+
+
+def test_a_changed_corpus_or_tokenizer_is_prepared_again(tmp_path, corpus, reads, capsys):
+    config = cfg(tmp_path, corpus)
+    get_ds(config)
+    write_aligned(corpus, "train", number_pairs(70, seed=8))  # the corpus changes
+    assert len(get_ds(config).train) == 70
+    assert "prepared from another corpus, tokenizer or seq_len" in capsys.readouterr().err
+    assert reads.count("train") == 2
+    # other tokenizer files (trained elsewhere, on a sample) make the prepared ids stale too
+    get_ds(cfg(tmp_path / "other", corpus, tokenizer_sample=10))
+    for f in (tmp_path / "other" / "weights").glob("tokenizer_*"):
+        (tmp_path / "weights" / f.name).write_bytes(f.read_bytes())
+    capsys.readouterr()
+    get_ds(config)
+    assert "prepared from another corpus, tokenizer or seq_len" in capsys.readouterr().err
+    assert reads.count("train") == 4
+    get_ds(cfg(tmp_path, corpus, seq_len=12))  # another seq_len keeps other pairs
+    assert "prepared from another corpus" in capsys.readouterr().err
+    assert reads.count("train") == 5
+
+
+def test_damaged_prepared_data_is_detected_and_prepared_again(tmp_path, corpus, reads, capsys):
+    config = cfg(tmp_path, corpus)
+    expected = [list(x) for x in get_ds(config).train.tgt_ids]
+    ids = prepared_folder(config) / "train.tgt.bin"
+    data = bytearray(ids.read_bytes())
+    data[10] ^= 0xFF  # one flipped byte
+    ids.write_bytes(bytes(data))
+    again = get_ds(config)
+    assert "train.tgt.bin is damaged or missing: preparing again" in capsys.readouterr().err
+    assert [list(x) for x in again.train.tgt_ids] == expected
+    (prepared_folder(config) / "train.src.offsets.npy").unlink()
+    get_ds(config)
+    assert "damaged or missing" in capsys.readouterr().err
+    assert reads.count("train") == 3
+
+
+def test_tokenizers_train_on_an_evenly_spaced_sample(tmp_path):
+    corpus = tmp_path / "corpus"
+    pairs = number_pairs(40, seed=1)
+    # a word found only in the odd-numbered pairs: a sample of every other pair never sees it
+    pairs = [(s + (" zebra" if i % 2 else ""), t) for i, (s, t) in enumerate(pairs)]
+    write_aligned(corpus, "train", pairs)
+    write_aligned(corpus, "val", number_pairs(4, seed=2))
+    sampled = get_ds(cfg(tmp_path / "a", corpus, tokenizer_type="word", tokenizer_sample=20))
+    assert "▁zebra" not in sampled.tokenizer_src.get_vocab()
+    everything = get_ds(cfg(tmp_path / "b", corpus, tokenizer_type="word", tokenizer_sample=0))
+    assert "▁zebra" in everything.tokenizer_src.get_vocab()
