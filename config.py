@@ -8,8 +8,10 @@ run takes from the checkpoint and which from the command line.
 
 import argparse
 import dataclasses
+import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 
 
@@ -78,7 +80,8 @@ class Config:
     # ---- optimisation -----------------------------------------------------------------------
     batch_size: int = _f(8, "sentences per batch (used when max_tokens is 0; giving --batch_size "
                             "alone switches to sentence batches)", translate=True)
-    max_tokens: int = _f(4096, "padded tokens per batch, length-bucketed (0 = use batch_size)")
+    max_tokens: int = _f(4096, "padded tokens per batch (per process under torchrun), "
+                               "length-bucketed (0 = use batch_size)")
     num_epochs: int = _f(20, "epochs to train")
     max_steps: int = _f(0, "stop after this many optimizer steps in all, saving a checkpoint "
                            "(0 = no limit)")
@@ -228,9 +231,20 @@ class UserError(Exception):
     one line on stderr and exit with code 2, never a traceback."""
 
 
-def fail(prog: str, message: str):
-    """The one way a script reports a user's error: one line on stderr, exit code 2."""
-    sys.stderr.write(f"{prog}: error: {message}\n")
+class ReportedElsewhere(Exception):
+    """Under torchrun: rank 0 met a user's error while the others waited for it, and has
+    printed the line. The others exit 2 without a word (no second line, no traceback)."""
+
+
+def fail(prog: str, message: str, quiet: bool = False):
+    """The one way a script reports a user's error: one line on stderr, exit code 2. `quiet`
+    (a torchrun process other than rank 0, whose rank 0 meets the same error): no line, and a
+    pause first, so that rank 0's line is out before torchrun sees a process fail and stops
+    the others."""
+    if quiet:
+        time.sleep(10)  # torchrun usually ends this process sooner, when rank 0 exits
+    else:
+        sys.stderr.write(f"{prog}: error: {message}\n")
     sys.exit(2)
 
 
@@ -240,6 +254,8 @@ def run_main(prog: str, main, aborted: str = "aborted"):
         return main()
     except UserError as e:
         fail(prog, str(e))
+    except ReportedElsewhere:
+        sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: {aborted}\n")
         sys.exit(130)
@@ -248,10 +264,11 @@ def run_main(prog: str, main, aborted: str = "aborted"):
 # ---- command line -------------------------------------------------------------------------------
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but an error is one line on stderr and exit code 2 (no usage dump)."""
+    """argparse, but an error is one line on stderr and exit code 2 (no usage dump). Under
+    torchrun every process parses the same command line: rank 0 alone says what is wrong."""
 
     def error(self, message):
-        fail(self.prog, f"{message} (see --help)")
+        fail(self.prog, f"{message} (see --help)", quiet=os.environ.get("RANK", "0") != "0")
 
 
 def _bool(text):

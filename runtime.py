@@ -10,7 +10,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.distributed as dist
 
-from config import Config, UserError
+from config import Config, ReportedElsewhere, UserError
 
 
 def get_device(name: str = "auto") -> torch.device:
@@ -120,20 +120,36 @@ def is_main() -> bool:
     return rank_and_world()[0] == 0
 
 
-def barrier():
-    if rank_and_world()[1] > 1:
-        dist.barrier(group=_flags_group)
-
-
 @contextmanager
 def main_first():
     """Rank 0 runs the block first (training tokenizers, preparing data, moving files), the
-    other ranks after it, to find its results."""
-    if not is_main():
-        barrier()
-    yield
+    other ranks after it, to find its results. If rank 0 fails there (a bad path, a bad
+    checkpoint), it says why and the others, told so, exit without a word."""
+    if rank_and_world()[1] == 1:
+        yield
+        return
     if is_main():
-        barrier()
+        try:
+            yield
+        except BaseException:
+            _broadcast_flag(False)
+            raise
+        _broadcast_flag(True)
+    else:
+        if not _broadcast_flag(None):
+            try:  # returns when rank 0 has exited, its line printed
+                dist.barrier(group=_flags_group)
+            except Exception:
+                pass
+            raise ReportedElsewhere()
+        yield
+
+
+def _broadcast_flag(ok):
+    """Rank 0's `ok`, on every rank (rank 0 sends; the others wait for it)."""
+    box = [ok]
+    dist.broadcast_object_list(box, src=0, group=_flags_group)
+    return box[0]
 
 
 def sum_over_ranks(*values: float):

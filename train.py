@@ -103,6 +103,7 @@ class Run:
     loss_fn: nn.Module
     sampler: TokenBatchSampler
     batches_per_epoch: int
+    loader: DataLoader = None  # the training batches, made once (its workers persist)
     writer: SummaryWriter = None
     step_model: nn.Module = None  # the model the step calls (DDP-wrapped, compiled, or not)
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
@@ -157,6 +158,13 @@ def set_up(config: Config, given: set) -> Run:
               torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
               autocast(device, amp_dtype), make_loss(config), sampler, len(sampler.batches(0)),
               rank=rank, world_size=world, bad_steps=torch.zeros((), device=device))
+    workers = config.num_workers
+    # the sampler is driven from this process: set_epoch reaches workers kept between epochs
+    run.loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(),
+                            num_workers=workers, pin_memory=device.type == "cuda",
+                            persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                            worker_init_fn=ignore_sigint if workers else None,
+                            generator=torch.Generator())  # leaves the global RNG (dropout) alone
     run.schedule_steps = run.total_steps
     if resume:
         restore(run, *resume)
@@ -252,12 +260,8 @@ def accumulation_groups(run: Run, epoch: int):
     with the number of the epoch's batches done after it."""
     config = run.config
     run.sampler.set_epoch(epoch, run.start_batch if epoch == run.start_epoch else 0)
-    loader = DataLoader(run.data.train, batch_sampler=run.sampler, collate_fn=Collator(),
-                        num_workers=config.num_workers, pin_memory=run.device.type == "cuda",
-                        worker_init_fn=ignore_sigint if config.num_workers else None,
-                        generator=torch.Generator())  # leaves the global RNG (dropout) alone
     group, done = [], run.sampler.start
-    for batch in loader:
+    for batch in run.loader:
         group.append(batch)
         done += 1
         if len(group) == config.accum_steps or done == run.batches_per_epoch:
@@ -365,8 +369,10 @@ def maybe_save(run: Run, epoch: int, done: int):
     if stopped:
         why = (f"stopped by {(run.stop_signal or ['a signal'])[0]}" if signalled else
                f"reached --max_steps {config.max_steps}")
+        launcher = (f"torchrun <the same torchrun flags, {run.world_size} processes>"
+                    if run.world_size > 1 else "python")
         tqdm.write(f"{why} in epoch {epoch} after batch {done} of {run.batches_per_epoch} "
-                   f"(step {run.global_step}); saved {path}. Resume with: python train.py "
+                   f"(step {run.global_step}); saved {path}. Resume with: {launcher} train.py "
                    f"--model_folder {config.model_folder}")
     return stopped
 

@@ -26,7 +26,7 @@ def main():
     config, given = parse_config(argv)
     run = set_up(config, given)
     report = {"start": gather_to_main(flat(run.model)),
-              "batches": gather_to_main(run.sampler.batches(0))}
+              "batches": gather_to_main([b.tolist() for b in run.sampler.batches(0)])}
     first = Collator()([run.data.train[i] for i in run.sampler.batches(0)[0]])
     train_step(run.step_model, [first], run.loss_fn, PAD, run.device, run.amp, run.scaler,
                run.world_size)

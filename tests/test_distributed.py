@@ -86,7 +86,8 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--model_folder", "w",
              "--experiment_name", "runs/w", "--num_epochs", "2"]
     # stopped mid-epoch 1 by --max_steps, then resumed under torchrun to the end
-    first = torchrun(ROOT / "train.py", *flags, "--max_steps", "6", cwd=tmp_path)
+    first = torchrun(ROOT / "train.py", *flags, "--max_steps", "6", "--num_workers", "1",
+                     cwd=tmp_path)
     assert first.returncode == 0, first.stderr.decode()[-3000:]
     out = first.stdout.decode()
     assert "2 processes (torchrun)" in out
@@ -104,3 +105,14 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
     assert out.count("validation: loss") == 1 and (tmp_path / "w" / "results.json").exists()
     assert (tmp_path / "w" / "tmodel_01.pt").exists()
     assert len(list((tmp_path / "runs" / "w").glob("events.out.tfevents.*"))) == 2  # one a run
+
+
+@pytest.mark.parametrize("flags", [["--data_dir", "nowhere"],  # met by rank 0, others waiting
+                                   ["--max_tokens", "5"]])  # met by every rank, parsing
+def test_a_users_error_under_torchrun_is_one_line(tmp_path, flags):
+    t = torchrun(ROOT / "train.py", *flags, "--model_folder", "w", cwd=tmp_path)
+    assert t.returncode != 0
+    err = t.stderr.decode()
+    ours = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert len(ours) == 1, err[-3000:]
+    assert "[rank1]" not in err and "exitcode  : 2" in err, err[-3000:]  # rank 0 exited 2

@@ -1,6 +1,8 @@
 """Prepared data: the training split encoded once to memory-mapped arrays, reloaded by later
 starts, and rebuilt (never silently used) when stale or damaged."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +57,11 @@ def test_prepared_data_gives_the_batches_of_fresh_tokenization(tmp_path, corpus,
         for key in a:
             assert torch.equal(a[key], b[key])
     assert again.train.src_ids.ids.dtype == np.uint16  # 300 tokens fit 16 bits
+    # a spawned DataLoader worker gets the file's name, and maps the same ids
+    pickled = pickle.dumps(again.train.tgt_ids)
+    assert again.train.tgt_ids.ids.tobytes() not in pickled
+    copy = pickle.loads(pickled)
+    assert isinstance(copy.ids, np.memmap) and np.array_equal(copy.ids, again.train.tgt_ids.ids)
 
 
 def test_a_changed_corpus_or_tokenizer_is_prepared_again(tmp_path, corpus, reads, capsys):
