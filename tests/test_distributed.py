@@ -1,10 +1,14 @@
 """Data-parallel training (torchrun + DistributedDataParallel), run for real with two Gloo
 processes on the CPU."""
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,3 +120,64 @@ def test_a_users_error_under_torchrun_is_one_line(tmp_path, flags):
     ours = [line for line in err.splitlines() if line.startswith("train.py: error:")]
     assert len(ours) == 1, err[-3000:]
     assert "[rank1]" not in err and "exitcode  : 2" in err, err[-3000:]  # rank 0 exited 2
+
+
+def children(pid: int):
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def rank_pid(launcher: int, rank: int, deadline: float):
+    """The pid of torchrun's worker process of `rank` (its RANK environment variable)."""
+    while time.time() < deadline:
+        for kid in children(launcher):
+            try:
+                env = Path(f"/proc/{kid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in env:
+                return int(kid)
+        time.sleep(0.05)
+    raise AssertionError(f"no process of rank {rank} under torchrun")
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once(tmp_path):
+    write_aligned(tmp_path / "corpus", "train", number_pairs(160, seed=5))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node=2", str(ROOT / "train.py"), "--data_dir", "corpus",
+                             *TINY, "--max_tokens", "60", "--num_epochs", "100",
+                             "--val_examples", "0", "--model_folder", "w",
+                             "--experiment_name", "runs/w"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stop_one_rank(proc, tmp_path)
+    finally:  # after a failure, no process is left behind (torchrun's workers included)
+        if proc.poll() is None:
+            for pid in children(proc.pid) + [proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def stop_one_rank(proc, tmp_path):
+    deadline = time.time() + 120
+    while not (tmp_path / "w" / "tmodel_00.pt").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    # as a scheduler preempting one machine would: only rank 1 is told; rank 0 must stop too,
+    # after the same step, or it would wait forever in the next gradient all-reduce
+    os.kill(rank_pid(proc.pid, 1, deadline), signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    out = out.decode()
+    assert out.count("stopped by a signal") == 1  # rank 0 speaks, once
+    assert "Resume with: torchrun" in out
+    saved = sorted((tmp_path / "w").glob("tmodel_*_s*.pt"))
+    assert len(saved) == 1
+    state = torch.load(saved[0], weights_only=False)
+    assert len(state["rank_rng_states"]) == 2 and state["next_batch"] > 0
