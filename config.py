@@ -268,7 +268,9 @@ class ArgumentParser(argparse.ArgumentParser):
     torchrun every process parses the same command line: rank 0 alone says what is wrong."""
 
     def error(self, message):
-        fail(self.prog, f"{message} (see --help)", quiet=os.environ.get("RANK", "0") != "0")
+        under_torchrun = "WORLD_SIZE" in os.environ  # as runtime.start_distributed tells
+        fail(self.prog, f"{message} (see --help)",
+             quiet=under_torchrun and os.environ.get("RANK", "0") != "0")
 
 
 def _bool(text):
