@@ -772,6 +772,12 @@ def get_ds(config: Config) -> Data:
         tokenizer_src, tokenizer_tgt = get_tokenizers(config, None)
         prepared = load_prepared(folder, prepared_key(config, splits["fingerprint"],
                                                       tokenizer_src, tokenizer_tgt))
+    if prepared is None and not is_main():  # rank 0 has just made them: this process must see them
+        raise DataError(f"{folder}: no tokenizers and prepared data matching this corpus, after "
+                        f"rank 0 made them. Under torchrun on several machines, --model_folder "
+                        f"must be one folder all of them see (a shared filesystem), and a local "
+                        f"--data_dir the same files on each (copied keeping their modification "
+                        f"times, e.g. rsync -a)")
     if prepared is None:
         full = load_corpus(config)
         note(f"preparing the data in {folder} (once: later starts load it)")

@@ -35,8 +35,8 @@ from config import ArgumentParser, Config, parse_config, run_main
 from dataset import (EOS, PAD, SOS, UNK, Collator, Data, TokenBatchSampler, detokenize, get_ds,
                      real_tokens)
 from model import translate_ids
-from runtime import (autocast, autocast_dtype, gather_to_main, is_main, main_first,
-                     rank_and_world, setup_device, start_distributed, stop_distributed,
+from runtime import (autocast, autocast_dtype, gather_to_main, main_first,
+                     setup_device, start_distributed, stop_distributed,
                      sum_over_ranks)
 from translate import score, translate
 

@@ -111,3 +111,18 @@ def test_tokenizers_train_on_an_evenly_spaced_sample(tmp_path):
     assert "▁zebra" not in sampled.tokenizer_src.get_vocab()
     everything = get_ds(cfg(tmp_path / "b", corpus, tokenizer_type="word", tokenizer_sample=0))
     assert "▁zebra" in everything.tokenizer_src.get_vocab()
+
+
+def test_a_rank_other_than_0_never_prepares_data_itself(tmp_path, corpus, monkeypatch):
+    """Under torchrun rank 0 prepares, then the others load its files; a process that cannot
+    see them (machines without a shared --model_folder) stops with one line instead of
+    preparing a copy of its own in the same folder as its neighbours."""
+    config = cfg(tmp_path, corpus)
+    monkeypatch.setattr(dataset, "is_main", lambda: False)
+    with pytest.raises(dataset.DataError, match="shared filesystem"):
+        get_ds(config)
+    assert not prepared_folder(config).exists() and not list((tmp_path / "weights").glob("*"))
+    monkeypatch.setattr(dataset, "is_main", lambda: True)
+    get_ds(config)  # rank 0 prepares ...
+    monkeypatch.setattr(dataset, "is_main", lambda: False)
+    assert len(get_ds(config).train) == 64  # ... and the others load it
