@@ -612,6 +612,7 @@ class Data:
     validation: BilingualDataset
     held_out: bool  # the validation pairs were drawn from the training split
     test: tuple = None  # (source texts, reference texts) of the test split, if there is one
+    key: str = None  # what the prepared data was made from (see prepared_key)
 
 
 def encode_pairs(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: int):
@@ -759,25 +760,25 @@ def get_tokenizers(config: Config, train):
             get_tokenizer(config, tgt_key, lambda: sample_texts(train, ["tgt"], n)))
 
 
-def get_ds(config: Config) -> Data:
+def get_ds(config: Config, key: str = None) -> Data:
     """The tokenizers and the prepared training data: made once (tokenizers trained on a sample
     of train, the training split encoded to memory-mapped arrays), then loaded in seconds by
     every later start, resume and torchrun rank, as long as corpus, tokenizers and seq_len are
-    the same. Validation and test texts are kept in memory; training texts are not."""
+    the same. Validation and test texts are kept in memory; training texts are not. `key`:
+    under torchrun, the key of the data rank 0 has just prepared or checked, which the other
+    ranks load (their own copy of the corpus files may differ in modification times)."""
     _quiet_datasets()
     folder = prepared_folder(config)
     splits = load_corpus(config, wanted=("test",))  # the fingerprint, and the test texts
     prepared = None
     if all(tokenizer_path(config, k).exists() for k in tokenizer_keys(config)):
         tokenizer_src, tokenizer_tgt = get_tokenizers(config, None)
-        prepared = load_prepared(folder, prepared_key(config, splits["fingerprint"],
-                                                      tokenizer_src, tokenizer_tgt))
+        key = key or prepared_key(config, splits["fingerprint"], tokenizer_src, tokenizer_tgt)
+        prepared = load_prepared(folder, key)
     if prepared is None and not is_main():  # rank 0 has just made them: this process must see them
         raise DataError(f"{folder}: no tokenizers and prepared data matching this corpus, after "
                         f"rank 0 made them. Under torchrun on several machines, --model_folder "
-                        f"must be one folder all of them see (a shared filesystem), and a local "
-                        f"--data_dir the same files on each (copied keeping their modification "
-                        f"times, e.g. rsync -a)")
+                        f"must be one folder all of them see (a shared filesystem)")
     if prepared is None:
         full = load_corpus(config)
         note(f"preparing the data in {folder} (once: later starts load it)")
@@ -799,4 +800,4 @@ def get_ds(config: Config) -> Data:
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
          + (f", {len(test[0])} test pairs" if test else "") + f"; vocabulary {vocabulary}")
     return Data(tokenizer_src, tokenizer_tgt, train, validation, held_out=meta["held_out"],
-                test=test)
+                test=test, key=meta["key"])

@@ -123,31 +123,34 @@ def is_main() -> bool:
 @contextmanager
 def main_first():
     """Rank 0 runs the block first (training tokenizers, preparing data, moving files), the
-    other ranks after it, to find its results. If rank 0 fails there (a bad path, a bad
-    checkpoint), it says why and the others, told so, exit without a word."""
+    other ranks after it, to find its results. Yields a dict: what rank 0 puts in it, the
+    others find in theirs. If rank 0 fails in the block (a bad path, a bad checkpoint), it says
+    why and the others, told so, exit without a word."""
     if rank_and_world()[1] == 1:
-        yield
+        yield {}
         return
     if is_main():
+        shared = {}
         try:
-            yield
+            yield shared
         except BaseException:
-            _broadcast_flag(False)
+            _broadcast_from_main(None)
             raise
-        _broadcast_flag(True)
+        _broadcast_from_main(shared)
     else:
-        if not _broadcast_flag(None):
+        shared = _broadcast_from_main(None)
+        if shared is None:  # rank 0 failed
             try:  # returns when rank 0 has exited, its line printed
                 dist.barrier(group=_flags_group)
             except Exception:
                 pass
             raise ReportedElsewhere()
-        yield
+        yield shared
 
 
-def _broadcast_flag(ok):
-    """Rank 0's `ok`, on every rank (rank 0 sends; the others wait for it)."""
-    box = [ok]
+def _broadcast_from_main(obj):
+    """Rank 0's `obj`, on every rank (rank 0 sends; the others wait for it)."""
+    box = [obj]
     dist.broadcast_object_list(box, src=0, group=_flags_group)
     return box[0]
 

@@ -137,11 +137,12 @@ def set_up(config: Config, given: set) -> Run:
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
-    with main_first():
+    with main_first() as shared:  # rank 0's `shared` reaches the others
         resume, config = resume_state(config, given)
         if rank == 0:
             check_writable(config.model_folder)
-        data = get_ds(config)
+        data = get_ds(config, shared.get("data_key"))
+        shared["data_key"] = data.key
     device = setup_device(config.device)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")

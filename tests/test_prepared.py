@@ -1,6 +1,7 @@
 """Prepared data: the training split encoded once to memory-mapped arrays, reloaded by later
 starts, and rebuilt (never silently used) when stale or damaged."""
 
+import os
 import pickle
 
 import numpy as np
@@ -113,7 +114,7 @@ def test_tokenizers_train_on_an_evenly_spaced_sample(tmp_path):
     assert "▁zebra" in everything.tokenizer_src.get_vocab()
 
 
-def test_a_rank_other_than_0_never_prepares_data_itself(tmp_path, corpus, monkeypatch):
+def test_a_rank_other_than_0_loads_rank_0s_data_and_never_prepares_its_own(tmp_path, corpus, monkeypatch):
     """Under torchrun rank 0 prepares, then the others load its files; a process that cannot
     see them (machines without a shared --model_folder) stops with one line instead of
     preparing a copy of its own in the same folder as its neighbours."""
@@ -123,6 +124,14 @@ def test_a_rank_other_than_0_never_prepares_data_itself(tmp_path, corpus, monkey
         get_ds(config)
     assert not prepared_folder(config).exists() and not list((tmp_path / "weights").glob("*"))
     monkeypatch.setattr(dataset, "is_main", lambda: True)
-    get_ds(config)  # rank 0 prepares ...
+    made = get_ds(config)  # rank 0 prepares ...
     monkeypatch.setattr(dataset, "is_main", lambda: False)
     assert len(get_ds(config).train) == 64  # ... and the others load it
+    # another machine's copy of the corpus, same text but other modification times: with the
+    # key rank 0 passes on, its processes load the same prepared data
+    for f in corpus.iterdir():
+        os.utime(f, (f.stat().st_atime, f.stat().st_mtime + 3600))
+    with pytest.raises(dataset.DataError, match="shared filesystem"):
+        get_ds(config)
+    again = get_ds(config, made.key)
+    assert again.key == made.key and len(again.train) == 64
