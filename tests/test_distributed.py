@@ -111,10 +111,21 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
     assert len(list((tmp_path / "runs" / "w").glob("events.out.tfevents.*"))) == 2  # one a run
 
 
-@pytest.mark.parametrize("flags", [["--data_dir", "nowhere"],  # met by rank 0, others waiting
-                                   ["--max_tokens", "5"]])  # met by every rank, parsing
-def test_a_users_error_under_torchrun_is_one_line(tmp_path, flags):
-    t = torchrun(ROOT / "train.py", *flags, "--model_folder", "w", cwd=tmp_path)
+def test_a_bad_flag_under_torchrun_is_reported_by_rank_0_alone(monkeypatch, capsys):
+    from config import parse_config
+    monkeypatch.setattr("time.sleep", lambda s: None)  # the pause that lets rank 0 speak first
+    for rank, says in (("0", True), ("1", False)):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            parse_config(["--max_tokens", "5"])
+        assert e.value.code == 2
+        assert ("--max_tokens (5) must be at least" in capsys.readouterr().err) == says
+
+
+def test_a_users_error_under_torchrun_is_one_line(tmp_path):
+    # met by rank 0 while the others wait for it to prepare the data
+    t = torchrun(ROOT / "train.py", "--data_dir", "nowhere", "--model_folder", "w", cwd=tmp_path)
     assert t.returncode != 0
     err = t.stderr.decode()
     ours = [line for line in err.splitlines() if line.startswith("train.py: error:")]

@@ -114,7 +114,7 @@ def test_tokenizers_train_on_an_evenly_spaced_sample(tmp_path):
     assert "▁zebra" in everything.tokenizer_src.get_vocab()
 
 
-def test_a_rank_other_than_0_loads_rank_0s_data_and_never_prepares_its_own(tmp_path, corpus, monkeypatch):
+def test_other_ranks_load_rank_0s_data_and_never_prepare_their_own(tmp_path, corpus, monkeypatch):
     """Under torchrun rank 0 prepares, then the others load its files; a process that cannot
     see them (machines without a shared --model_folder) stops with one line instead of
     preparing a copy of its own in the same folder as its neighbours."""
