@@ -60,6 +60,7 @@ def memory_mb(pid: int, private: bool = False) -> float:
 
 
 def children(pid: int):
+    """The pids of a process's children (Linux /proc; none where it cannot be read)."""
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:

@@ -99,10 +99,10 @@ def start_distributed(device_name: str = "auto"):
     if "WORLD_SIZE" not in os.environ:
         return 0, 1
     if not dist.is_initialized():
-        gpu = device_name.startswith("cuda") or (device_name == "auto"
-                                                   and torch.cuda.is_available())
+        device = get_device(device_name)  # on GPUs, this process's own (LOCAL_RANK)
+        gpu = device.type == "cuda"
         if gpu:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
         # rank 0 validates while the others wait: allow an hour for it
         dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(hours=1))
         _flags_group = dist.new_group(backend="gloo") if gpu else dist.group.WORLD

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench_data import children
 from conftest import ROOT, TINY, number_pairs, write_aligned
 from dataset import PAD, Collator, TokenBatchSampler, split_for_ranks
 
@@ -131,13 +132,6 @@ def test_a_users_error_under_torchrun_is_one_line(tmp_path):
     ours = [line for line in err.splitlines() if line.startswith("train.py: error:")]
     assert len(ours) == 1, err[-3000:]
     assert "[rank1]" not in err and "exitcode  : 2" in err, err[-3000:]  # rank 0 exited 2
-
-
-def children(pid: int):
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def rank_pid(launcher: int, rank: int, deadline: float):
