@@ -24,7 +24,7 @@ import torch.nn as nn
 from checkpoint import build_model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import PAD, Collator, TokenBatchSampler, get_ds, real_tokens
-from model import PositionalEncoding
+from model import PositionalEncoding, swiglu_width
 from runtime import autocast, autocast_dtype, setup_device
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
                    set_up, train_step)
@@ -64,12 +64,16 @@ class TorchTransformer(nn.Module):
 
 def model_flops(config: Config, batch, tgt_vocab: int) -> float:
     """Training FLOPs of one step (3x forward: forward + backward), counting padded positions:
-    every matmul of the layers and projection, and attention's QK^T and AV."""
+    every matmul of the layers and projection, and attention's QK^T and AV. Keys and values
+    are n_kv_heads wide (grouped-query attention); SwiGLU has three matrices of its width."""
     b, s = batch["encoder_input"].shape
     t = batch["decoder_input"].size(1)
-    d, ff = config.d_model, config.d_ff
-    enc = s * (4 * d * d + 2 * d * ff) + 2 * s * s * d  # projections, FFN, attention scores
-    dec = t * (4 * d * d + 2 * d * ff) + 2 * t * t * d + t * 2 * d * d + s * 2 * d * d \
+    d = config.d_model
+    kv = d // config.h * (config.n_kv_heads or config.h)  # width of the keys (and values)
+    ffn = 3 * d * swiglu_width(config.d_ff) if config.ffn == "swiglu" else 2 * d * config.d_ff
+    attn = 2 * d * d + 2 * d * kv  # W_Q, W_O; W_K, W_V
+    enc = s * (attn + ffn) + 2 * s * s * d  # projections, FFN, attention scores
+    dec = t * (attn + ffn) + 2 * t * t * d + t * 2 * d * d + s * 2 * d * kv \
         + 2 * t * s * d  # self-attention, FFN, cross-attention (K/V of the memory)
     forward = 2 * b * (config.N * (enc + dec) + t * d * tgt_vocab)
     return 3 * forward

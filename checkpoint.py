@@ -1,10 +1,32 @@
-"""Everything about checkpoint files: their names, atomic saving, safe loading and its checks,
-choosing what --preload means, pruning, averaging, and rebuilding a model from the config a
-checkpoint carries.
+"""Everything about checkpoint files: what they hold, their names, atomic saving, safe loading
+and its checks, what a resume must match, choosing what --preload means, pruning, averaging,
+and rebuilding a model from the config a checkpoint carries.
 
-A checkpoint is a dict of tensors and plain values: model_state_dict, config (Config as a dict),
-epoch, global_step; a training checkpoint adds optimizer_state_dict, scaler_state_dict,
-next_epoch, next_batch and rng_state.
+The format, defined here alone (`training_checkpoint`, `best_checkpoint`), checked here alone
+(`load_checkpoint`, `resume_state`, `check_corpus`, `check_resume_data`). A checkpoint is a dict
+of tensors and plain values (loaded with weights_only=True):
+
+  format                2 (absent in files of earlier versions, which still load)
+  model_state_dict      the weights
+  config                the Config it was trained with, as a dict: rebuilds the model
+  epoch                 the epoch it was saved in (counting from 0)
+  global_step           optimizer steps taken
+  corpus                {"source": --data_dir (absolute) or --datasource, "fingerprint": the
+                        corpus files' names, sizes and times, or the hub dataset's fingerprints}
+
+A training checkpoint (tmodel_05.pt after epoch 5, tmodel_05_s0001234.pt mid-epoch) adds what
+an exact resume needs:
+
+  optimizer_state_dict, scaler_state_dict
+  next_epoch, next_batch  where training goes on (next_batch > 0: mid-epoch, so the resume
+                        needs the same batch order: BATCH_ORDER_FIELDS and world_size)
+  world_size            the processes (torchrun) that trained it
+  rng_state             this process's random state (+ cuda_rng_state on a GPU), and under
+  rank_rng_states       torchrun every rank's, in rank order
+  schedule_steps        the run length the learning-rate schedule was laid out for
+
+The best checkpoint (tmodel_best.pt) holds the weights only, and `validation`: the scores
+that made it the best.
 """
 
 import dataclasses
@@ -17,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from config import Config, UserError, apply_batching_rule, fields_where
+from config import Config, UserError, fields_where
 
 
 class CheckpointError(UserError):
@@ -149,7 +171,31 @@ def save_checkpoint(state: dict, path: Path):
                               f"checkpoints already saved are untouched") from None
 
 
+FORMAT = 2
 CHECKPOINT_KEYS = ("model_state_dict", "config", "epoch", "global_step")
+
+
+def training_checkpoint(run, epoch: int, next_epoch: int, next_batch: int, rng: list) -> dict:
+    """The checkpoint of a training run (train.Run) that continues at (next_epoch, next_batch);
+    `rng`: every rank's random state, in rank order."""
+    return {
+        "format": FORMAT, "model_state_dict": run.model.state_dict(),
+        "config": run.config.to_dict(), "epoch": epoch, "global_step": run.global_step,
+        "corpus": run.data.corpus,
+        "optimizer_state_dict": run.optimizer.state_dict(),
+        "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
+        "next_epoch": next_epoch, "next_batch": next_batch, "world_size": run.world_size,
+        **rng[0], "rank_rng_states": rng if run.world_size > 1 else None,
+        "schedule_steps": run.schedule_steps,
+    }
+
+
+def best_checkpoint(run, epoch: int, validation: dict) -> dict:
+    """The weights and config of a training run, with the validation scores that made them
+    the best."""
+    return {"format": FORMAT, "model_state_dict": run.model.state_dict(),
+            "config": run.config.to_dict(), "epoch": epoch, "global_step": run.global_step,
+            "corpus": run.data.corpus, "validation": validation}
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -190,8 +236,9 @@ def check_vocab(state: dict, path: Path, src_vocab_size: int, tgt_vocab_size: in
             raise CheckpointError(f"checkpoint {path} has no {key}: not a model of this project")
         if weights[key].shape[0] != size:
             raise CheckpointError(f"checkpoint {path} has a {name} vocabulary of "
-                                  f"{weights[key].shape[0]} but the tokenizer file has {size}; "
-                                  f"the tokenizers in --model_folder do not belong to it")
+                                  f"{weights[key].shape[0]} but the tokenizer file has {size}: "
+                                  f"it was trained with other tokenizers; give the folder it was "
+                                  f"trained in (its tokenizer files lie there) as --model_folder")
 
 
 # ---- a checkpoint's config and model ------------------------------------------------------------
@@ -309,7 +356,82 @@ def set_rng_states(state: dict, device):
         torch.cuda.set_rng_state(state["cuda_rng_state"], device)
 
 
-# ---- what train.py resumes from ----------------------------------------------------------------
+# ---- what train.py resumes from, and what a resume must match ----------------------------------
+
+# The settings that fix the order of an epoch's batches: a mid-epoch checkpoint needs them.
+BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
+
+
+def refuse_to_overwrite(config: Config):
+    """--preload none starts afresh: refused in a folder holding a run's files, which it would
+    overwrite (checkpoints, the best checkpoint, the validation history, test results)."""
+    found = [p.name for p, _, _ in list_checkpoints(config)[-1:]]
+    found += [p.name for p in (best_checkpoint_path(config), history_path(config),
+                               Path(config.model_folder) / "results.json") if p.exists()]
+    if found:
+        raise CheckpointError(
+            f"{config.model_folder} already holds a run ({', '.join(found)}); --preload none "
+            f"would overwrite it: resume with --preload latest or train into another "
+            f"--model_folder")
+
+
+def resume_state(config: Config, given: set, world_size: int = 1):
+    """The checkpoint --preload names (None for a fresh start) as (path, state), and the config
+    to train with: flags given on the command line win; the rest comes from the checkpoint.
+    Refuses what cannot continue the saved run exactly (see the module docstring)."""
+    if config.preload == "best":
+        raise CheckpointError("--preload best is for translate.py (the best checkpoint holds "
+                              "the weights only); resume training with latest or an epoch")
+    path = resolve_preload(config)
+    if path is None:
+        if config.preload == "none":
+            refuse_to_overwrite(config)
+        return None, config
+    state = load_checkpoint(path)
+    saved = Config.from_dict(state["config"])
+    overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
+    merged = merge_config(saved, config, given, path, overrides)
+    if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
+        for name in BATCH_ORDER_FIELDS:
+            if getattr(saved, name) != getattr(merged, name):
+                raise CheckpointError(
+                    f"{path} was saved mid-epoch with --{name} {getattr(saved, name)}; resume "
+                    f"it with the same value (the epoch's batch order depends on it), or from a "
+                    f"per-epoch checkpoint with --preload N")
+        saved_world = state.get("world_size", 1)
+        if saved_world != world_size:
+            raise CheckpointError(
+                f"{path} was saved mid-epoch by {saved_world} process(es) and this run has "
+                f"{world_size}: the rest of that epoch's batches are shared out by the number "
+                f"of processes; resume it with {saved_world}, or from a per-epoch checkpoint "
+                f"with --preload N")
+    problem = merged.validate()
+    if problem:
+        raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
+    return (path, state), merged
+
+
+def check_corpus(state: dict, path: Path, corpus: dict):
+    """Refuses to resume on another corpus than the checkpoint was trained on (another epoch
+    length, another validation set for the best checkpoint): called before any data is
+    prepared. Checkpoints of earlier versions do not record their corpus."""
+    saved = state.get("corpus")
+    if saved and saved["fingerprint"] != corpus["fingerprint"]:
+        same = saved["source"] == corpus["source"]
+        raise CheckpointError(
+            f"{path} was trained on {'another version of ' if same else ''}the corpus "
+            f"{saved['source']}" + ("" if same else f", not {corpus['source']}")
+            + (" (its files changed since: names, sizes or modification times)" if same else "")
+            + "; resume with that corpus, or train on this one into another --model_folder")
+
+
+def check_resume_data(state: dict, path: Path, config: Config, data):
+    """The checks a resume makes once the data is loaded: the vocabulary sizes of the
+    tokenizers, and a validation split held out of train by the same seed."""
+    check_vocab(state, path, data.tokenizer_src.get_vocab_size(),
+                data.tokenizer_tgt.get_vocab_size())
+    check_split(state, path, config, data.held_out)
+
 
 def check_split(state: dict, path: Path, config: Config, held_out: bool):
     """A corpus without a validation split of its own has one drawn from train with --seed and
@@ -323,6 +445,26 @@ def check_split(state: dict, path: Path, config: Config, held_out: bool):
                 f"{path} was trained with --{name} {saved}, which drew its validation pairs "
                 f"from the training split (the corpus has none of its own); resume with "
                 f"--{name} {saved}, or train into another --model_folder")
+
+
+def restore_training(state: dict, path: Path, model, optimizer, scaler):
+    """Loads a training checkpoint's weights, optimizer and gradient-scaler state."""
+    load_model_weights(model, state, path)
+    optimizer.load_state_dict(state["optimizer_state_dict"])
+    if state.get("scaler_state_dict"):
+        scaler.load_state_dict(state["scaler_state_dict"])
+
+
+def restore_rng(state: dict, rank: int, world_size: int, device, seed: int):
+    """This rank's saved random state (dropout goes on exactly); with another number of
+    processes than saved (allowed between epochs only), a fresh dropout stream per rank."""
+    ranks = state.get("rank_rng_states")
+    if world_size == 1 and not ranks:
+        set_rng_states(state, device)
+    elif ranks and len(ranks) == world_size:
+        set_rng_states(ranks[rank], device)
+    else:
+        torch.manual_seed(seed + rank + state["global_step"])
 
 
 def set_aside_later(config: Config, path: Path):
@@ -342,42 +484,3 @@ def set_aside_later(config: Config, path: Path):
         os.replace(p, folder / p.name)
     print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
           f"({', '.join(p.name for p in later)}) to {folder}; training goes on from {path.name}")
-
-
-# The settings that fix the order of an epoch's batches: a mid-epoch checkpoint needs them.
-BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
-
-
-def resume_state(config: Config, given: set):
-    """The checkpoint --preload names (None for a fresh start) as (path, state), and the config
-    to train with: flags given on the command line win; the rest comes from the checkpoint."""
-    if config.preload == "best":
-        raise CheckpointError("--preload best is for translate.py (the best checkpoint holds "
-                              "the weights only); resume training with latest or an epoch")
-    path = resolve_preload(config)
-    if path is not None and config.preload not in ("latest", "none"):
-        set_aside_later(config, path)
-    if path is None:
-        existing = list_checkpoints(config)
-        if config.preload == "none" and existing:
-            raise CheckpointError(
-                f"{config.model_folder} already holds checkpoints ({existing[-1][0].name}); "
-                f"--preload none would overwrite them: resume with --preload latest or train "
-                f"into another --model_folder")
-        return None, config
-    state = load_checkpoint(path)
-    saved = Config.from_dict(state["config"])
-    overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
-    merged = merge_config(saved, config, given, path, overrides)
-    apply_batching_rule(merged, given)
-    if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
-        for name in BATCH_ORDER_FIELDS:
-            if getattr(saved, name) != getattr(merged, name):
-                raise CheckpointError(
-                    f"{path} was saved mid-epoch with --{name} {getattr(saved, name)}; resume "
-                    f"it with the same value (the epoch's batch order depends on it), or from a "
-                    f"per-epoch checkpoint with --preload")
-    problem = merged.validate()
-    if problem:
-        raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
-    return (path, state), merged

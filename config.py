@@ -89,7 +89,8 @@ class Config:
                         f"({LR_AT_512 * 4:g} at d_model 128)")
     lr_schedule: str = _f("inverse_sqrt", "learning-rate schedule",
                           ["constant", "inverse_sqrt", "cosine"])
-    warmup: int = _f(4000, "warm-up steps (inverse_sqrt, cosine), at most a tenth of the run")
+    warmup: int = _f(0, "warm-up steps (inverse_sqrt, cosine); 0 = min(4000, a tenth of the "
+                        "run); a value given is used as it is")
     label_smoothing: float = _f(0.1, "label smoothing of the cross-entropy")
     clip_grad: float = _f(1.0, "clip the gradient norm to this (0 = off)")
     max_bad_steps: int = _f(10, "non-finite updates in a row that stop training")
@@ -100,14 +101,16 @@ class Config:
     num_workers: int = _f(0, "DataLoader worker processes", group="run")
     seed: int = _f(42, "random seed (data split, batch order, initialisation, dropout)",
                        translate=True)
-    device: str = _f("auto", "auto picks cuda, then mps, then cpu", group="run", translate=True)
+    device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
+                     group="run", translate=True)
     # ---- validation -------------------------------------------------------------------------
     val_max_sentences: int = _f(0, "sentences greedily decoded for BLEU at each validation "
                                    "(0 = all)")
     eval_every: int = _f(0, "also validate every this many optimizer steps, besides the end of "
                             "each epoch (0 = off)")
     val_examples: int = _f(3, "SOURCE/TARGET/PREDICTED examples printed each epoch")
-    patience: int = _f(0, "stop after this many validations without a better BLEU (0 = off)")
+    patience: int = _f(0, "stop after this many validations without a better one (higher BLEU; "
+                          "equal BLEU: lower loss) (0 = off)")
     # ---- checkpoints and logs ---------------------------------------------------------------
     model_folder: str = _f("weights", "folder of checkpoints and tokenizers", group="run",
                            translate=True)
@@ -117,7 +120,8 @@ class Config:
     preload: str = _f("latest", "checkpoint to start from: latest, none, or an epoch (05); "
                                 "translate.py also takes best", group="run", translate=True)
     save_every: int = _f(0, "also save every this many optimizer steps mid-epoch (0 = off)")
-    keep_last: int = _f(3, "mid-epoch checkpoints kept on disk (per-epoch ones are kept apart)")
+    keep_last: int = _f(3, "mid-epoch checkpoints kept on disk, at least 1 (per-epoch ones are "
+                           "kept apart; --save_every 0 saves none)")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
     experiment_name: str = _f("runs/tmodel", "TensorBoard log folder", group="run")
     log_every: int = _f(10, "log train loss and learning rate every this many steps (and at "
@@ -142,12 +146,18 @@ class Config:
                      "clip_grad", "patience", "eval_every", "tokenizer_sample"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
+        if self.keep_last < 1:
+            return (f"--keep_last must be at least 1 (got {self.keep_last}): the newest mid-epoch "
+                    f"checkpoint is what a stopped run resumes from; --save_every 0 saves none")
         if self.max_tokens == 0 and self.batch_size == 0:
             return "one of --max_tokens and --batch_size must be positive"
         if self.d_model % self.h:
             return f"--d_model ({self.d_model}) must be divisible by --h ({self.h})"
         if self.n_kv_heads < 0 or (self.n_kv_heads and self.h % self.n_kv_heads):
             return f"--h ({self.h}) must be divisible by --n_kv_heads ({self.n_kv_heads})"
+        if self.pos == "sinusoidal" and self.d_model % 2:
+            return (f"--pos sinusoidal needs an even --d_model (sine and cosine pairs), got "
+                    f"{self.d_model}")
         if self.pos == "rope" and (self.d_model // self.h) % 2:
             return f"--pos rope needs an even head width (d_model / h = {self.d_model // self.h})"
         if self.tie_embeddings == "all" and not self.shared_vocab:
@@ -216,7 +226,7 @@ PRESETS = {
     "modern_small": dict(norm_first=True, norm="rms", ffn="swiglu", pos="rope", n_kv_heads=4,
                          tie_embeddings="decoder", shared_vocab=False, tokenizer_type="bpe",
                          d_model=128, N=4, h=8, d_ff=512, dropout=0.1, lr_schedule="cosine",
-                         warmup=4000, lr=0.0, clip_grad=1.0),
+                         warmup=0, lr=0.0, clip_grad=1.0),
 }
 
 
@@ -292,10 +302,13 @@ def add_config_arguments(parser, visible=None, helps=None):
                                 for name, values in PRESETS.items()))
     for f in dataclasses.fields(Config):
         hidden = visible is not None and f.name not in visible
-        kind = _bool if f.type in (bool, "bool") else {"int": int, "float": float,
-                                                         "str": str}.get(f.type, f.type)
-        parser.add_argument(f"--{f.name}", type=kind, default=None, metavar=f.name.upper(),
-                            choices=f.metadata["choices"],
+        switch = f.type in (bool, "bool")  # --compile alone means --compile true
+        kind = _bool if switch else {"int": int, "float": float, "str": str}.get(f.type, f.type)
+        choices = f.metadata["choices"]
+        parser.add_argument(f"--{f.name}", type=kind, default=None, choices=choices,
+                            nargs="?" if switch else None, const=True if switch else None,
+                            metavar="{" + ",".join(choices) + "}" if choices else
+                            "[true|false]" if switch else f.name.upper(),
                             help=argparse.SUPPRESS if hidden else
                             (helps or {}).get(f.name, f"{f.metadata['help']} "
                                                       f"(default: {f.default})"))
@@ -306,23 +319,22 @@ def config_from_args(args, base: Config = None):
 
     Returns (config, names of the flags given)."""
     config = dataclasses.replace(base) if base else Config()
-    given = set()
+    preset = set()
     for name, value in PRESETS.get(getattr(args, "preset", None), {}).items():
         setattr(config, name, value)
-        given.add(name)
+        preset.add(name)
+    flags = set()
     for f in dataclasses.fields(Config):
         value = getattr(args, f.name, None)
         if value is not None:
             setattr(config, f.name, value)
-            given.add(f.name)
-    apply_batching_rule(config, given)
-    return config, given
-
-
-def apply_batching_rule(config: Config, given: set):
-    """--batch_size on its own means sentence batches, as in the write-ups."""
-    if "batch_size" in given and "max_tokens" not in given:
+            flags.add(f.name)
+    # --batch_size without --max_tokens means sentence batches (as in the write-ups), over a
+    # preset's token batches too: the flag given wins
+    if "batch_size" in flags and "max_tokens" not in flags:
         config.max_tokens = 0
+        flags.add("max_tokens")
+    return config, preset | flags
 
 
 def parse_config(argv=None, parser=None):

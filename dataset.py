@@ -215,9 +215,22 @@ def _load_local(config: Config, wanted=SPLITS):
     (see each reader); a split found in one format is not read again from another. The
     fingerprint is the folder's file names, sizes and modification times."""
     folder = Path(config.data_dir)
+    if folder.is_file():
+        raise DataError(f"--data_dir {folder} is a file; give the folder that holds the "
+                        f"corpus files (train.{config.lang_src} + train.{config.lang_tgt}, "
+                        f"train.tsv or train.jsonl)")
     if not folder.is_dir():
         raise DataError(f"--data_dir {folder}: no such folder")
     src, tgt = config.lang_src, config.lang_tgt
+    languages = sorted(f.suffix[1:] for f in folder.glob("train.*")
+                       if f.suffix not in (".tsv", ".jsonl", ".json"))
+    other_formats = any((folder / f"train.{x}").exists() for x in ("tsv", "jsonl", "json"))
+    missing = [x for x in (src, tgt) if not (folder / f"train.{x}").exists()]
+    if languages and missing and not other_formats:  # before any other split is read
+        missing = missing[0]
+        raise DataError(f"--data_dir {folder} has no train.{missing} (training files there: "
+                        f"{', '.join('train.' + x for x in languages)}); check --lang_src and "
+                        f"--lang_tgt")
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
         reader(folder, src, tgt, splits, wanted)
@@ -393,8 +406,8 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
             if was.get(key) != value:
                 flag = "lang_src/--lang_tgt" if key == "lang" else key
                 raise DataError(f"tokenizer file {path} was trained with --{flag} {was.get(key)}"
-                                f", not {value}; use another --model_folder, or delete the "
-                                f"tokenizer files to train new ones")
+                                f", not {value}; keep that value, or train into another "
+                                f"--model_folder (these files belong to its checkpoints)")
     tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
     return tok
 
@@ -613,6 +626,7 @@ class Data:
     held_out: bool  # the validation pairs were drawn from the training split
     test: tuple = None  # (source texts, reference texts) of the test split, if there is one
     key: str = None  # what the prepared data was made from (see prepared_key)
+    corpus: dict = None  # {"source", "fingerprint"}: the corpus (recorded in checkpoints)
 
 
 def encode_pairs(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: int):
@@ -648,14 +662,25 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def prepared_key(config: Config, fingerprint: str, tokenizer_src, tokenizer_tgt) -> str:
-    """What prepared data depends on: the corpus, the tokenizers, seq_len, and (for a held-out
-    validation split) seed and val_fraction."""
-    return _digest({"format": PREPARED_FORMAT, "corpus": fingerprint,
-                    "languages": [config.lang_src, config.lang_tgt], "seq_len": config.seq_len,
-                    "tokenizers": [hashlib.sha256(t.to_str().encode()).hexdigest()
-                                   for t in (tokenizer_src, tokenizer_tgt)],
-                    "split": [config.seed, config.val_fraction]})
+def prepared_parts(config: Config, fingerprint: str, tokenizer_src, tokenizer_tgt,
+                   held_out: bool) -> dict:
+    """What prepared data depends on: the corpus, the tokenizers, seq_len, and (only for a
+    validation split held out of train) seed and val_fraction."""
+    return {"format": PREPARED_FORMAT, "corpus": fingerprint,
+            "languages": [config.lang_src, config.lang_tgt], "seq_len": config.seq_len,
+            "tokenizers": [hashlib.sha256(t.to_str().encode()).hexdigest()
+                           for t in (tokenizer_src, tokenizer_tgt)],
+            "split": [config.seed, config.val_fraction] if held_out else None}
+
+
+def prepared_key(parts: dict) -> str:
+    return _digest(parts)
+
+
+PART_NAMES = {"format": "an earlier version of this code", "corpus": "another corpus",
+              "languages": "other languages", "seq_len": "another --seq_len",
+              "tokenizers": "other tokenizers",
+              "split": "another --seed or --val_fraction (held-out validation split)"}
 
 
 def prepared_folder(config: Config) -> Path:
@@ -670,7 +695,7 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def prepare(folder: Path, key: str, splits, tokenizer_src, tokenizer_tgt, seq_len: int):
+def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq_len: int):
     """Encodes the training split chunk by chunk into flat id files (uint16 when the vocabulary
     allows) with their offsets, and keeps the validation texts; written to a temporary folder
     that replaces `folder` only when complete, its checksums last."""
@@ -702,7 +727,8 @@ def prepare(folder: Path, key: str, splits, tokenizer_src, tokenizer_tgt, seq_le
     validation = splits["validation"]
     (tmp / "validation.json").write_text(json.dumps(
         {"src": column(validation, "src"), "tgt": column(validation, "tgt")}), encoding="utf-8")
-    meta = {"format": PREPARED_FORMAT, "key": key, "dtype": np.dtype(dtype).name,
+    meta = {"format": PREPARED_FORMAT, "key": prepared_key(parts), "parts": parts,
+            "dtype": np.dtype(dtype).name,
             "pairs": total, "kept": int(sum(len(n) for n in lengths["src"])),
             "seq_len": seq_len, "held_out": bool(splits.get("held_out")),
             "checksums": {f.name: _crc32(f) for f in sorted(tmp.iterdir())}}
@@ -712,7 +738,7 @@ def prepare(folder: Path, key: str, splits, tokenizer_src, tokenizer_tgt, seq_le
     note(f"prepared {meta['kept']} training pairs in {folder} ({time.time() - started:.0f}s)")
 
 
-def load_prepared(folder: Path, key: str, verify: bool = True):
+def load_prepared(folder: Path, key: str, verify: bool = True, parts: dict = None):
     """(train BilingualDataset over memory-mapped ids, validation texts, meta), or None when
     there is no prepared data, or it was made from something else (stale) or, with `verify`,
     does not match its checksums (damaged): then it is prepared again, saying why."""
@@ -721,7 +747,10 @@ def load_prepared(folder: Path, key: str, verify: bool = True):
     except (OSError, ValueError):
         return None
     if meta.get("key") != key:
-        note(f"{folder} was prepared from another corpus, tokenizer or seq_len: preparing again")
+        changed = [PART_NAMES[k] for k in PART_NAMES if "parts" in meta and parts
+                   and parts.get(k) != meta["parts"].get(k)]
+        note(f"{folder} was prepared for {' and '.join(changed) or 'other data'}: preparing "
+             f"again")
         return None
     for name, crc in meta["checksums"].items() if verify else ():
         if not (folder / name).is_file() or _crc32(folder / name) != crc:
@@ -760,22 +789,37 @@ def get_tokenizers(config: Config, train):
             get_tokenizer(config, tgt_key, lambda: sample_texts(train, ["tgt"], n)))
 
 
-def get_ds(config: Config, key: str = None) -> Data:
+def corpus_source(config: Config) -> str:
+    """Where the corpus comes from: --data_dir, or --datasource (local folders absolute)."""
+    name = config.data_dir or config.datasource
+    return str(Path(name).resolve()) if config.data_dir or Path(name).exists() else name
+
+
+def get_ds(config: Config, key: str = None, check_corpus=None) -> Data:
     """The tokenizers and the prepared training data: made once (tokenizers trained on a sample
     of train, the training split encoded to memory-mapped arrays), then loaded in seconds by
     every later start, resume and torchrun rank, as long as corpus, tokenizers and seq_len are
     the same. Validation and test texts are kept in memory; training texts are not. `key`:
     under torchrun, the key of the data rank 0 has just prepared or checked, which the other
-    ranks load (their own copy of the corpus files may differ in modification times)."""
+    ranks load (their own copy of the corpus files may differ in modification times).
+    `check_corpus`: called with the corpus ({"source", "fingerprint"}) before anything is
+    prepared (a resume refuses another corpus there)."""
     _quiet_datasets()
     folder = prepared_folder(config)
-    splits = load_corpus(config, wanted=("test",))  # the fingerprint, and the test texts
+    # the fingerprint, the test texts, and whether validation must be held out of train
+    splits = load_corpus(config, wanted=("validation", "test"))
+    held_out = "validation" not in splits
+    corpus = {"source": corpus_source(config), "fingerprint": splits["fingerprint"]}
+    if check_corpus is not None:
+        check_corpus(corpus)
     prepared = None
     if all(tokenizer_path(config, k).exists() for k in tokenizer_keys(config)):
         tokenizer_src, tokenizer_tgt = get_tokenizers(config, None)
         verify = key is None  # a rank other than 0 is given the key of data rank 0 just checked
-        key = key or prepared_key(config, splits["fingerprint"], tokenizer_src, tokenizer_tgt)
-        prepared = load_prepared(folder, key, verify)
+        parts = prepared_parts(config, splits["fingerprint"], tokenizer_src, tokenizer_tgt,
+                               held_out)
+        key = key or prepared_key(parts)
+        prepared = load_prepared(folder, key, verify, parts)
     if prepared is None and not is_main():  # rank 0 has just made them: this process must see them
         raise DataError(f"{folder}: no tokenizers and prepared data matching this corpus, after "
                         f"rank 0 made them. Under torchrun on several machines, --model_folder "
@@ -784,10 +828,12 @@ def get_ds(config: Config, key: str = None) -> Data:
         full = load_corpus(config)
         note(f"preparing the data in {folder} (once: later starts load it)")
         tokenizer_src, tokenizer_tgt = get_tokenizers(config, full["train"])
-        key = prepared_key(config, full["fingerprint"], tokenizer_src, tokenizer_tgt)
-        prepare(folder, key, full, tokenizer_src, tokenizer_tgt, config.seq_len)
+        parts = prepared_parts(config, full["fingerprint"], tokenizer_src, tokenizer_tgt,
+                               bool(full.get("held_out")))
+        prepare(folder, parts, full, tokenizer_src, tokenizer_tgt, config.seq_len)
         del full
-        prepared = load_prepared(folder, key, verify=False)  # its checksums were just taken
+        # its checksums were just taken
+        prepared = load_prepared(folder, prepared_key(parts), verify=False)
     train, val_texts, meta = prepared
     dropped_note("train", meta["pairs"] - meta["kept"], meta["pairs"], config.seq_len)
     validation = to_bilingual(val_texts["src"], val_texts["tgt"], tokenizer_src, tokenizer_tgt,
@@ -801,4 +847,4 @@ def get_ds(config: Config, key: str = None) -> Data:
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
          + (f", {len(test[0])} test pairs" if test else "") + f"; vocabulary {vocabulary}")
     return Data(tokenizer_src, tokenizer_tgt, train, validation, held_out=meta["held_out"],
-                test=test, key=meta["key"])
+                test=test, key=meta["key"], corpus=corpus)

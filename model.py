@@ -16,6 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# scaled_dot_product_attention shares key/value heads itself from torch 2.5 on (enable_gqa)
+SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 class InputEmbeddings(nn.Module):
     """Section 3.4: token embeddings, multiplied by sqrt(d_model)."""
@@ -236,18 +239,22 @@ class MultiHeadAttentionBlock(nn.Module):
                 k, v = self._heads(k), self._heads(v)  # (batch, kv_heads, src_len, d_k)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
-        if self.n_kv_heads != self.h:  # each key/value head serves h / n_kv_heads query heads
+        grouped = self.n_kv_heads != self.h  # each key/value head serves h / n_kv_heads queries
+        if grouped and (self.use_reference or self.need_weights or not SDPA_GQA):
             k = k.repeat_interleave(self.h // self.n_kv_heads, dim=1)  # (batch, h, k_len, d_k)
             v = v.repeat_interleave(self.h // self.n_kv_heads, dim=1)
+            grouped = False
         if self.use_reference or self.need_weights:
             if causal:
                 mask = causal_mask(q.size(2), q.device)  # (1, q_len, q_len)
             out, scores = self.attention(q, k, v, mask, self.dropout)
             self.attention_scores = scores if self.need_weights else None
         else:
+            # grouped: the kernel shares each key/value head among its query heads, no copy
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal,
-                dropout_p=self.dropout.p if self.training else 0.0)
+                dropout_p=self.dropout.p if self.training else 0.0,
+                **({"enable_gqa": True} if grouped else {}))
         # (batch, h, len, d_k) -> (batch, len, h, d_k) -> (batch, len, d_model)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), d)
         return self.w_o(out)

@@ -20,6 +20,10 @@ def get_device(name: str = "auto") -> torch.device:
                               and torch.backends.mps.is_available()):
         raise UserError("--device mps: MPS is not available on this machine")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if name.startswith("cuda:") and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        raise UserError(f"--device {name} under torchrun would put every process on one GPU; "
+                        f"use --device cuda (each process takes the GPU of its LOCAL_RANK) and "
+                        f"choose the GPUs with CUDA_VISIBLE_DEVICES")
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", local_rank)  # under torchrun, each process its own GPU
     if name != "auto":
@@ -90,6 +94,7 @@ def autocast(device: torch.device, dtype):
 # ---- data-parallel training: torchrun + DistributedDataParallel ---------------------------------
 
 _flags_group = None  # a Gloo group for small host-side numbers (no GPU synchronisation)
+WAIT_TIMEOUT = datetime.timedelta(hours=2)  # the longest wait of one rank for the others
 
 
 def start_distributed(device_name: str = "auto"):
@@ -103,9 +108,11 @@ def start_distributed(device_name: str = "auto"):
         gpu = device.type == "cuda"
         if gpu:
             torch.cuda.set_device(device)
-        # rank 0 validates while the others wait: allow an hour for it
-        dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(hours=1))
-        _flags_group = dist.new_group(backend="gloo") if gpu else dist.group.WORLD
+        # rank 0 prepares data and validates while the others wait (in the Gloo group):
+        # both groups allow WAIT_TIMEOUT for it, not torch's 30-minute default
+        dist.init_process_group("nccl" if gpu else "gloo", timeout=WAIT_TIMEOUT)
+        _flags_group = (dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT) if gpu
+                        else dist.group.WORLD)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +26,13 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from checkpoint import (CheckpointError, best_checkpoint_path, build_model, check_split,
-                        check_vocab, check_writable, epoch_checkpoint_path, load_checkpoint,
-                        load_model_weights, prune_checkpoints, read_history, resume_state,
-                        rng_states, save_checkpoint, set_rng_states, step_checkpoint_path,
-                        write_history)
+from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path, build_model,
+                        check_corpus, check_resume_data, check_writable, epoch_checkpoint_path,
+                        latest_checkpoint_path, load_checkpoint, load_model_weights,
+                        prune_checkpoints, read_history,
+                        restore_rng, restore_training, resume_state, rng_states,
+                        save_checkpoint, set_aside_later, step_checkpoint_path,
+                        training_checkpoint, write_history)
 from config import ArgumentParser, Config, parse_config, run_main
 from dataset import (EOS, PAD, SOS, UNK, Collator, Data, TokenBatchSampler, detokenize, get_ds,
                      real_tokens)
@@ -43,31 +45,34 @@ from translate import score, translate
 # ---- the paper's section 5.3: Adam and its learning rate ----------------------------------------
 
 
-def learning_rate(config: Config, step: int, total_steps: int, cosine_from=None) -> float:
+def warmup_steps(config: Config, total_steps: int) -> int:
+    """--warmup as given; 0 (the default): 4000 steps, but at most a tenth of a run of
+    `total_steps` (0: unknown), so that a short run on small data warms up and learns too."""
+    if config.warmup:
+        return config.warmup
+    return max(min(4000, total_steps // 10) if total_steps else 4000, 1)
+
+
+def learning_rate(config: Config, step: int, total_steps: int) -> float:
     """The learning rate of optimizer step `step` (counting from 1) of a run of `total_steps`
-    (0: unknown). The warm-up lasts `warmup` steps, but at most a tenth of the run, so that a
-    short run on small data warms up and learns too.
+    (0: unknown), with `warmup_steps` of warm-up.
 
     constant:     lr
     inverse_sqrt: the paper's lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), rescaled so
                   that its peak (at step = warmup) is `lr`; --lr (d_model·warmup)^-0.5 gives the
                   paper's exact values (7.0e-4 for 512 and 4000).
-    cosine:       linear warm-up to lr, then half a cosine down to 0 at the last step; a run
-                  lengthened on resume goes on from (step, lr) `cosine_from` down to 0 at its
-                  new last step, without a jump."""
+    cosine:       linear warm-up to lr, then half a cosine that would reach 0 one step after
+                  the last: every step of the run learns. A run lengthened on resume is laid
+                  out again over its new length (see `restore`)."""
     step, peak = max(step, 1), config.peak_lr()
-    if config.lr_schedule == "cosine" and cosine_from:
-        start, start_lr = cosine_from
-        progress = min(max(step - start, 0) / max(total_steps - start, 1), 1.0)
-        return start_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-    warmup = max(min(config.warmup, total_steps // 10) if total_steps else config.warmup, 1)
+    warmup = warmup_steps(config, total_steps)
     if config.lr_schedule == "inverse_sqrt":
         paper = config.d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
         return peak * paper / (config.d_model * warmup) ** -0.5
     if config.lr_schedule == "cosine":
         if step < warmup:
             return peak * step / warmup
-        progress = min((step - warmup) / max(total_steps - warmup, 1), 1.0)
+        progress = min((step - warmup) / max(total_steps + 1 - warmup, 1), 1.0)
         return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
     return peak
 
@@ -90,6 +95,13 @@ def make_loss(config: Config):
 
 # ---- the state of a training run ----------------------------------------------------------------
 
+class NoWriter:
+    """The TensorBoard writer of ranks other than 0: writes nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
 @dataclass
 class Run:
     """Everything a training run works with, set up once by `set_up`."""
@@ -104,24 +116,23 @@ class Run:
     sampler: TokenBatchSampler
     batches_per_epoch: int
     loader: DataLoader = None  # the training batches, made once (its workers persist)
-    writer: SummaryWriter = None
+    writer: object = field(default_factory=NoWriter)  # TensorBoard (opened by train_model)
     step_model: nn.Module = None  # the model the step calls (DDP-wrapped, compiled, or not)
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
     world_size: int = 1
     global_step: int = 0
     start_epoch: int = 0
     start_batch: int = 0
+    batch: int = 0  # batches of the current epoch done
     bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
     loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
     stop_signal: list = field(default_factory=list)  # the name of a SIGINT/SIGTERM received
-    schedule_steps: int = 0  # the run length the learning-rate schedule was set up for
-    cosine_from: tuple = None  # see learning_rate
+    schedule_steps: int = 0  # the run length the learning-rate schedule was laid out for
     history: list = field(default_factory=list)  # every validation: step, epoch, scores
 
     def lr(self):
         """The learning rate of the next optimizer step."""
-        return learning_rate(self.config, self.global_step + 1, self.schedule_steps,
-                             self.cosine_from)
+        return learning_rate(self.config, self.global_step + 1, self.schedule_steps)
 
     @property
     def total_steps(self):
@@ -138,11 +149,20 @@ def set_up(config: Config, given: set) -> Run:
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
     with main_first() as shared:  # rank 0's `shared` reaches the others
-        resume, config = resume_state(config, given)
+        resume, config = resume_state(config, given, world)
         if rank == 0:
             check_writable(config.model_folder)
-        data = get_ds(config, shared.get("data_key"))
+        check = (lambda corpus: check_corpus(resume[1], resume[0], corpus)) \
+            if resume and rank == 0 else None
+        data = get_ds(config, shared.get("data_key"), check)
         shared["data_key"] = data.key
+        if resume:
+            path, state = resume
+            check_resume_data(state, path, config, data)
+            if rank == 0 and config.preload not in ("latest", "none"):
+                set_aside_later(config, resume[0])
+    if config.data_dir:  # a checkpoint's corpus is found from any working directory
+        config.data_dir = data.corpus["source"]
     device = setup_device(config.device)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
@@ -175,45 +195,37 @@ def set_up(config: Config, given: set) -> Run:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     if config.compile:
         run.step_model = torch.compile(run.step_model, dynamic=True)
-    run.writer = SummaryWriter(config.experiment_name) if rank == 0 else NoWriter()
     return run
 
 
-class NoWriter:
-    """The TensorBoard writer of ranks other than 0: writes nothing."""
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
+def nothing_to_do(run: Run):
+    """Why a resumed run has no step left to train (said instead of starting), or None."""
+    config = run.config
+    if config.max_steps and run.global_step >= config.max_steps:
+        return (f"already at step {run.global_step} of --max_steps {config.max_steps}; raise "
+                f"it to train on")
+    if run.start_epoch >= config.num_epochs:
+        return (f"all {config.num_epochs} epochs are trained (step {run.global_step}); raise "
+                f"--num_epochs to train on")
+    return None
 
 
 def restore(run: Run, path: Path, state: dict):
     """Continues the run saved in `state`: weights, optimizer, scaler, random state, position,
     learning-rate schedule and validation history."""
-    check_vocab(state, path, run.data.tokenizer_src.get_vocab_size(),
-                run.data.tokenizer_tgt.get_vocab_size())
-    check_split(state, path, run.config, run.data.held_out)
-    load_model_weights(run.model, state, path)
-    run.optimizer.load_state_dict(state["optimizer_state_dict"])
-    if state.get("scaler_state_dict"):
-        run.scaler.load_state_dict(state["scaler_state_dict"])
-    ranks = state.get("rank_rng_states")
-    if run.world_size == 1 and not ranks:
-        set_rng_states(state, run.device)
-    elif ranks and len(ranks) == run.world_size:
-        set_rng_states(ranks[run.rank], run.device)
-    else:  # another number of processes than saved: a fresh dropout stream for each rank
-        torch.manual_seed(run.config.seed + run.rank + state["global_step"])
+    restore_training(state, path, run.model, run.optimizer, run.scaler)
+    restore_rng(state, run.rank, run.world_size, run.device, run.config.seed)
     run.start_epoch, run.start_batch = state["next_epoch"], state["next_batch"]
     run.global_step = state["global_step"]
     run.history = read_history(run.config, up_to_step=run.global_step)
     saved_steps = state.get("schedule_steps", run.total_steps)
-    run.cosine_from = state.get("cosine_from")
+    run.schedule_steps = saved_steps  # the warm-up and decay go on as laid out
     if run.config.lr_schedule == "cosine" and saved_steps != run.total_steps:
-        old = learning_rate(run.config, run.global_step, saved_steps, run.cosine_from)
-        run.cosine_from = (run.global_step, old)  # decay from here to the new end, no jump
+        old = run.lr()
+        run.schedule_steps = run.total_steps  # the cosine is laid out over the new length
         print(f"the run is now {run.total_steps} steps long (was {saved_steps}): the cosine "
-              f"schedule goes on from {old:.2e} down to 0 at step {run.total_steps}")
-    run.schedule_steps = run.total_steps if run.cosine_from else saved_steps
+              f"schedule is laid out again over its new length; the learning rate goes on at "
+              f"{run.lr():.2e} (it was to be {old:.2e})")
     print(f"resumed from {path}: epoch {run.start_epoch}, batch {run.start_batch}, "
           f"step {run.global_step}")
 
@@ -224,16 +236,7 @@ def save(run: Run, epoch: int, next_epoch: int, next_batch: int, path: Path):
     ranks = gather_to_main(rng_states(run.device))
     if run.rank:
         return
-    save_checkpoint({
-        "model_state_dict": run.model.state_dict(),
-        "optimizer_state_dict": run.optimizer.state_dict(),
-        "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
-        "epoch": epoch, "next_epoch": next_epoch, "next_batch": next_batch,
-        "global_step": run.global_step, **ranks[0],
-        "rank_rng_states": ranks if run.world_size > 1 else None,
-        "schedule_steps": run.schedule_steps, "cosine_from": run.cosine_from,
-        "config": run.config.to_dict(),
-    }, path)
+    save_checkpoint(training_checkpoint(run, epoch, next_epoch, next_batch, ranks), path)
     prune_checkpoints(run.config)
 
 
@@ -312,7 +315,9 @@ def optimizer_step(run: Run, loss: torch.Tensor, lr: float) -> torch.Tensor:
     finite = torch.isfinite(grad_norm)
     if run.scaler.is_enabled():  # fp16: the scaler skips overflows and lowers its scale
         run.scaler.step(run.optimizer)
-        finite = torch.isfinite(loss)  # an overflow is not a diverged step; a NaN loss is
+        # an overflow is not a diverged step; a NaN loss is, on any rank: all of them decide
+        # together (each holds only its share of the loss), so they stop at the same step
+        finite = torch.isfinite(loss_over_ranks(loss, run.world_size))
     elif run.optimizer.defaults.get("fused"):
         run.optimizer.found_inf = (~finite).float()
         run.optimizer.step()
@@ -323,6 +328,16 @@ def optimizer_step(run: Run, loss: torch.Tensor, lr: float) -> torch.Tensor:
     run.optimizer.zero_grad(set_to_none=True)
     run.bad_steps = torch.where(finite, 0, run.bad_steps + 1)
     return finite
+
+
+def loss_over_ranks(loss: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The update's loss summed over the ranks (on the device, no wait): non-finite if any
+    rank's share is."""
+    if world_size == 1:
+        return loss
+    total = loss.detach().clone()
+    torch.distributed.all_reduce(total)
+    return total
 
 
 def check_updates(run: Run):
@@ -356,26 +371,40 @@ def log_progress(run: Run, bar, lr: float, tokens_per_s: float):
 
 def maybe_save(run: Run, epoch: int, done: int):
     """Saves mid-epoch every save_every steps, and on a stop signal (on any rank) or at
-    max_steps; returns why training should stop now ("signal", "max_steps"), or None."""
+    max_steps; returns why training should stop now ("signal", "max_steps"), or None. Reaching
+    max_steps on the epoch's last batch ends the epoch as usual (its checkpoint, validation)."""
     config = run.config
     signalled = sum_over_ranks(float(bool(run.stop_signal)))[0] > 0
     stopped = ("signal" if signalled else "max_steps"
                if config.max_steps and run.global_step >= config.max_steps else None)
-    periodic = (config.save_every and done < run.batches_per_epoch
-                and run.global_step % config.save_every == 0)
-    if not (stopped or periodic):
-        return None
-    path = step_checkpoint_path(config, epoch, run.global_step)
-    save(run, epoch, epoch, done, path)
-    if stopped:
-        why = (f"stopped by {(run.stop_signal or ['a signal'])[0]}" if signalled else
-               f"reached --max_steps {config.max_steps}")
-        launcher = (f"torchrun <the same torchrun flags, {run.world_size} processes>"
-                    if run.world_size > 1 else "python")
-        tqdm.write(f"{why} in epoch {epoch} after batch {done} of {run.batches_per_epoch} "
-                   f"(step {run.global_step}); saved {path}. Resume with: {launcher} train.py "
-                   f"--model_folder {config.model_folder}")
+    end_of_epoch = done == run.batches_per_epoch
+    periodic = config.save_every and not end_of_epoch and run.global_step % config.save_every == 0
+    if stopped == "max_steps" and end_of_epoch:
+        return stopped  # train_model saves the per-epoch checkpoint and validates
+    if stopped or periodic:
+        save(run, epoch, epoch, done, step_checkpoint_path(config, epoch, run.global_step))
     return stopped
+
+
+def resume_command(run: Run) -> str:
+    """The command that continues this run: where it works (the run group of flags, which a
+    resume never takes from the checkpoint) as given; the rest comes from the checkpoint."""
+    config, default = run.config, Config()
+    flags = [f"--{name} {getattr(config, name)}" for name in
+             ("model_folder", "model_basename", "experiment_name", "device", "num_workers")
+             if name == "model_folder" or getattr(config, name) != getattr(default, name)]
+    launcher = (f"torchrun <the same torchrun flags, {run.world_size} processes>"
+                if run.world_size > 1 else "python")
+    return f"{launcher} train.py {' '.join(flags)}"
+
+
+def stop_message(run: Run, stopped: str, epoch: int, done: int) -> str:
+    config = run.config
+    why = (f"stopped by {(run.stop_signal or ['a signal'])[0]}" if stopped == "signal" else
+           f"reached --max_steps {config.max_steps}")
+    return (f"{why} in epoch {epoch} after batch {done} of {run.batches_per_epoch} (step "
+            f"{run.global_step}); saved {latest_checkpoint_path(config)}. Resume with: "
+            f"{resume_command(run)}")
 
 
 # ---- validation ---------------------------------------------------------------------------------
@@ -431,8 +460,10 @@ def train_epoch(run: Run, epoch: int):
                mininterval=1.0, initial=run.start_batch if epoch == run.start_epoch else 0,
                disable=run.rank != 0)
     tokens_seen, started = 0, time.time()
+    run.batch = run.start_batch if epoch == run.start_epoch else 0
     no_sync = getattr(run.step_model, "no_sync", None)
     for group, done in accumulation_groups(run, epoch):
+        run.batch = done
         loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
                              run.scaler, run.world_size, no_sync)
         lr = run.lr()
@@ -448,7 +479,9 @@ def train_epoch(run: Run, epoch: int):
             check_updates(run)
         stopped = maybe_save(run, epoch, done)
         if stopped:
-            bar.close()
+            bar.close()  # before the stop message: the bar is not drawn again under it
+            if stopped == "signal" or done < run.batches_per_epoch:
+                tqdm.write(stop_message(run, stopped, epoch, done))
             return stopped
         if (config.eval_every and run.global_step % config.eval_every == 0
                 and done < run.batches_per_epoch):  # the epoch's end validates anyway
@@ -470,20 +503,24 @@ def validate(run: Run, epoch: int) -> bool:
     return sum_over_ranks(float(out))[0] > 0
 
 
+def rank_of(h: dict):
+    """How validations compare: by BLEU, ties broken by the lower loss (a young model at BLEU
+    0.00 is still getting better while its loss falls)."""
+    return h["bleu"], -h["loss"]
+
+
 def keep_best(run: Run, epoch: int, metrics: dict) -> bool:
-    """Records a validation; a new best BLEU is saved as the best checkpoint (weights and
-    config only). Returns whether patience has run out."""
+    """Records a validation; a new best (by `rank_of`) is saved as the best checkpoint
+    (weights and config only). Returns whether patience has run out."""
     config = run.config
     run.history.append({"step": run.global_step, "epoch": epoch,
                         **{k: v for k, v in metrics.items() if k != "report"}})
     write_history(config, run.history)
-    best = max(run.history, key=lambda h: h["bleu"])
+    best = max(run.history, key=rank_of)
     if best is run.history[-1]:
-        save_checkpoint({"model_state_dict": run.model.state_dict(), "config": config.to_dict(),
-                         "epoch": epoch, "global_step": run.global_step,
-                         "validation": run.history[-1]}, best_checkpoint_path(config))
-        tqdm.write(f"new best validation BLEU {best['bleu']:.2f}: saved "
-                   f"{best_checkpoint_path(config)}")
+        save_checkpoint(best_checkpoint(run, epoch, best), best_checkpoint_path(config))
+        tqdm.write(f"new best validation BLEU {best['bleu']:.2f} (loss {best['loss']:.3f}): "
+                   f"saved {best_checkpoint_path(config)}")
     since = len(run.history) - 1 - run.history.index(best)
     return bool(config.patience) and since >= config.patience
 
@@ -519,22 +556,25 @@ def train_model(config: Config, given: set = frozenset()):
     and scores the test split at the end."""
     run = set_up(config, given)
     config = run.config
-    if config.max_steps and run.global_step >= config.max_steps:
-        print(f"already at step {run.global_step} of --max_steps {config.max_steps}; raise it "
-              f"to train on")
+    idle = nothing_to_do(run)
+    if idle:
+        print(idle)
         return
+    run.writer = SummaryWriter(config.experiment_name) if run.rank == 0 else NoWriter()
     catch_stop_signals(run)
     for epoch in range(run.start_epoch, config.num_epochs):
         stopped = train_epoch(run, epoch)
         if stopped == "signal":
             run.writer.close()
             return
-        if stopped is None:  # the checkpoint first: a crash while decoding loses nothing
-            save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))
+        if run.batch == run.batches_per_epoch:  # the checkpoint first: a crash while decoding
+            save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))  # loses nothing
+            if stopped:  # max_steps on the epoch's last batch
+                tqdm.write(stop_message(run, stopped, epoch, run.batches_per_epoch))
         out_of_patience = stopped == "patience" or validate(run, epoch)
         run.writer.flush()
         if out_of_patience:
-            print(f"no better validation BLEU in the last {config.patience} validations "
+            print(f"no better validation in the last {config.patience} validations "
                   f"(--patience {config.patience}): training stops")
         if stopped or out_of_patience:
             break
@@ -543,13 +583,30 @@ def train_model(config: Config, given: set = frozenset()):
     run.writer.close()
 
 
+@contextmanager
+def removed_if_left_empty(folder):
+    """A failed start (a bad path, a refused checkpoint) leaves no empty folder behind: the
+    model folder is removed again if this run created it and wrote nothing in it."""
+    new = not Path(folder).exists()
+    try:
+        yield
+    except BaseException:
+        if new:
+            try:
+                Path(folder).rmdir()  # only an empty folder
+            except OSError:
+                pass
+        raise
+
+
 def main(argv=None):
     parser = ArgumentParser(description="Train a Transformer for translation. Every flag "
                                         "defaults to config.py; on resume, to the checkpoint's.")
     config, given = parse_config(argv, parser)
     try:
-        run_main("train.py", lambda: train_model(config, given),
-                 aborted="aborted; the checkpoints already saved are intact")
+        with removed_if_left_empty(config.model_folder):
+            run_main("train.py", lambda: train_model(config, given),
+                     aborted="aborted; the checkpoints already saved are intact")
     finally:
         stop_distributed()
 

@@ -2,7 +2,7 @@
 
     python translate.py "I am not a very good student."      # greedy, newest checkpoint
     python translate.py --beam 4 "I am not a very good student."
-    python translate.py 42                                     # validation example 42 + reference
+    python translate.py --example 42                           # validation example + reference
     python translate.py --input test.en --output test.hyp --reference test.de   # + sacreBLEU
     cat sentences.txt | python translate.py                    # one output line per input line
 """
@@ -48,6 +48,9 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     state, paths = load_averaged(config, path, average)
     if len(paths) > 1:
         print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
+              file=sys.stderr)
+    else:
+        print(f"loaded {path} (epoch {state['epoch']}, step {state['global_step']})",
               file=sys.stderr)
     config = merge_config(Config.from_dict(state["config"]), config, given, path,
                           TRANSLATE_FIELDS)
@@ -210,8 +213,9 @@ def parse_args(argv):
     parser = ArgumentParser(
         description="Translate sentences with a trained checkpoint.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("sentence", nargs="?", help="a sentence, or an integer: that example of "
-                        "the validation split, with its reference; none: --input or stdin")
+    parser.add_argument("sentence", nargs="?", help="a sentence (none: --input or stdin)")
+    parser.add_argument("--example", type=int, metavar="N", help="translate example N of the "
+                        "validation split the model was trained with, beside its reference")
     parser.add_argument("--checkpoint", help="checkpoint file (default: --preload in "
                         "--model_folder, i.e. the newest)")
     parser.add_argument("--input", help="file of sentences, one a line ('-': stdin)")
@@ -245,24 +249,30 @@ def parse_args(argv):
             args.average < 1 or (args.batch_size is not None and args.batch_size < 1):
         parser.error("--beam, --nbest, --average and --batch_size must be positive, with "
                      "--nbest at most --beam")
-    if args.sentence is not None and args.input:
-        parser.error("give a sentence or --input, not both")
-    if args.reference and args.sentence is not None:
+    if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
+        parser.error("give one of a sentence, --input and --example")
+    if args.reference and (args.sentence is not None or args.example is not None):
         parser.error("--reference goes with --input or stdin")
     return args, config, given
 
 
 def read_sources(args, config: Config):
-    """(sentences, reference of the one sentence or None): the sentence argument (an integer
-    picks that validation example, with its reference), or the lines of --input / stdin."""
-    if args.sentence is None:
-        return read_lines(args.input), None
-    if args.sentence.strip().isdigit():
-        sentence, reference = validation_example(config, int(args.sentence))
-        return [sentence], reference
-    if not clean(args.sentence):
-        raise InputError("the sentence is empty")
-    return [args.sentence], None
+    """(sentences, reference of the one sentence or None, references of --input or None):
+    the sentence argument, a validation example (--example) with its reference, or the lines
+    of --input / stdin (with --reference, its lines, checked to match before any decoding)."""
+    if args.example is not None:
+        sentence, reference = validation_example(config, args.example)
+        return [sentence], reference, None
+    if args.sentence is not None:
+        if not clean(args.sentence):
+            raise InputError("the sentence is empty")
+        return [args.sentence], None, None
+    sentences = read_lines(args.input)
+    refs = read_lines(args.reference) if args.reference else None
+    if refs is not None and len(refs) != len(sentences):
+        raise InputError(f"{args.reference} has {len(refs)} lines but the input has "
+                         f"{len(sentences)}")
+    return sentences, None, refs
 
 
 def write_outputs(args, sentences, outputs, reference):
@@ -290,7 +300,7 @@ def main(argv=None):
     args, config, given = parse_args(argv)
     model, config, tokenizer_src, tokenizer_tgt = load_translator(config, given, args.checkpoint,
                                                                   args.average)
-    sentences, reference = read_sources(args, config)
+    sentences, reference, refs = read_sources(args, config)
     outputs = translate(model, config, tokenizer_src, tokenizer_tgt, sentences,
                         max(args.beam, args.nbest), args.alpha, args.nbest, args.batch_size)
     write_outputs(args, sentences, outputs, reference)
@@ -299,11 +309,7 @@ def main(argv=None):
         save_attention_map(model, tokenizer_src, tokenizer_tgt, clean(sentences[0]), best[0],
                            args.attention)
         print(f"wrote the cross-attention map to {args.attention}", file=sys.stderr)
-    if args.reference:
-        refs = read_lines(args.reference)
-        if len(refs) != len(sentences):
-            raise InputError(f"{args.reference} has {len(refs)} lines but the input has "
-                             f"{len(sentences)}")
+    if refs is not None:
         print(score(best, refs, error_rates=False)["report"], file=sys.stderr)
 
 

@@ -112,7 +112,10 @@ def test_hub_errors_are_one_clear_line(tmp_path):
     ("no_train", "found no training data"),
     ("line_counts", "train.en has 3 lines but .*train.it has 2"),
     ("bad_utf8", "train.it, line 2: not valid UTF-8"),
-    ("no_target", "has no matching target file"),
+    ("no_target", "has no train.it \\(training files there: train.en\\); check --lang_src"),
+    ("other_language", "has no train.it \\(training files there: train.de, train.en\\)"),
+    ("no_test_target", "test_2016.en has no matching target file"),
+    ("a_file", "is a file; give the folder"),
 ])
 def test_bad_local_data_is_refused_with_a_clear_message(tmp_path, problem, message):
     folder = tmp_path / "bad"
@@ -127,9 +130,18 @@ def test_bad_local_data_is_refused_with_a_clear_message(tmp_path, problem, messa
         (folder / "train.it").write_bytes(b"a\n\xff\xfeb\n")
     elif problem == "no_target":
         (folder / "train.en").write_text("a\n")
-    data_dir = str(folder if problem != "missing_dir" else tmp_path / "nowhere")
+    elif problem == "other_language":  # issue 16, 14: it named a test file as missing
+        write_aligned(folder, "train", number_pairs(3), tgt="de")
+        write_aligned(folder, "test_2016", number_pairs(3), tgt="de")
+    elif problem == "no_test_target":
+        write_aligned(folder, "train", number_pairs(3))
+        (folder / "test_2016.en").write_text("a\n")
+    data_dir = {"missing_dir": tmp_path / "nowhere",
+                "a_file": folder / "train.en"}.get(problem, folder)
+    if problem == "a_file":
+        (folder / "train.en").write_text("a\n")
     with pytest.raises(DataError, match=message):
-        load_corpus(cfg(tmp_path, data_dir=data_dir))
+        load_corpus(cfg(tmp_path, data_dir=str(data_dir)))
 
 
 def test_empty_lines_are_skipped_and_counted(tmp_path, capsys):

@@ -3,7 +3,6 @@ processes on the CPU."""
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,10 +16,10 @@ from bench_data import children
 from conftest import ROOT, TINY, number_pairs, write_aligned
 from dataset import PAD, Collator, TokenBatchSampler, split_for_ranks
 
-TORCHRUN = shutil.which("torchrun")
+# torchrun is launched as `python -m torch.distributed.run`: no script on PATH needed
 pytestmark = pytest.mark.skipif(
-    TORCHRUN is None or not torch.distributed.is_available() or
-    not torch.distributed.is_gloo_available(), reason="needs torchrun and Gloo")
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="needs torch.distributed with Gloo")
 
 
 def torchrun(*args, cwd, nproc=2, timeout=180):
@@ -102,6 +101,11 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
     state = torch.load(tmp_path / "w" / "tmodel_01_s0000006.pt", weights_only=False)
     assert len(state["rank_rng_states"]) == 2
 
+    # issue 16, 2: one process cannot go on with the rest of an epoch shared out by two
+    alone = subprocess.run([sys.executable, ROOT / "train.py", *flags, "--max_steps", "0"],
+                           cwd=tmp_path, capture_output=True)
+    assert alone.returncode == 2 and "saved mid-epoch by 2 process(es) and this run has 1" \
+        in alone.stderr.decode(), alone.stderr.decode()[-3000:]
     second = torchrun(ROOT / "train.py", *flags, "--max_steps", "0", cwd=tmp_path)
     assert second.returncode == 0, second.stderr.decode()[-3000:]
     out = second.stdout.decode()

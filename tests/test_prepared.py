@@ -70,7 +70,7 @@ def test_a_changed_corpus_or_tokenizer_is_prepared_again(tmp_path, corpus, reads
     get_ds(config)
     write_aligned(corpus, "train", number_pairs(70, seed=8))  # the corpus changes
     assert len(get_ds(config).train) == 70
-    assert "prepared from another corpus, tokenizer or seq_len" in capsys.readouterr().err
+    assert "was prepared for another corpus: preparing again" in capsys.readouterr().err
     assert reads.count("train") == 2
     # other tokenizer files (trained elsewhere, on a sample) make the prepared ids stale too
     get_ds(cfg(tmp_path / "other", corpus, tokenizer_sample=10))
@@ -78,11 +78,29 @@ def test_a_changed_corpus_or_tokenizer_is_prepared_again(tmp_path, corpus, reads
         (tmp_path / "weights" / f.name).write_bytes(f.read_bytes())
     capsys.readouterr()
     get_ds(config)
-    assert "prepared from another corpus, tokenizer or seq_len" in capsys.readouterr().err
+    assert "was prepared for other tokenizers: preparing again" in capsys.readouterr().err
     assert reads.count("train") == 4
     get_ds(cfg(tmp_path, corpus, seq_len=12))  # another seq_len keeps other pairs
-    assert "prepared from another corpus" in capsys.readouterr().err
+    assert "was prepared for another --seq_len" in capsys.readouterr().err
     assert reads.count("train") == 5
+
+
+def test_another_seed_prepares_again_only_when_validation_is_held_out(tmp_path, corpus, reads,
+                                                                      capsys):
+    """Issue 16, defect 5: --seed re-prepared a corpus with a validation split of its own (15
+    minutes at WMT size), saying the corpus had changed."""
+    get_ds(cfg(tmp_path, corpus))
+    get_ds(cfg(tmp_path, corpus, seed=7, val_fraction=0.2))  # val.en/val.it: nothing to redraw
+    assert reads.count("train") == 1 and "prepared for" not in capsys.readouterr().err
+    (corpus / "val.en").unlink()
+    (corpus / "val.it").unlink()
+    get_ds(cfg(tmp_path, corpus))  # now held out of train: prepared again, once
+    get_ds(cfg(tmp_path, corpus))
+    assert reads.count("train") == 2
+    capsys.readouterr()
+    get_ds(cfg(tmp_path, corpus, seed=7))  # another seed draws another validation split
+    assert "prepared for another --seed or --val_fraction" in capsys.readouterr().err
+    assert reads.count("train") == 3
 
 
 def test_damaged_prepared_data_is_detected_and_prepared_again(tmp_path, corpus, reads, capsys):

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -45,11 +46,15 @@ def test_end_to_end_train_resume_translate(trained):
     assert (weights / "tmodel_02.pt").exists()
     assert load_checkpoint(weights / "tmodel_02.pt")["global_step"] > state["global_step"]
 
-    # translate rebuilds the model from the checkpoint alone
+    # translate rebuilds the model from the checkpoint alone, and says which it loaded
     t = run_script("translate.py", "one two three.", cwd=home)
     assert t.returncode == 0, t.stderr.decode()
     lines = t.stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].strip()
+    assert "loaded weights/tmodel_02.pt (epoch 2, step" in t.stderr.decode()
+    # a sentence that is a number is a sentence (issue 16, 15)
+    t = run_script("translate.py", "2014", cwd=home)
+    assert t.returncode == 0 and "SOURCE:" not in t.stdout.decode(), t.stderr.decode()
 
     # the TensorBoard logs hold the curves a user looks at
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -71,9 +76,11 @@ def test_translate_reads_stdin_and_handles_odd_input(trained):
     assert "sentence 5 has" in t.stderr.decode() and "are translated" in t.stderr.decode()
 
 
-def test_translate_a_validation_example_and_score_a_file(trained):
+def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     home, _ = trained
-    t = run_script("translate.py", "3", cwd=home)
+    # from another working directory: the checkpoint holds the corpus's absolute path
+    t = run_script("translate.py", "--model_folder", home / "weights", "--example", "3",
+                   cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()
     out = t.stdout.decode()
     src, ref = number_pairs(8, seed=2)[3]
@@ -99,12 +106,26 @@ def test_translate_a_validation_example_and_score_a_file(trained):
     (["--beam", "0", "hi"], None, "must be positive"),
     (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt"),
     (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
+    (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
+     "corpus/val.it has 8 lines but the input has 64"),
 ])
 def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
     home, _ = trained
     t = run_script("translate.py", *args, cwd=home, input=stdin)
     err = t.stderr.decode()
+    if "loaded " in err:  # the line naming the checkpoint comes first
+        err = err.split("\n", 1)[1]
     assert t.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_translate_checks_the_reference_before_decoding(trained, monkeypatch, capsys):
+    """Issue 16, 12: --reference with another line count translated everything first."""
+    import translate
+    home, _ = trained
+    monkeypatch.chdir(home)
+    monkeypatch.setattr(translate, "translate", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(translate.InputError, match="has 8 lines but the input has 64"):
+        translate.main(["--input", "corpus/train.en", "--reference", "corpus/val.it"])
 
 
 def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
@@ -124,7 +145,11 @@ def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
     assert t.returncode == 2 and "tokenizer_it.json not found" in t.stderr.decode()
     shutil.copy(folder / "tokenizer_en.json", folder / "tokenizer_it.json")
     t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
-    assert t.returncode == 2 and "target vocabulary of" in t.stderr.decode()
+    err = t.stderr.decode()
+    assert t.returncode == 2 and "target vocabulary of" in err
+    # advice that loses nothing (issue 16, 13): deleting tokenizers breaks their checkpoints
+    assert "trained in (its tokenizer files lie there) as --model_folder" in err
+    assert "delete" not in err
 
 
 def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
@@ -149,14 +174,16 @@ def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
 
 @pytest.mark.parametrize("problem, message", [
     ("no_dir", "--data_dir nowhere: no such folder"),
+    ("new_folder", "--data_dir nowhere: no such folder"),
     ("line_counts", "train.it has 2"),
-    ("overwrite", "--preload none would overwrite them"),
+    ("overwrite", "--preload none would overwrite it"),
     ("arch", "was trained with --d_model 32, not 64"),
     ("hub", "could not reach the Hugging Face hub"),
 ])
 def test_train_bad_input_is_one_line_and_exit_2(trained, tmp_path, problem, message):
     home, _ = trained
     args = {"no_dir": ["--data_dir", "nowhere"],
+            "new_folder": ["--data_dir", "nowhere", "--model_folder", "never/made"],
             "line_counts": ["--data_dir", "bad", "--model_folder", "fresh"],
             "overwrite": ["--preload", "none"],
             "arch": ["--d_model", "64"],
@@ -170,6 +197,7 @@ def test_train_bad_input_is_one_line_and_exit_2(trained, tmp_path, problem, mess
     err = t.stderr.decode()
     assert t.returncode == 2 and message in err and err.strip().count("\n") == 0, err
     assert {p: p.stat().st_mtime_ns for p in (home / "weights").iterdir()} == before
+    assert not (home / "never" / "made").exists()  # a failed start leaves no empty folder
 
 
 def train_args(folder):
@@ -186,9 +214,13 @@ def kill_corpus(tmp_path_factory):
     return home
 
 
-def popen_train(home, args):
+def popen_train(home, args, merged=False):
+    """train.py in the background; `merged`: stderr (the progress bar) into stdout's pipe,
+    in the order written."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *map(str, args)], cwd=home,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, env=env,
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE)
 
 
 def step_checkpoints(folder):
@@ -232,15 +264,18 @@ def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
     args = train_args("interrupted")
     args[args.index("--num_epochs") + 1] = "50"
     args[args.index("--save_every") + 1] = "0"
-    proc = popen_train(home, args)
+    proc = popen_train(home, args, merged=True)
     deadline = time.time() + 120
     while not (home / "interrupted" / "tmodel_00.pt").exists() and time.time() < deadline:
         time.sleep(0.01)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err.decode()[-2000:]
+    assert proc.returncode == 0, out.decode()[-2000:]
     assert "stopped by SIGINT" in out.decode() and "Resume with" in out.decode()
+    # stdout and stderr share one pipe: after the stop message, no progress bar is redrawn
+    tail = out.decode().split("stopped by SIGINT")[1]
+    assert "%|" not in tail, tail
     saved = step_checkpoints(home / "interrupted")
     assert len(saved) == 1
     state = load_checkpoint(saved[0])

@@ -72,10 +72,12 @@ def test_inverse_sqrt_schedule_matches_the_paper_formula():
 
 def test_cosine_and_constant_schedules():
     config = Config(lr_schedule="cosine", lr=1e-3, warmup=10)
-    assert learning_rate(config, 5, 110) == pytest.approx(0.5e-3)
-    assert learning_rate(config, 10, 110) == pytest.approx(1e-3)
-    assert learning_rate(config, 60, 110) == pytest.approx(0.5e-3)
-    assert learning_rate(config, 110, 110) == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate(config, 5, 109) == pytest.approx(0.5e-3)
+    assert learning_rate(config, 10, 109) == pytest.approx(1e-3)
+    assert learning_rate(config, 60, 109) == pytest.approx(0.5e-3)
+    # the cosine reaches 0 one step after the run: its last step still learns
+    assert 0 < learning_rate(config, 109, 109) < 1e-6
+    assert learning_rate(config, 110, 109) == pytest.approx(0.0, abs=1e-12)
     assert learning_rate(Config(lr=3e-4, lr_schedule="constant"), 12345, 0) == 3e-4
 
 
