@@ -103,6 +103,12 @@ class Config:
                        translate=True)
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
                      group="run", translate=True)
+    # ---- decoding (validation, test scoring, translate.py, export.py) -----------------------
+    max_len_a: float = _f(1.2, "decoding: at most max_len_a · source tokens + max_len_b output "
+                               "tokens (fairseq's rule; seq_len caps it)", translate=True)
+    max_len_b: int = _f(10, "decoding: see max_len_a", translate=True)
+    min_len: int = _f(1, "decoding: at least this many output tokens (1: never an empty "
+                         "translation)", translate=True)
     # ---- validation -------------------------------------------------------------------------
     val_max_sentences: int = _f(0, "sentences greedily decoded for BLEU at each validation "
                                    "(0 = all)")
@@ -143,9 +149,13 @@ class Config:
                 return f"--{name} must be positive (got {getattr(self, name)})"
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
-                     "clip_grad", "patience", "eval_every", "tokenizer_sample"]:
+                     "clip_grad", "patience", "eval_every", "tokenizer_sample", "max_len_a",
+                     "max_len_b", "min_len"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
+        if self.max_len_a + self.max_len_b < max(self.min_len, 1):
+            return (f"--max_len_a {self.max_len_a} and --max_len_b {self.max_len_b} leave no "
+                    f"room for --min_len {self.min_len} output tokens")
         if self.keep_last < 1:
             return (f"--keep_last must be at least 1 (got {self.keep_last}): the newest mid-epoch "
                     f"checkpoint is what a stopped run resumes from; --save_every 0 saves none")

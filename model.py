@@ -222,23 +222,20 @@ class MultiHeadAttentionBlock(nn.Module):
         if memory is None:  # self-attention: one fused projection
             q, k, v = F.linear(x, self.w_qkv.weight).split([d, self.d_kv, self.d_kv], dim=-1)
             q, k, v = self._heads(q), self._heads(k), self._heads(v)  # (batch, heads, len, d_k)
-            past = cache["k"].size(2) if cache is not None and "k" in cache else 0
+            past = cache.length if cache is not None else 0
             if rotary is not None:  # positions past .. past + len - 1
                 q, k = rotary(q, past), rotary(k, past)
             if cache is not None:
-                if past:
-                    k = torch.cat([cache["k"], k], dim=2)  # (batch, kv_heads, past + len, d_k)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(k, v)  # (batch, kv_heads, past + len, d_k)
         else:  # cross-attention: no positions (the queries and keys are of two sequences)
             q = self._heads(F.linear(x, self.w_qkv.weight[:d]))  # (batch, h, len, d_k)
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v
             else:
                 k, v = F.linear(memory, self.w_qkv.weight[d:]).split(self.d_kv, dim=-1)
                 k, v = self._heads(k), self._heads(v)  # (batch, kv_heads, src_len, d_k)
                 if cache is not None:
-                    cache["k"], cache["v"] = k, v
+                    cache.k, cache.v = k, v
         grouped = self.n_kv_heads != self.h  # each key/value head serves h / n_kv_heads queries
         if grouped and (self.use_reference or self.need_weights or not SDPA_GQA):
             k = k.repeat_interleave(self.h // self.n_kv_heads, dim=1)  # (batch, h, k_len, d_k)
@@ -361,12 +358,45 @@ class ProjectionLayer(nn.Module):
         return self.proj(x)
 
 
+class LayerCache:
+    """One attention block's keys and values for incremental decoding, (batch, kv_heads,
+    positions, d_k). Self-attention: buffers of `capacity` positions, written in place one
+    step at a time (`append`: no copy of the past each step). Cross-attention: the encoder
+    output's, projected once (`k`, `v`)."""
+
+    def __init__(self, capacity: int = 0):
+        self.k = self.v = None
+        self.length, self.capacity = 0, capacity
+
+    def append(self, k, v):
+        """Writes the new positions' keys and values; returns all of them so far."""
+        end = self.length + k.size(2)
+        if self.k is None or end > self.k.size(2):  # the first step (or past the capacity)
+            size = max(self.capacity, end, 2 * self.length)
+            old_k, old_v = self.k, self.v
+            self.k = k.new_empty(k.size(0), k.size(1), size, k.size(3))
+            self.v = v.new_empty(v.size(0), v.size(1), size, v.size(3))
+            if old_k is not None:
+                self.k[:, :, :self.length], self.v[:, :, :self.length] = \
+                    old_k[:, :, :self.length], old_v[:, :, :self.length]
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # (batch, kv_heads, end, d_k)
+
+    def reorder(self, index):
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
 class KVCache:
     """Keys and values of every decoder layer for incremental decoding: the self-attention's
-    grow by one position a step, the cross-attention's are computed once per sentence."""
+    grow by one position a step (room for `capacity` made once), the cross-attention's are
+    computed once per sentence."""
 
-    def __init__(self, n_layers: int):
-        self.layers = [{"self": {}, "cross": {}} for _ in range(n_layers)]
+    def __init__(self, n_layers: int, capacity: int = 0):
+        self.layers = [{"self": LayerCache(capacity), "cross": LayerCache()}
+                       for _ in range(n_layers)]
         self.length = 0  # target positions already decoded
 
     def reorder(self, index, self_only: bool = False):
@@ -374,8 +404,7 @@ class KVCache:
         sentence share its cross-attention keys/values: shuffling beams needs `self_only`."""
         for layer in self.layers:
             for part in (layer["self"],) if self_only else layer.values():
-                for name in part:
-                    part[name] = part[name].index_select(0, index)
+                part.reorder(index)
 
 
 class Transformer(nn.Module):
@@ -419,8 +448,9 @@ class Transformer(nn.Module):
         """Teacher-forced logits: (batch, tgt_len, tgt_vocab_size); tgt_mask None: causal."""
         return self.project(self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask))
 
-    def new_cache(self) -> KVCache:
-        return KVCache(len(self.decoder.layers))
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        """An empty cache with room for `capacity` target positions."""
+        return KVCache(len(self.decoder.layers), capacity)
 
 
 def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int,
@@ -488,11 +518,34 @@ def causal_mask(size: int, device=None):
 
 # ---- decoding -----------------------------------------------------------------------------------
 
+def output_limits(src_lengths, max_len_a: float, max_len_b: int, seq_len: int):
+    """The most output tokens ([EOS] not counted) of each sentence: fairseq's
+    max_len_a · source length + max_len_b, and never more than seq_len allows ([SOS] and
+    [EOS] included, as in training). src_lengths: (batch,) real source tokens."""
+    limit = (max_len_a * src_lengths.double() + max_len_b).floor().long()  # (batch,)
+    return limit.clamp(min=1, max=seq_len - 2)
+
+
+def restrict(logp, step: int, limit, min_len: int, eos_id: int):
+    """Length rules applied to log-probabilities (batch, vocab) of output token `step`
+    (counting from 1): [EOS] is barred until min_len tokens are out (no empty translation),
+    and is the only choice once a sentence has its `limit` (batch,) tokens. In place."""
+    if step <= min_len:
+        logp[:, eos_id] = float("-inf")
+    force = limit < step  # (batch,)
+    if force.any():
+        eos = logp[force, eos_id].clone()
+        logp[force] = float("-inf")
+        logp[force, eos_id] = eos
+    return logp
+
+
 @torch.no_grad()
 def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
-                  use_cache: bool = True, banned=()):
+                  use_cache: bool = True, banned=(), min_len: int = 0):
     """Greedy decoding of a batch. src (batch, src_len), src_mask (batch, 1, 1, src_len);
-    max_len: most tokens to generate per sentence ([EOS] included), an int or a (batch,) tensor.
+    max_len: most tokens to output per sentence before its [EOS] (an int or a (batch,)
+    tensor); min_len: fewest.
 
     Returns one list of token ids per sentence, without [SOS] and [EOS]. Finished sentences
     leave the batch, so they stop costing work. use_cache=False re-runs the decoder over the
@@ -502,23 +555,23 @@ def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, m
     memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
     ys = torch.full((batch, 1), sos_id, dtype=torch.long, device=src.device)  # (batch, 1)
     alive = torch.arange(batch, device=src.device)  # original row of each row still decoding
-    cache = model.new_cache() if use_cache else None
+    cache = model.new_cache(int(limit.max()) + 1) if use_cache else None
+    banned = torch.tensor(list(banned), dtype=torch.long, device=src.device)
     results = [None] * batch
-    for step in range(1, int(limit.max()) + 1):
+    for step in range(1, int(limit.max()) + 2):
         if use_cache:
             out = model.decode(memory, src_mask, ys[:, -1:], None, cache)  # (alive, 1, d)
         else:
             mask = causal_mask(ys.size(1), src.device)
             out = model.decode(memory, src_mask, ys, mask)  # (alive, step, d_model)
-        logits = model.project(out[:, -1])  # (alive, vocab)
-        logits[:, list(banned)] = float("-inf")  # tokens never generated ([PAD], [SOS], ...)
-        next_token = logits.argmax(dim=-1)  # (alive,)
+        logits = model.project(out[:, -1]).float()  # (alive, vocab)
+        logits.index_fill_(1, banned, float("-inf"))  # never generated ([PAD], [SOS], ...)
+        next_token = restrict(logits, step, limit[alive], min_len, eos_id).argmax(dim=-1)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
-        done = (next_token == eos_id) | (limit[alive] <= step)  # (alive,)
+        done = next_token == eos_id  # (alive,)
         if done.any():
             for row in done.nonzero().flatten().tolist():
-                tokens = ys[row, 1:].tolist()
-                results[alive[row]] = tokens[:-1] if tokens[-1] == eos_id else tokens
+                results[alive[row]] = ys[row, 1:-1].tolist()
             keep = (~done).nonzero().flatten()  # (still alive,)
             if keep.numel() == 0:
                 break
@@ -528,21 +581,27 @@ def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, m
     return results
 
 
-def length_penalty(length, alpha: float):
-    """Wu et al. (2016), used by the paper with alpha = 0.6: ((5 + |Y|) / 6) ^ alpha."""
+def length_penalty(length, alpha: float, form: str = "gnmt"):
+    """What a beam hypothesis' log-probability is divided by. gnmt: Wu et al. (2016), used by
+    the paper with alpha = 0.6: ((5 + |Y|) / 6) ^ alpha; power: |Y| ^ alpha (CTranslate2's,
+    OpenNMT's and fairseq's normalisation). |Y| counts the [EOS]."""
+    if form == "power":
+        return float(length) ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
-                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=()):
+                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=(), min_len: int = 0,
+                penalty: str = "gnmt"):
     """Batched beam search with a key/value cache.
 
-    Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] (or reaches the
-    sentence's max_len) is finished with score log P / length_penalty. A sentence stops when it
-    has `beam` finished hypotheses, or when its best candidate is [EOS] and it has `nbest`
-    finished, and leaves the batch. Returns, per sentence, the `nbest` best (tokens without
-    [SOS]/[EOS], score) pairs, best first."""
+    Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] is finished with
+    score log P / length_penalty (length with the [EOS]); max_len and min_len bound the tokens
+    before it, as in greedy_decode. A sentence stops when it has `beam` finished hypotheses,
+    or when its best candidate is [EOS] and it has `nbest` finished, and leaves the batch.
+    Returns, per sentence, the `nbest` best (tokens without [SOS]/[EOS], score) pairs, best
+    first."""
     batch, k = src.size(0), beam
     device = src.device
     limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)
@@ -553,31 +612,29 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
     scores[:, 1:] = float("-inf")  # at first all beams are the same [SOS]: keep one
     alive = torch.arange(batch, device=device)  # original sentence of each live sentence
     finished = [[] for _ in range(batch)]
-    cache = model.new_cache()
-    for step in range(1, int(limit.max()) + 1):
+    banned = torch.tensor(list(banned), dtype=torch.long, device=device)
+    cache = model.new_cache(int(limit.max()) + 1)
+    for step in range(1, int(limit.max()) + 2):
         n = alive.numel()
         out = model.decode(memory, src_mask, tokens[:, -1:], None, cache)  # (n*k, 1, d_model)
         logits = model.project(out[:, -1]).float()  # (n*k, vocab)
-        logits[:, list(banned)] = float("-inf")  # tokens never generated ([PAD], [SOS], ...)
+        logits.index_fill_(1, banned, float("-inf"))  # never generated ([PAD], [SOS], ...)
+        logp = restrict(logits.log_softmax(dim=-1), step,
+                        limit[alive].repeat_interleave(k), min_len, eos_id)  # (n*k, vocab)
         # The best 2k continuations overall lie within each beam's own best 2k tokens.
-        width = min(2 * k, logits.size(-1))
-        top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, 2k)
-        logp = top_logits - logits.logsumexp(dim=-1, keepdim=True)  # log-softmax of those
-        cand = (scores.unsqueeze(-1) + logp.view(n, k, width)).view(n, k * width)  # (n, k*2k)
+        width = min(2 * k, logp.size(-1))
+        top_logp, top_tokens = logp.topk(width, dim=-1)  # (n*k, 2k)
+        cand = (scores.unsqueeze(-1) + top_logp.view(n, k, width)).view(n, k * width)
         top_scores, top_idx = cand.topk(width, dim=-1)  # (n, 2k)
         beam_idx = top_idx // width  # (n, 2k)
         token = top_tokens.view(n, k * width).gather(1, top_idx)  # (n, 2k)
-        at_limit = limit[alive] <= step  # (n,)
-        # A candidate ends its hypothesis if it is [EOS] or the sentence is at its limit;
-        # only those ranked in the top k are kept as finished.
-        ends = (token == eos_id) | at_limit.unsqueeze(1)  # (n, 2k)
+        # A candidate [EOS] ends its hypothesis; only those ranked in the top k are kept.
+        ends = token == eos_id  # (n, 2k)
         rank = torch.arange(top_idx.size(1), device=device)
         final = ends & (rank < k) & torch.isfinite(top_scores)
         for i, j in final.nonzero().tolist():
-            row = i * k + beam_idx[i, j]
-            hyp = tokens[row, 1:].tolist() + ([] if token[i, j] == eos_id else
-                                              [token[i, j].item()])
-            score = top_scores[i, j].item() / length_penalty(step, alpha)
+            hyp = tokens[i * k + beam_idx[i, j], 1:].tolist()
+            score = top_scores[i, j].item() / length_penalty(step, alpha, penalty)
             finished[alive[i]].append((hyp, score))
         # The next live beams: the k best candidates that did not end.
         order = (ends.long() * top_idx.size(1) + rank).argsort(dim=-1)[:, :k]  # (n, k)
@@ -586,11 +643,11 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
                 + beam_idx.gather(1, order)).flatten()  # (n*k,)
         tokens = torch.cat([tokens[rows], token.gather(1, order).reshape(-1, 1)], dim=1)
         cache.reorder(rows, self_only=True)  # rows stay within their sentence
-        # A sentence is done at its limit, with k finished hypotheses, or (as in OpenNMT) once
-        # its best candidate is [EOS] and it has the nbest hypotheses asked for.
+        # A sentence is done past its limit, with k finished hypotheses, or (as in OpenNMT)
+        # once its best candidate is [EOS] and it has the nbest hypotheses asked for.
         counts = torch.tensor([len(finished[s]) for s in alive.tolist()], device=device)  # (n,)
         best_ended = (token[:, 0] == eos_id) & torch.isfinite(top_scores[:, 0])  # (n,)
-        done = at_limit | (counts >= k) | (best_ended & (counts >= nbest))  # (n,)
+        done = (limit[alive] < step) | (counts >= k) | (best_ended & (counts >= nbest))  # (n,)
         if done.any():
             keep = (~done).nonzero().flatten()  # (still live,)
             if keep.numel() == 0:
@@ -605,14 +662,17 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
 @torch.no_grad()
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
                   seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
-                  nbest: int = 1, extra_len: int = 50, use_cache: bool = True,
-                  unk_id: int = None):
+                  nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
+                  use_cache: bool = True, unk_id: int = None, progress=None,
+                  penalty: str = "gnmt"):
     """Translates lists of source token ids (no special tokens) in batches of similar length.
 
-    Each sentence may produce up to its own length + `extra_len` tokens, capped by seq_len.
-    [PAD], [SOS] and `unk_id` are never generated. Sources longer than seq_len allows are
-    cut (translate.py warns first). Returns per sentence the output ids (beam 1: greedy), or
-    with nbest > 1 a list of (ids, score)."""
+    Each sentence outputs at most max_len_a · its length + max_len_b tokens (capped by
+    seq_len) and at least min_len (1: never an empty translation). [PAD], [SOS] and `unk_id`
+    are never generated. Sources longer than seq_len allows are cut (translate.py warns
+    first). `progress`: called with the number of sentences of each batch done (a progress
+    bar; it may raise to stop). Returns per sentence the output ids (beam 1: greedy), or with
+    nbest > 1 a list of (ids, score)."""
     device = next(model.parameters()).device
     banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths
@@ -624,15 +684,17 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
                                         padding_value=pad_id).to(device)  # (batch, src_len)
         src_mask = (src != pad_id)[:, None, None, :]  # (batch, 1, 1, src_len)
         lengths = (src != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
-        max_len = (lengths + extra_len).clamp(min=1, max=seq_len - 1)  # (batch,)
+        max_len = output_limits(lengths, max_len_a, max_len_b, seq_len)  # (batch,)
         if beam == 1 and nbest == 1:
             outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache,
-                                    banned)
+                                    banned, min_len)
         else:
             outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
-                                  nbest, banned)
+                                  nbest, banned, min_len, penalty)
             if nbest == 1:
                 outputs = [hyps[0][0] for hyps in outputs]
         for i, out in zip(idx, outputs):
             results[i] = out
+        if progress is not None:
+            progress(len(idx))
     return results

@@ -40,7 +40,7 @@ from model import translate_ids
 from runtime import (autocast, autocast_dtype, gather_to_main, main_first,
                      setup_device, start_distributed, stop_distributed,
                      sum_over_ranks)
-from translate import score, translate
+from translate import decoding_limits, score, translate
 
 # ---- the paper's section 5.3: Adam and its learning rate ----------------------------------------
 
@@ -247,8 +247,8 @@ def catch_stop_signals(run: Run):
         if run.stop_signal:
             raise KeyboardInterrupt
         run.stop_signal.append(signal.Signals(signum).name)
-        tqdm.write(f"{run.stop_signal[0]}: stopping after this step (press Ctrl-C again to "
-                   f"abort)")
+        tqdm.write(f"{run.stop_signal[0]}: stopping after this step or decoding batch (press "
+                   f"Ctrl-C again to abort)")
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
 
@@ -409,6 +409,28 @@ def stop_message(run: Run, stopped: str, epoch: int, done: int) -> str:
 
 # ---- validation ---------------------------------------------------------------------------------
 
+class StopRequested(Exception):
+    """Ctrl-C or SIGTERM while decoding (validation, test scoring): stop at the next batch."""
+
+
+@contextmanager
+def decoding_bar(run: Run, total: int, what: str):
+    """A progress bar over the sentences decoded, yielding translate_ids's `progress`: it
+    raises StopRequested at the next batch once a stop signal came."""
+    bar = tqdm(total=total, desc=what, unit=" sentences", leave=False, dynamic_ncols=True,
+               mininterval=1.0, disable=run.rank != 0)
+
+    def progress(done: int):
+        bar.update(done)
+        if run.stop_signal:
+            raise StopRequested()
+    try:
+        yield progress
+    finally:
+        bar.close()
+
+
+
 @torch.no_grad()
 def run_validation(run: Run):
     """Validation loss, then greedy decoding of the validation set (or its first
@@ -427,8 +449,10 @@ def run_validation(run: Run):
         tokens += (label != PAD).sum().item()
     n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
     started = time.time()
-    outputs = translate_ids(model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len, unk_id=UNK,
-                            batch_size=max(config.max_tokens // 40, config.batch_size, 1))
+    with decoding_bar(run, n, "validating") as progress:
+        outputs = translate_ids(model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
+                                unk_id=UNK, **decoding_limits(config), progress=progress,
+                                batch_size=max(config.max_tokens // 40, config.batch_size, 1))
     predictions = [detokenize(run.data.tokenizer_tgt, ids) for ids in outputs]
     metrics = {"loss": loss_sum / max(tokens, 1), **score(predictions, val.tgt_texts[:n])}
     for name, value in metrics.items():
@@ -485,22 +509,33 @@ def train_epoch(run: Run, epoch: int):
             return stopped
         if (config.eval_every and run.global_step % config.eval_every == 0
                 and done < run.batches_per_epoch):  # the epoch's end validates anyway
-            if validate(run, epoch):
+            stopped = validate(run, epoch)
+            if stopped:
                 save(run, epoch, epoch, done, step_checkpoint_path(config, epoch,
                                                                    run.global_step))
                 bar.close()
-                return "patience"
+                if stopped == "signal":
+                    tqdm.write(stop_message(run, stopped, epoch, done) + " (validation at "
+                               "this step was interrupted and is not recorded)")
+                return stopped
     bar.close()
     run.writer.add_scalar("train/epoch_tokens_per_s",
                           tokens_seen * run.world_size / (time.time() - started), run.global_step)
     return None
 
 
-def validate(run: Run, epoch: int) -> bool:
-    """Validation, once: on rank 0 while the others wait. Returns whether patience has run out
-    (on every rank)."""
-    out = keep_best(run, epoch, run_validation(run)) if run.rank == 0 else False
-    return sum_over_ranks(float(out))[0] > 0
+def validate(run: Run, epoch: int):
+    """Validation, once: on rank 0 while the others wait. Returns, on every rank, "patience"
+    if patience has run out, "signal" if a stop signal interrupted it, or None."""
+    out = 0.0
+    if run.rank == 0:
+        try:
+            out = float(keep_best(run, epoch, run_validation(run)))
+        except StopRequested:
+            run.model.train()
+            out = 2.0
+    agreed = sum_over_ranks(out)[0]
+    return "signal" if agreed >= 2 else "patience" if agreed > 0 else None
 
 
 def rank_of(h: dict):
@@ -538,8 +573,14 @@ def score_test_sets(run: Run):
     results = {"checkpoint": str(best), "sentences": len(test[0]), "scores": {}}
     for beam in (1, 4):
         name = "greedy" if beam == 1 else f"beam{beam}"
-        hyps = translate(run.model, config, run.data.tokenizer_src, run.data.tokenizer_tgt,
-                         test[0], beam=beam)
+        try:
+            with decoding_bar(run, len(test[0]), f"test, {name}") as progress:
+                hyps = translate(run.model, config, run.data.tokenizer_src,
+                                 run.data.tokenizer_tgt, test[0], beam=beam, progress=progress)
+        except StopRequested:
+            tqdm.write(f"test scoring stopped by {run.stop_signal[0]}: no results.json written "
+                       f"(translate.py --preload best --input ... --reference ... scores it)")
+            return
         scores = score(hyps, test[1], error_rates=False)
         results["scores"][name] = scores
         for metric in ("bleu", "chrf"):
@@ -571,8 +612,15 @@ def train_model(config: Config, given: set = frozenset()):
             save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))  # loses nothing
             if stopped:  # max_steps on the epoch's last batch
                 tqdm.write(stop_message(run, stopped, epoch, run.batches_per_epoch))
-        out_of_patience = stopped == "patience" or validate(run, epoch)
+        validated = stopped if stopped == "patience" else validate(run, epoch)
         run.writer.flush()
+        if validated == "signal":
+            tqdm.write(f"stopped by {run.stop_signal[0] if run.stop_signal else 'a signal'} "
+                       f"while validating epoch {epoch} (not recorded); saved "
+                       f"{latest_checkpoint_path(config)}. Resume with: {resume_command(run)}")
+            run.writer.close()
+            return
+        out_of_patience = validated == "patience"
         if out_of_patience:
             print(f"no better validation in the last {config.patience} validations "
                   f"(--patience {config.patience}): training stops")

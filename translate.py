@@ -8,8 +8,10 @@
 """
 
 import argparse
+import json
 import sys
 import unicodedata
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,8 +20,8 @@ from checkpoint import (CheckpointError, build_model, check_vocab, load_averaged
                         load_model_weights, merge_config, resolve_preload, tokenizer_path)
 from config import (ArgumentParser, Config, UserError, add_config_arguments, config_from_args,
                     fields_where, run_main)
-from dataset import (EOS, PAD, SOS, UNK, decode_lines, detokenize, load_corpus, load_tokenizer,
-                     tokenizer_keys, tokenizer_recipe)
+from dataset import (EOS, PAD, SOS, SPECIAL_TOKENS, UNK, decode_lines, detokenize, load_corpus,
+                     load_tokenizer, tokenizer_keys, tokenizer_recipe)
 from dataset import read_lines as dataset_read_lines
 from model import causal_mask, translate_ids
 from runtime import setup_device
@@ -47,11 +49,12 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
                                   f"python train.py, or pass --checkpoint PATH)")
     state, paths = load_averaged(config, path, average)
     if len(paths) > 1:
+        loaded = f"the average of {', '.join(str(p) for p in paths)}"
         print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
               file=sys.stderr)
     else:
-        print(f"loaded {path} (epoch {state['epoch']}, step {state['global_step']})",
-              file=sys.stderr)
+        loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
+        print(f"loaded {loaded}", file=sys.stderr)
     config = merge_config(Config.from_dict(state["config"]), config, given, path,
                           TRANSLATE_FIELDS)
     problem = config.validate()
@@ -64,7 +67,84 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     device = setup_device(config.device)
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     load_model_weights(model, state, path)
+    model.loaded_from = loaded  # said by export.py
     return model.to(device).eval(), config, tokenizer_src, tokenizer_tgt
+
+
+# ---- the CTranslate2 engine (export.py) ----------------------------------------------------------
+
+class Engine:
+    """A model exported by export.py, on CTranslate2: `translate_ids` decodes as model.py's
+    translate_ids does (the same length rules, the same tokens never generated)."""
+
+    def __init__(self, folder: Path, device: str = "auto", threads: int = 0):
+        from export import import_ctranslate2
+        ctranslate2 = import_ctranslate2()
+        kind, _, index = device.partition(":")
+        if kind not in ("auto", "cpu", "cuda"):
+            raise InputError(f"--device {device}: CTranslate2 runs on cpu or cuda")
+        try:
+            self.translator = ctranslate2.Translator(
+                str(folder), device=kind, device_index=int(index or 0),
+                intra_threads=threads, inter_threads=1)
+        except (RuntimeError, ValueError) as e:
+            raise InputError(f"--ctranslate2 {folder}: cannot load it "
+                             f"({str(e).splitlines()[0]})") from None
+        self.tokens = None  # the source tokenizer's id -> token (set by load_engine)
+        self.ids = None  # the target tokenizer's token -> id
+
+    def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=0.6,
+                      batch_size=64, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
+                      unk_id=None, progress=None):
+        """As model.translate_ids. The engine takes one maximum length a call, so sentences
+        are sent in groups of equal limits (sentences of one length share theirs)."""
+        from model import output_limits
+        sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]
+        limits = output_limits(torch.tensor([len(s) for s in sources]), max_len_a, max_len_b,
+                               seq_len).tolist()
+        banned = [[SPECIAL_TOKENS[i]] for i in (pad_id, sos_id)]
+        results = [None] * len(sources)
+        for limit in sorted(set(limits)):
+            group = [n for n, x in enumerate(limits) if x == limit]
+            out = self.translator.translate_batch(
+                [sources[n] for n in group], beam_size=beam, length_penalty=alpha,
+                num_hypotheses=nbest, max_batch_size=batch_size, max_input_length=0,
+                max_decoding_length=limit, min_decoding_length=min_len,
+                disable_unk=unk_id is not None, suppress_sequences=banned,
+                return_scores=nbest > 1)
+            for n, r in zip(group, out):
+                hyps = [[self.ids[t] for t in h] for h in r.hypotheses]
+                results[n] = list(zip(hyps, r.scores)) if nbest > 1 else hyps[0]
+            if progress is not None:
+                progress(len(group))
+        return results
+
+
+def load_engine(folder, config: Config, given=frozenset(), threads: int = 0):
+    """(engine, config, tokenizer_src, tokenizer_tgt) of a folder written by export.py: the
+    training config from its export.json, with the translate-time flags given on top."""
+    from export import EXPORT_NOTE
+    folder = Path(folder)
+    try:
+        note = json.loads((folder / EXPORT_NOTE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise InputError(f"--ctranslate2 {folder}: no {EXPORT_NOTE} there; export a "
+                         f"checkpoint with export.py --output {folder}") from None
+    saved = Config.from_dict(note["config"])
+    config = merge_config(saved, config, given, folder / EXPORT_NOTE, TRANSLATE_FIELDS)
+    config.model_folder = str(folder)
+    problem = config.validate()
+    if problem:
+        raise InputError(problem)
+    tokenizer_src, tokenizer_tgt = (
+        load_tokenizer(tokenizer_path(config, key), config.tokenizer_type,
+                       tokenizer_recipe(config, key)) for key in tokenizer_keys(config))
+    engine = Engine(folder, config.device, threads)
+    engine.tokens = [tokenizer_src.id_to_token(i) for i in range(tokenizer_src.get_vocab_size())]
+    engine.ids = tokenizer_tgt.get_vocab()
+    print(f"loaded the CTranslate2 model {folder} ({note['quantization']}, from "
+          f"{note.get('source')})", file=sys.stderr)
+    return engine, config, tokenizer_src, tokenizer_tgt
 
 
 # ---- scores -------------------------------------------------------------------------------------
@@ -176,10 +256,16 @@ def clean(sentence: str) -> str:
     return "".join(" " if unicodedata.category(c) == "Cc" else c for c in sentence).strip()
 
 
+def decoding_limits(config: Config) -> dict:
+    """The output-length rules of a config, as translate_ids takes them."""
+    return {"max_len_a": config.max_len_a, "max_len_b": config.max_len_b,
+            "min_len": config.min_len}
+
+
 def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=0.6,
-              nbest=1, batch_size=None):
+              nbest=1, batch_size=None, progress=None):
     """Translations of `sentences` (an empty sentence gives an empty translation); with
-    nbest > 1 a list of (translation, score) per sentence."""
+    nbest > 1 a list of (translation, score) per sentence. `progress`: see translate_ids."""
     sentences = [clean(s) for s in sentences]
     ids = [e.ids for e in tokenizer_src.encode_batch(sentences)]
     for n, i in enumerate(ids, 1):
@@ -188,9 +274,10 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
                   f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",
                   file=sys.stderr)
     todo = [n for n, s in enumerate(sentences) if s]
-    outputs = translate_ids(model, [ids[n] for n in todo], SOS, EOS, PAD, config.seq_len,
-                            beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size or 64,
-                            unk_id=UNK)
+    decode = model.translate_ids if isinstance(model, Engine) else partial(translate_ids, model)
+    outputs = decode([ids[n] for n in todo], SOS, EOS, PAD, config.seq_len, beam=beam,
+                     alpha=alpha, nbest=nbest, batch_size=batch_size or 64, unk_id=UNK,
+                     **decoding_limits(config), progress=progress)
     results = [[("", 0.0)] if nbest > 1 else "" for _ in sentences]
     for n, out in zip(todo, outputs):
         if nbest > 1:
@@ -208,28 +295,14 @@ def validation_example(config: Config, index: int):
     return val[index]["src"], val[index]["tgt"]
 
 
-def parse_args(argv):
-    """The command line: (args, config of the flags given, names of the flags given)."""
-    parser = ArgumentParser(
-        description="Translate sentences with a trained checkpoint.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("sentence", nargs="?", help="a sentence (none: --input or stdin)")
-    parser.add_argument("--example", type=int, metavar="N", help="translate example N of the "
-                        "validation split the model was trained with, beside its reference")
+def add_locating_arguments(parser):
+    """The flags that find a trained model (--model_folder, --preload, --checkpoint,
+    --average) and the translate-time settings (decoding limits, device, batch size), with
+    the architecture flags (checked against the checkpoint) hidden from --help."""
     parser.add_argument("--checkpoint", help="checkpoint file (default: --preload in "
                         "--model_folder, i.e. the newest)")
-    parser.add_argument("--input", help="file of sentences, one a line ('-': stdin)")
-    parser.add_argument("--output", help="write translations here instead of stdout")
-    parser.add_argument("--reference", help="reference translations of --input: print corpus "
-                        "sacreBLEU and chrF")
-    parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
-    parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
-    parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
-                        "(score, then translation, tab-separated)")
     parser.add_argument("--average", type=int, default=1, help="average the weights of the "
                         "newest N per-epoch checkpoints")
-    parser.add_argument("--attention", metavar="PNG", help="write the cross-attention map of "
-                        "the (single) sentence to this PNG file")
     model_fields = fields_where(group="model")
     from_checkpoint = {name: f"{Config.__dataclass_fields__[name].metadata['help']} (default: "
                        f"the checkpoint's{'' if name in TRANSLATE_FIELDS else '; must match'})"
@@ -239,20 +312,62 @@ def parse_args(argv):
         **from_checkpoint,
         "batch_size": "sentences translated at once (default: 64)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
-        "preload": "checkpoint in --model_folder: latest or an epoch (default: latest)"})
-    args = parser.parse_args(argv)
+        "preload": "checkpoint in --model_folder: latest, best or an epoch (default: latest)"})
+
+
+def checkpoint_config(parser, args):
+    """(config of the flags given, names of the flags given); training-only flags refused."""
     config, given = config_from_args(args)
-    for name in sorted(given - TRANSLATE_FIELDS - model_fields):
+    for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")
+    if args.average < 1 or (args.batch_size is not None and args.batch_size < 1):
+        parser.error("--average and --batch_size must be positive")
+    return config, given
+
+
+def parse_args(argv):
+    """The command line: (args, config of the flags given, names of the flags given)."""
+    parser = ArgumentParser(
+        description="Translate sentences with a trained checkpoint.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("sentence", nargs="?", help="a sentence (none: --input or stdin)")
+    parser.add_argument("--example", type=int, metavar="N", help="translate example N of the "
+                        "validation split the model was trained with, beside its reference")
+    parser.add_argument("--input", help="file of sentences, one a line ('-': stdin)")
+    parser.add_argument("--output", help="write translations here instead of stdout")
+    parser.add_argument("--reference", help="reference translations of --input: print corpus "
+                        "sacreBLEU and chrF")
+    parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
+    parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
+    parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
+                        "(score, then translation, tab-separated)")
+    parser.add_argument("--attention", metavar="PNG", help="write the cross-attention map of "
+                        "the (single) sentence to this PNG file")
+    parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
+                        "by export.py, on the CTranslate2 engine")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads of the decoder "
+                        "(this repo's or the engine's; 0: the library's default)")
+    add_locating_arguments(parser)
+    args = parser.parse_args(argv)
+    config, given = checkpoint_config(parser, args)
     if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam and args.beam > 1 or \
-            args.average < 1 or (args.batch_size is not None and args.batch_size < 1):
-        parser.error("--beam, --nbest, --average and --batch_size must be positive, with "
-                     "--nbest at most --beam")
+            args.threads < 0:
+        parser.error("--beam and --nbest must be positive, with --nbest at most --beam; "
+                     "--threads must not be negative")
     if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
         parser.error("give one of a sentence, --input and --example")
     if args.reference and (args.sentence is not None or args.example is not None):
         parser.error("--reference goes with --input or stdin")
+    if args.ctranslate2:
+        located = given & ({"checkpoint", "preload", "model_folder", "model_basename"}
+                           | fields_where(group="model")) | \
+            ({"checkpoint"} if args.checkpoint else set()) | \
+            ({"average"} if args.average > 1 else set()) | \
+            ({"attention"} if args.attention else set())
+        if located:
+            parser.error(f"--ctranslate2 takes the exported model as it is: not with "
+                         f"--{sorted(located)[0]} (export another model with export.py)")
     return args, config, given
 
 
@@ -298,8 +413,14 @@ def write_outputs(args, sentences, outputs, reference):
 
 def main(argv=None):
     args, config, given = parse_args(argv)
-    model, config, tokenizer_src, tokenizer_tgt = load_translator(config, given, args.checkpoint,
-                                                                  args.average)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.ctranslate2:
+        model, config, tokenizer_src, tokenizer_tgt = load_engine(args.ctranslate2, config,
+                                                                  given, args.threads)
+    else:
+        model, config, tokenizer_src, tokenizer_tgt = load_translator(
+            config, given, args.checkpoint, args.average)
     sentences, reference, refs = read_sources(args, config)
     outputs = translate(model, config, tokenizer_src, tokenizer_tgt, sentences,
                         max(args.beam, args.nbest), args.alpha, args.nbest, args.batch_size)

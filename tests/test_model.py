@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from model import (LayerNormalization, MultiHeadAttentionBlock, PositionalEncoding, beam_search,
-                   build_transformer, causal_mask, greedy_decode, translate_ids)
+                   build_transformer, causal_mask, greedy_decode, output_limits,
+                   translate_ids)
 
 PAD, SOS, EOS = 1, 2, 3
 
@@ -226,8 +227,7 @@ def test_beam_hypotheses_are_sorted_by_length_penalized_score():
             logits = model(src[i:i + 1], full, torch.ones(1, 1, 1, 5, dtype=torch.bool),
                            causal_mask(full.size(1)))
             logp = logits.log_softmax(-1)[0]
-            ends = len(tokens) < 8  # shorter than the limit: it ended with [EOS]
-            targets = tokens + ([EOS] if ends else [])
+            targets = tokens + [EOS]  # every hypothesis ends with [EOS] (forced at the limit)
             total = sum(logp[i, t].item() for i, t in enumerate(targets))
             length = len(targets)
             assert score == pytest.approx(total / ((5 + length) / 6) ** 0.6, abs=1e-3)
@@ -250,3 +250,49 @@ def test_decoding_stops_at_eos_and_at_the_maximum_length():
     assert [len(o) for o in out] == [4, 7]
     beams = beam_search(model, src, src_mask, SOS, EOS, limit, beam=3)
     assert [len(h[0][0]) for h in beams] == [4, 7]
+
+
+def test_output_length_limits_and_no_empty_translation():
+    """Issue 17: fairseq's max_len_a · src_len + max_len_b bounds every output (capped by
+    seq_len); min_len bars [EOS] until that many tokens are out, so beam search never returns
+    an empty translation (it used to rank the empty hypothesis first)."""
+    lengths = torch.tensor([1, 5, 20, 200])
+    assert output_limits(lengths, 1.2, 10, seq_len=64).tolist() == [11, 16, 34, 62]
+    model = tiny_model(vocab=20, seed=0)
+    sources = [[5, 6], [7, 8, 9, 10, 11]]
+    with torch.no_grad():  # [EOS] is always the model's first choice
+        model.projection_layer.proj.bias.fill_(-100.0)
+        model.projection_layer.proj.bias[EOS] = 100.0
+    assert translate_ids(model, sources, SOS, EOS, PAD, 32, min_len=0) == [[], []]
+    for beam in (1, 4):
+        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, min_len=1)
+        assert [len(o) for o in out] == [1, 1], out
+        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, min_len=3)
+        assert [len(o) for o in out] == [3, 3], out
+    with torch.no_grad():  # now it never says [EOS]: every output runs to its limit
+        model.projection_layer.proj.bias.fill_(0.0)
+        model.projection_layer.proj.bias[EOS] = -100.0
+    for beam in (1, 4):
+        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, max_len_a=1.5,
+                            max_len_b=2)
+        assert [len(o) for o in out] == [5, 9], out  # floor(1.5 · 2 + 2), floor(1.5 · 5 + 2)
+
+
+def test_decoding_reports_progress_and_stops_at_the_next_batch_when_asked():
+    """Issue 17: validation decoding showed no progress and ignored the first Ctrl-C."""
+    model = tiny_model(vocab=20, seed=0)
+    sources = [[5 + i % 10] * (1 + i % 4) for i in range(10)]
+    done = []
+    translate_ids(model, sources, SOS, EOS, PAD, 32, batch_size=4, progress=done.append)
+    assert done == [4, 4, 2]
+
+    class Stop(Exception):
+        pass
+
+    def stop(n):
+        done.append(n)
+        raise Stop()
+    done.clear()
+    with pytest.raises(Stop):
+        translate_ids(model, sources, SOS, EOS, PAD, 32, batch_size=4, progress=stop)
+    assert done == [4]  # one batch, then it stopped

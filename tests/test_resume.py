@@ -323,3 +323,24 @@ def test_grouped_query_attention_shares_key_value_heads_without_copying_them(mon
         monkeypatch.setattr(torch.Tensor, "repeat_interleave",
                             lambda *a, **k: pytest.fail("keys and values copied"))
         torch.testing.assert_close(model(src, tgt, mask), expected)
+
+
+def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, train_here,
+                                                                   monkeypatch):
+    """Issue 17: validation decoding ignored the first Ctrl-C (and showed no progress)."""
+    import os
+    corpus(tmp_path / "c")
+    real = train.translate_ids
+
+    def interrupted(*args, **kwargs):  # Ctrl-C arrives while the validation set decodes
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(train, "translate_ids", interrupted)
+    code, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
+    assert code == 0, err
+    assert "stopped by SIGINT while validating epoch 0 (not recorded); saved " \
+           "weights/tmodel_00.pt. Resume with: python train.py --model_folder weights" in out
+    assert not history_path(Config(model_folder=str(tmp_path / "weights"))).exists()
+    monkeypatch.setattr(train, "translate_ids", real)
+    code, out, err = train_here()
+    assert code == 0 and "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out, err

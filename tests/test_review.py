@@ -173,8 +173,9 @@ def test_decoders_never_emit_pad_sos_or_unk():
         model.projection_layer.proj.bias[EOS] = -100.0
     sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     for beam in (1, 3):
-        outputs = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, extra_len=5,
-                                unk_id=UNK)
+        outputs = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, max_len_a=1,
+                                max_len_b=5, unk_id=UNK)
         assert all(out and not {PAD, SOS, UNK} & set(out) for out in outputs), (beam, outputs)
-    emitted = translate_ids(model, sources, SOS, EOS, PAD, 32, extra_len=5)  # no unk_id
+    emitted = translate_ids(model, sources, SOS, EOS, PAD, 32, max_len_a=1,
+                            max_len_b=5)  # no unk_id
     assert all(set(out) == {UNK} for out in emitted)  # the bias works: UNK unless banned
