@@ -1,24 +1,29 @@
-"""Decoding speed and quality of a trained checkpoint on a test set.
+"""Decoding speed and quality of a trained checkpoint, side by side with CTranslate2.
 
-    python bench_decode.py --model_folder weights        # Multi30k test_2016_flickr by default
+    python bench_decode.py --model_folder weights --threads 2     # Multi30k test_2016_flickr
 
-Times three decoders on the same sentences and checks they agree:
-  1. the write-ups' way: one sentence at a time, the whole decoder re-run over the whole prefix
-     for every new token (on the first --single sentences; all 1,000 take about a minute);
-  2. batched greedy with the key/value cache (every sentence);
-  3. batched beam search (--beam, --alpha) with the cache (every sentence);
-and prints sentences/s, the speed-ups, and sacreBLEU / chrF of greedy and beam.
+One run, one trained model, the same sentences, the same thread count, the same length rules
+(the checkpoint's --max_len_a/--max_len_b/--min_len):
+  this repo: batched greedy and beam search with the key/value cache (fp32), and, with
+             --variants, the same greedy in bf16 and with dynamic int8 linear layers;
+  CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
+             float32, greedy and beam; and in int8, greedy.
+For each: seconds, target tokens/s (tokens output, [EOS] counted), sacreBLEU BLEU and chrF,
+and how many outputs are identical to this repo's greedy ones. Then the ratio the decoder is
+held to: this repo's greedy tokens/s over CTranslate2 float32 greedy's.
 """
 
+import copy
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from config import ArgumentParser, add_config_arguments, config_from_args, run_main
+from config import ArgumentParser, run_main
 from dataset import EOS, PAD, SOS, UNK, detokenize
 from model import translate_ids
-from translate import TRANSLATE_FIELDS, load_translator, read_lines, score
+from translate import add_locating_arguments, checkpoint_config, load_translator, read_lines, score
 
 
 def timed(fn):
@@ -27,62 +32,100 @@ def timed(fn):
     return result, time.perf_counter() - started
 
 
+def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
+    """CTranslate2 exports of `model` in float32 and int8, loaded; {} without ctranslate2."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        print("ctranslate2 is not installed: its rows are left out (pip install ctranslate2)")
+        return {}
+    from export import export
+    from translate import Engine
+    out = {}
+    for quantization in ("float32", "int8"):
+        path = export(model, config, tok_src, tok_tgt, folder / quantization, quantization)
+        out[quantization] = Engine(path, "cpu", threads)
+        out[quantization].tokens = [tok_src.id_to_token(i)
+                                    for i in range(tok_src.get_vocab_size())]
+        out[quantization].ids = tok_tgt.get_vocab()
+    return out
+
+
+def variants(model):
+    """This repo's model in bf16, and with dynamic int8 linear layers (torch.ao)."""
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear},
+                                                  dtype=torch.qint8)
+    return {"bf16": bf16, "dynamic int8": int8}
+
+
 def main(argv=None):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", help="checkpoint file (default: newest in "
-                        "--model_folder)")
+    parser.add_argument("--data_dir_test", metavar="DIR", default="data/multi30k",
+                        help="folder of the test files (default: data/multi30k)")
     parser.add_argument("--split", default="test_2016_flickr",
-                        help="files {data_dir}/{split}.{lang} to translate and score")
-    parser.add_argument("--single", type=int, default=1000, help="sentences decoded the "
-                        "write-ups' way (one at a time, no cache); 0 = skip")
+                        help="files DIR/{split}.{lang} to translate and score")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    add_config_arguments(parser, visible=TRANSLATE_FIELDS)
-    parser.set_defaults(data_dir="data/multi30k")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of every decoder")
+    parser.add_argument("--variants", action="store_true", help="also this repo's greedy in "
+                        "bf16 and with dynamic int8 linear layers")
+    add_locating_arguments(parser)
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config, given = config_from_args(args)
-    model, config, tok_src, tok_tgt = load_translator(config, given, args.checkpoint)
-    data_dir = Path(args.data_dir)
-    sources = read_lines(data_dir / f"{args.split}.{config.lang_src}")
-    references = read_lines(data_dir / f"{args.split}.{config.lang_tgt}")
+    config, given = checkpoint_config(parser, args)
+    torch.set_num_threads(args.threads)
+    model, config, tok_src, tok_tgt = load_translator(config, given, args.checkpoint,
+                                                      args.average)
+    folder = Path(args.data_dir_test)
+    sources = read_lines(folder / f"{args.split}.{config.lang_src}")
+    references = read_lines(folder / f"{args.split}.{config.lang_tgt}")
     ids = [e.ids for e in tok_src.encode_batch(sources)]
-    special = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len, unk_id=UNK)
     batch = args.batch_size or 100
-    device = next(model.parameters()).device
-    print(f"{len(sources)} sentences of {data_dir / args.split}.{config.lang_src}; model "
-          f"d_model {config.d_model}, N {config.N}; device {device} "
-          f"({torch.get_num_threads()} threads); batches of {batch}")
-
-    def decode(texts):
-        return [detokenize(tok_tgt, o) for o in texts]
-
-    for beam in (1, args.beam):  # warm-up: one batch of each
-        translate_ids(model, ids[:batch], **special, beam=beam, batch_size=batch)
-    greedy, t_greedy = timed(lambda: translate_ids(model, ids, **special, batch_size=batch))
-    beam, t_beam = timed(lambda: translate_ids(model, ids, **special, beam=args.beam,
-                                               alpha=args.alpha, batch_size=batch))
-    rows = [("batched greedy, cached", len(ids), t_greedy),
-            (f"batched beam {args.beam}, cached", len(ids), t_beam)]
-    if args.single:
-        n = min(args.single, len(ids))
-        single, t_single = timed(lambda: [translate_ids(model, [i], **special, batch_size=1,
-                                                        use_cache=False)[0] for i in ids[:n]])
-        rows.insert(0, ("one at a time, full re-decode", n, t_single))
-        same = sum(a == b for a, b in zip(single, greedy[:n]))
-    print(f"\n{'':34} {'sentences':>9} {'seconds':>8} {'sent/s':>8}")
-    for name, count, seconds in rows:
-        print(f"{name:34} {count:9d} {seconds:8.2f} {count / seconds:8.1f}")
-    print()
-    if args.single:
-        speedup = (len(ids) / t_greedy) / (n / t_single)
-        print(f"batched cached greedy / one-at-a-time full re-decode: {speedup:.1f}x "
-              f"(target >= 20); identical outputs: {same} of {n}")
-    print(f"beam {args.beam} time / greedy time: {t_beam / t_greedy:.2f}x (target <= 3)")
-    for name, outputs in (("greedy", greedy), (f"beam {args.beam}", beam)):
-        print(f"{name}:\n{score(decode(outputs), references, error_rates=False)['report']}")
+    common = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len, unk_id=UNK,
+                  batch_size=batch, max_len_a=config.max_len_a, max_len_b=config.max_len_b,
+                  min_len=config.min_len)
+    print(f"{len(sources)} sentences of {folder / args.split}.{config.lang_src}; "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (d_model "
+          f"{config.d_model}, N {config.N}); {args.threads} threads; batches of {batch}; "
+          f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
+    runs = [("this repo, greedy", lambda: translate_ids(model, ids, **common)),
+            (f"this repo, beam {args.beam}",
+             lambda: translate_ids(model, ids, **common, beam=args.beam, alpha=args.alpha))]
+    if args.variants:
+        for name, variant in variants(model).items():
+            runs.append((f"this repo {name}, greedy",
+                         lambda m=variant: translate_ids(m, ids, **common)))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, engine in engines(model, config, tok_src, tok_tgt, Path(tmp),
+                                    args.threads).items():
+            runs.append((f"CTranslate2 {name}, greedy",
+                         lambda e=engine: e.translate_ids(ids, **common)))
+            if name == "float32":
+                runs.append((f"CTranslate2 {name}, beam {args.beam}",
+                             lambda e=engine: e.translate_ids(ids, **common, beam=args.beam,
+                                                              alpha=args.alpha)))
+        rows = []
+        for name, run in runs:
+            run_warm = run  # one untimed pass first: allocations, thread pools, caches
+            run_warm()
+            outputs, seconds = timed(run)
+            rows.append((name, outputs, seconds))
+    greedy = rows[0][1]
+    print(f"\n{'':34} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
+          f"{'= greedy':>9}")
+    speed = {}
+    for name, outputs, seconds in rows:
+        tokens = sum(len(o) + 1 for o in outputs)  # with the [EOS]
+        scores = score([detokenize(tok_tgt, o) for o in outputs], references, error_rates=False)
+        same = sum(a == b for a, b in zip(outputs, greedy))
+        speed[name] = tokens / seconds
+        print(f"{name:34} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
+              f"{scores['chrf']:6.2f} {same:5d}/{len(outputs)}")
+    if "CTranslate2 float32, greedy" in speed:
+        ratio = speed["this repo, greedy"] / speed["CTranslate2 float32, greedy"]
+        print(f"\nthis repo's greedy / CTranslate2 float32 greedy, tokens/s: {ratio:.2f}x "
+              f"(target >= 0.8)")
+    print(f"sacreBLEU: {score(['x'], ['x'])['report'].splitlines()[0].split('(')[-1][:-1]}")
 
 
 if __name__ == "__main__":

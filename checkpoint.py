@@ -267,6 +267,8 @@ def build_model(config: Config, src_vocab_size: int, tgt_vocab_size: int):
     return build_transformer(src_vocab_size, tgt_vocab_size, config.seq_len, config.seq_len,
                              d_model=config.d_model, N=config.N, h=config.h,
                              dropout=config.dropout, d_ff=config.d_ff,
+                             attention_dropout=config.attention_dropout,
+                             activation_dropout=config.activation_dropout,
                              tie_embeddings=config.tie_embeddings, norm_first=config.norm_first,
                              norm=config.norm, ffn=config.ffn, pos=config.pos,
                              n_kv_heads=config.n_kv_heads or None,

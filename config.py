@@ -60,7 +60,10 @@ class Config:
     N: int = _f(6, "encoder and decoder layers", group="model")
     h: int = _f(8, "attention heads", group="model")
     d_ff: int = _f(2048, "feed-forward inner width", group="model")
-    dropout: float = _f(0.1, "dropout rate")
+    dropout: float = _f(0.1, "dropout of each sublayer's output and of the embeddings plus "
+                             "positions (the paper's residual dropout)")
+    attention_dropout: float = _f(0.1, "dropout of the attention weights")
+    activation_dropout: float = _f(0.1, "dropout of the feed-forward's hidden activations")
     norm_first: bool = _f(True, "pre-norm (the write-ups; a final norm ends each stack); false: "
                                 "the paper's post-norm (Add & Norm)", group="model")
     norm: str = _f("layer", "layer: LayerNorm; rms: RMSNorm (no centring, no bias)",
@@ -176,8 +179,9 @@ class Config:
             return f"--seq_len must be at least 3 ([SOS], one token, [EOS]), got {self.seq_len}"
         if self.max_tokens and self.max_tokens < self.seq_len:
             return f"--max_tokens ({self.max_tokens}) must be at least --seq_len ({self.seq_len})"
-        if not 0 <= self.dropout < 1:
-            return f"--dropout must be in [0, 1), got {self.dropout}"
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                return f"--{name} must be in [0, 1), got {getattr(self, name)}"
         if not 0 <= self.label_smoothing < 1:
             return f"--label_smoothing must be in [0, 1), got {self.label_smoothing}"
         if not 0 < self.val_fraction < 1:
@@ -202,10 +206,14 @@ class Config:
     @classmethod
     def from_dict(cls, d):
         """Rebuild a Config from a checkpoint's dict; unknown keys (newer code) are dropped,
-        missing ones (older code) take their defaults, and tie_embeddings true/false (before
-        it had three values) reads as decoder/none."""
+        missing ones (older code) take their defaults, but the attention and activation
+        dropout that of --dropout (one rate for all, then), and tie_embeddings true/false
+        (before it had three values) reads as decoder/none."""
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in names}
+        for name in ("attention_dropout", "activation_dropout"):  # before they were separate
+            if name not in d and "dropout" in d:
+                d[name] = d["dropout"]
         if isinstance(d.get("tie_embeddings"), bool):
             d["tie_embeddings"] = "decoder" if d["tie_embeddings"] else "none"
         return cls(**d)
@@ -219,23 +227,28 @@ PRESETS = {
     # batches of 8 sentences (padded to their longest: the same updates), constant 1e-4.
     "writeups": dict(ARCHITECTURE, tie_embeddings="none", shared_vocab=False,
                      tokenizer_type="word", seq_len=350, d_model=512, N=6, h=8, d_ff=2048,
-                     dropout=0.1, batch_size=8, max_tokens=0, lr_schedule="constant", lr=1e-4),
+                     dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, batch_size=8,
+                     max_tokens=0, lr_schedule="constant", lr=1e-4),
     # The paper (section 5, table 3): post-norm, one joint BPE vocabulary (37k for WMT14 en-de)
     # shared by both embeddings and the projection, about 25k tokens a step, warm-up 4000 then
-    # inverse square root at its exact values (d_model · warmup)^-0.5.
+    # inverse square root at its exact values (d_model · warmup)^-0.5; residual dropout only
+    # (section 5.4).
     "paper_base": dict(ARCHITECTURE, norm_first=False, tie_embeddings="all", shared_vocab=True,
                        tokenizer_type="bpe", vocab_size=37000, d_model=512, N=6, h=8,
-                       d_ff=2048, dropout=0.1, label_smoothing=0.1, max_tokens=25000,
+                       d_ff=2048, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+                       label_smoothing=0.1, max_tokens=25000,
                        lr_schedule="inverse_sqrt", warmup=4000, lr=6.99e-4),
     "paper_big": dict(ARCHITECTURE, norm_first=False, tie_embeddings="all", shared_vocab=True,
                       tokenizer_type="bpe", vocab_size=37000, d_model=1024, N=6, h=16,
-                      d_ff=4096, dropout=0.3, label_smoothing=0.1, max_tokens=25000,
+                      d_ff=4096, dropout=0.3, attention_dropout=0.0, activation_dropout=0.0,
+                      label_smoothing=0.1, max_tokens=25000,
                       lr_schedule="inverse_sqrt", warmup=4000, lr=4.94e-4),
     # The modern encoder-decoder write-up: RMSNorm pre-norm, rotary positions, 8 query heads
     # sharing 4 key/value heads, SwiGLU, linear warm-up then cosine decay, clipping.
     "modern_small": dict(norm_first=True, norm="rms", ffn="swiglu", pos="rope", n_kv_heads=4,
                          tie_embeddings="decoder", shared_vocab=False, tokenizer_type="bpe",
-                         d_model=128, N=4, h=8, d_ff=512, dropout=0.1, lr_schedule="cosine",
+                         d_model=128, N=4, h=8, d_ff=512, dropout=0.1, attention_dropout=0.1,
+                         activation_dropout=0.1, lr_schedule="cosine",
                          warmup=0, lr=0.0, clip_grad=1.0),
 }
 

@@ -42,7 +42,8 @@ def import_ctranslate2():
 
 
 def numpy(t):
-    return t.detach().float().cpu().numpy()
+    """A copy: CTranslate2 optimizes (quantizes) the arrays it is given in place."""
+    return t.detach().float().cpu().numpy().copy()
 
 
 def _linear(spec, linear=None, weight=None):

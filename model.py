@@ -458,8 +458,13 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
                       dropout: float = 0.1, d_ff: int = 2048, tie_embeddings="none",
                       norm_first: bool = True, norm: str = "layer", ffn: str = "relu",
                       pos: str = "sinusoidal", n_kv_heads: int = None,
-                      shared_vocab: bool = False) -> Transformer:
+                      shared_vocab: bool = False, attention_dropout: float = None,
+                      activation_dropout: float = None) -> Transformer:
     """The Transformer of the paper (with pre-norm by default, as in the write-ups).
+
+    dropout: the paper's residual dropout (each sublayer's output, and the sum of embeddings
+    and positions, section 5.4); attention_dropout: on the attention weights; activation_dropout:
+    on the feed-forward's hidden activations (both None: as dropout; fairseq's default is 0).
 
     norm_first: pre-norm (True) or the paper's post-norm; norm: "layer" or "rms"; ffn: "relu"
     or "swiglu"; pos: "sinusoidal" (added to the embeddings) or "rope" (rotary, inside
@@ -483,18 +488,21 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
     else:
         src_pos, tgt_pos = EmbeddingDropout(src_seq_len, dropout), EmbeddingDropout(
             tgt_seq_len, dropout)
-    feed_forward = SwiGLUFeedForwardBlock if ffn == "swiglu" else FeedForwardBlock
+    attention_dropout = dropout if attention_dropout is None else attention_dropout
+    activation_dropout = dropout if activation_dropout is None else activation_dropout
     layer = dict(dropout=dropout, norm=norm, norm_first=norm_first)
 
-    def self_attention():
-        return MultiHeadAttentionBlock(d_model, h, dropout, n_kv_heads, rotary)
+    def feed_forward():
+        block = SwiGLUFeedForwardBlock if ffn == "swiglu" else FeedForwardBlock
+        return block(d_model, d_ff, activation_dropout)
 
-    encoder_blocks = [EncoderBlock(d_model, self_attention(),
-                                   feed_forward(d_model, d_ff, dropout), **layer)
+    def attention(rotary=None):
+        return MultiHeadAttentionBlock(d_model, h, attention_dropout, n_kv_heads, rotary)
+
+    encoder_blocks = [EncoderBlock(d_model, attention(rotary), feed_forward(), **layer)
                       for _ in range(N)]
-    decoder_blocks = [DecoderBlock(d_model, self_attention(),
-                                   MultiHeadAttentionBlock(d_model, h, dropout, n_kv_heads),
-                                   feed_forward(d_model, d_ff, dropout), **layer)
+    decoder_blocks = [DecoderBlock(d_model, attention(rotary), attention(), feed_forward(),
+                                   **layer)  # self-attention (rotary), cross-attention
                       for _ in range(N)]
     encoder = Encoder(d_model, nn.ModuleList(encoder_blocks), norm, norm_first)
     decoder = Decoder(d_model, nn.ModuleList(decoder_blocks), norm, norm_first)
@@ -504,6 +512,8 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
     for p in transformer.parameters():  # Xavier (Glorot) uniform on every matrix
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
+    for embed in (src_embed, tgt_embed):  # N(0, 1/d_model): times sqrt(d_model), unit size
+        nn.init.normal_(embed.embedding.weight, std=d_model ** -0.5)  # beside the positions
     if tie in ("decoder", "all"):  # Section 3.4: the target embedding is the projection
         projection_layer.proj.weight = tgt_embed.embedding.weight
     return transformer

@@ -169,3 +169,34 @@ def test_old_true_false_tie_embeddings_still_load():
         assert Config.from_dict(old).tie_embeddings == expected
     legacy = {k: v for k, v in old.items() if k not in ("norm", "ffn", "pos", "n_kv_heads")}
     assert Config.from_dict(legacy).pos == "sinusoidal"  # options saved before they existed
+
+
+@pytest.mark.parametrize("rates, random", [
+    ((0.0, 0.0, 0.0), False), ((0.0, 0.5, 0.0), True), ((0.0, 0.0, 0.5), True),
+    ((0.5, 0.0, 0.0), True)])
+def test_each_dropout_rate_reaches_its_place(rates, random):
+    """Issue 18: --dropout is the paper's residual (and embedding) dropout; the attention
+    weights and the feed-forward activations have rates of their own (fairseq's recipe sets
+    them apart)."""
+    dropout, attention, activation = rates
+    torch.manual_seed(0)
+    model = build_transformer(24, 24, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=dropout,
+                              attention_dropout=attention, activation_dropout=activation)
+    src, tgt = torch.randint(4, 24, (2, 7)), torch.randint(4, 24, (2, 6))
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    model.train()
+    assert (not torch.equal(model(src, tgt, mask), model(src, tgt, mask))) == random
+    # checkpoints of earlier versions had one rate for all three
+    old = Config.from_dict({"dropout": 0.3})
+    assert (old.attention_dropout, old.activation_dropout) == (0.3, 0.3)
+
+
+def test_a_scaled_embedding_has_unit_size_beside_the_positions():
+    """Issue 18: embeddings were Xavier-initialised, then scaled by sqrt(d_model): about 0.16
+    per feature for a 10k vocabulary at 128 wide, beside positional encodings of about 0.7.
+    N(0, 1/d_model) gives unit size, as fairseq's."""
+    for tie in ("none", "all"):
+        model = build_transformer(10000, 10000, 16, 16, d_model=128, N=1, h=4, d_ff=64,
+                                  tie_embeddings=tie, shared_vocab=tie == "all")
+        x = model.src_embed(torch.arange(10000))  # (vocab, d_model)
+        assert x.pow(2).mean().sqrt().item() == pytest.approx(1.0, abs=0.02)

@@ -422,3 +422,31 @@ def test_eval_every_validates_at_its_steps_and_at_the_end_of_each_epoch(tmp_path
                       | {per_epoch, 2 * per_epoch})
     assert [h["step"] for h in history] == expected
     assert [h["epoch"] for h in history] == [0 if s <= per_epoch else 1 for s in expected]
+
+
+def test_export_then_translate_a_file_on_the_engine(trained, tmp_path):
+    """Issue 17: train, export, translate with CTranslate2 as the README says."""
+    pytest.importorskip("ctranslate2")
+    home, _ = trained
+    t = run_script("export.py", "--output", tmp_path / "ct2", "--preload", "01", cwd=home)
+    assert t.returncode == 0 and "translate.py --ctranslate2" in t.stderr.decode(), \
+        t.stderr.decode()
+    files = ["corpus/val.en", "--reference", "corpus/val.it"]
+    ours = run_script("translate.py", "--preload", "01", "--input", *files, cwd=home)
+    theirs = run_script("translate.py", "--ctranslate2", tmp_path / "ct2", "--threads", "1",
+                        "--input", *files, cwd=home)
+    assert theirs.returncode == 0, theirs.stderr.decode()
+    a, b = ours.stdout.decode().splitlines(), theirs.stdout.decode().splitlines()
+    assert len(a) == len(b) == 8 and sum(x == y for x, y in zip(a, b)) >= 7, (a, b)
+    assert "BLEU = " in theirs.stderr.decode() and "tmodel_01.pt" in theirs.stderr.decode()
+    t = run_script("translate.py", "--ctranslate2", tmp_path / "ct2", "--beam", "3",
+                   "--nbest", "2", "one two.", cwd=home)
+    assert t.returncode == 0 and [line.split("\t")[0] for line in
+                                  t.stdout.decode().splitlines()] == ["0", "0"]
+    for args, message in ((["--checkpoint", "x.pt"], "not with --checkpoint"),
+                          (["--device", "mps"], "CTranslate2 runs on cpu or cuda")):
+        t = run_script("translate.py", "--ctranslate2", tmp_path / "ct2", *args, "hi", cwd=home)
+        err = t.stderr.decode()
+        assert t.returncode == 2 and message in err and err.count("\n") == 1, err
+    t = run_script("export.py", "--output", tmp_path / "ct2", cwd=home)
+    assert t.returncode == 2 and "already exists" in t.stderr.decode()
