@@ -7,15 +7,19 @@ One run, one trained model, the same sentences, the same thread count, the same 
   this repo: batched greedy and beam search with the key/value cache (fp32), and, with
              --variants, the same greedy in bf16 and with dynamic int8 linear layers;
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
-             float32, greedy and beam; and in int8, greedy.
-For each: seconds, target tokens/s (tokens output, [EOS] counted), sacreBLEU BLEU and chrF,
+             float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
+             calls it: greedy in one call, beam in one call per output-length limit).
+For each: seconds (the median of --repeats passes, interleaved with the other decoders'),
+target tokens/s (tokens output, [EOS] counted), sacreBLEU BLEU and chrF,
 and how many outputs are identical to this repo's greedy ones. Then the ratio the decoder is
 held to: this repo's greedy tokens/s over CTranslate2 float32 greedy's.
 """
 
 import copy
+import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -52,10 +56,16 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
 
 
 def variants(model):
-    """This repo's model in bf16, and with dynamic int8 linear layers (torch.ao)."""
+    """This repo's model in bf16, and with dynamic int8 linear layers (torch.ao: weights int8,
+    activations quantized on the fly). The fused Q/K/V projection stays fp32: attention uses
+    its weight directly (self-attention all of it, cross-attention its rows)."""
+    from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear},
-                                                  dtype=torch.qint8)
+    linears = {name: default_dynamic_qconfig for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and not name.endswith("w_qkv")}
+    with warnings.catch_warnings():  # torch.ao's deprecation notices
+        warnings.simplefilter("ignore")
+        int8 = quantize_dynamic(copy.deepcopy(model), linears, dtype=torch.qint8)
     return {"bf16": bf16, "dynamic int8": int8}
 
 
@@ -70,6 +80,11 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of every decoder")
     parser.add_argument("--variants", action="store_true", help="also this repo's greedy in "
                         "bf16 and with dynamic int8 linear layers")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes of each decoder, "
+                        "interleaved; the median is reported")
+    parser.add_argument("--single", type=int, default=0, metavar="N", help="also the "
+                        "write-ups' decoder on the first N sentences: one at a time, the whole "
+                        "prefix re-decoded for every token (no cache)")
     add_locating_arguments(parser)
     args = parser.parse_args(argv)
     config, given = checkpoint_config(parser, args)
@@ -91,6 +106,10 @@ def main(argv=None):
     runs = [("this repo, greedy", lambda: translate_ids(model, ids, **common)),
             (f"this repo, beam {args.beam}",
              lambda: translate_ids(model, ids, **common, beam=args.beam, alpha=args.alpha))]
+    if args.single:
+        runs.append((f"one at a time, no cache (first {args.single})",
+                     lambda: [translate_ids(model, [i], **{**common, "batch_size": 1},
+                                            use_cache=False)[0] for i in ids[:args.single]]))
     if args.variants:
         for name, variant in variants(model).items():
             runs.append((f"this repo {name}, greedy",
@@ -104,22 +123,26 @@ def main(argv=None):
                 runs.append((f"CTranslate2 {name}, beam {args.beam}",
                              lambda e=engine: e.translate_ids(ids, **common, beam=args.beam,
                                                               alpha=args.alpha)))
-        rows = []
-        for name, run in runs:
-            run_warm = run  # one untimed pass first: allocations, thread pools, caches
-            run_warm()
-            outputs, seconds = timed(run)
-            rows.append((name, outputs, seconds))
+        for _, run in runs:
+            run()  # one untimed pass first: allocations, thread pools, caches
+        times = {name: [] for name, _ in runs}
+        outputs = {}
+        for _ in range(args.repeats):  # interleaved, so that a slow moment hits every decoder
+            for name, run in runs:
+                outputs[name], seconds = timed(run)
+                times[name].append(seconds)
+        rows = [(name, outputs[name], statistics.median(times[name])) for name, _ in runs]
     greedy = rows[0][1]
-    print(f"\n{'':34} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
+    print(f"\n{'':40} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
           f"{'= greedy':>9}")
     speed = {}
     for name, outputs, seconds in rows:
         tokens = sum(len(o) + 1 for o in outputs)  # with the [EOS]
-        scores = score([detokenize(tok_tgt, o) for o in outputs], references, error_rates=False)
         same = sum(a == b for a, b in zip(outputs, greedy))
         speed[name] = tokens / seconds
-        print(f"{name:34} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
+        refs = references[:len(outputs)]
+        scores = score([detokenize(tok_tgt, o) for o in outputs], refs, error_rates=False)
+        print(f"{name:40} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
               f"{scores['chrf']:6.2f} {same:5d}/{len(outputs)}")
     if "CTranslate2 float32, greedy" in speed:
         ratio = speed["this repo, greedy"] / speed["CTranslate2 float32, greedy"]

@@ -1,6 +1,6 @@
 """Export a trained checkpoint to CTranslate2, the fastest inference engine for this model family.
 
-    pip install ctranslate2                                   # optional: serving only
+    pip install 'ctranslate2>=4.7'                            # optional: serving only
     python export.py --output ct2                             # newest checkpoint, float32
     python export.py --output ct2_int8 --quantization int8 --preload best
     python export.py --output ct2_avg --average 5             # the last 5 epochs averaged
@@ -36,8 +36,12 @@ def import_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise ExportError("CTranslate2 is not installed: pip install ctranslate2 (it is "
+        raise ExportError("CTranslate2 is not installed: pip install 'ctranslate2>=4.7' (it is "
                           "optional, for serving exported models)") from None
+    version = tuple(int(x) for x in ctranslate2.__version__.split(".")[:2] if x.isdigit())
+    if version < (4, 7):  # the first with key/value heads in the encoder's specification
+        raise ExportError(f"CTranslate2 {ctranslate2.__version__} is too old: pip install "
+                          f"'ctranslate2>=4.7'")
     return ctranslate2
 
 
@@ -135,14 +139,20 @@ def build_spec(model, config, tokenizer_src, tokenizer_tgt):
     return spec
 
 
-def export(model, config, tokenizer_src, tokenizer_tgt, output, quantization="float32",
-           source=None):
-    """Writes the CTranslate2 model of `model` into the new folder `output`, with the
-    tokenizer files and export.json beside it. `source`: where the weights came from."""
+def check_output(output) -> Path:
+    """Refuses an --output that holds anything: an export never overwrites."""
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"--output {output} already exists and is not an empty folder; "
                           f"choose another (an export never overwrites)")
+    return output
+
+
+def export(model, config, tokenizer_src, tokenizer_tgt, output, quantization="float32",
+           source=None):
+    """Writes the CTranslate2 model of `model` into the new folder `output`, with the
+    tokenizer files and export.json beside it. `source`: where the weights came from."""
+    output = check_output(output)
     spec = build_spec(model, config, tokenizer_src, tokenizer_tgt)
     spec.validate()
     spec.optimize(quantization=quantization)
@@ -184,6 +194,7 @@ def main(argv=None):
     from translate import load_translator
     args, config, given = parse_args(argv)
     import_ctranslate2()  # before any loading: one line if it is missing
+    check_output(args.output)
     model, config, tokenizer_src, tokenizer_tgt = load_translator(
         config, given, args.checkpoint, args.average)
     model.float()

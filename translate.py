@@ -96,16 +96,20 @@ class Engine:
     def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=0.6,
                       batch_size=64, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
                       unk_id=None, progress=None):
-        """As model.translate_ids. The engine takes one maximum length a call, so sentences
-        are sent in groups of equal limits (sentences of one length share theirs)."""
+        """As model.translate_ids. The engine takes one maximum length a call. Greedy: all
+        sentences in one call under the longest limit, each output then cut to its own limit
+        (greedy outputs are prefixes of longer ones: the same tokens, and the engine's fastest
+        way). Beam search is not prefix-consistent: sentences go in groups of equal limits."""
         from model import output_limits
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]
         limits = output_limits(torch.tensor([len(s) for s in sources]), max_len_a, max_len_b,
                                seq_len).tolist()
         banned = [[SPECIAL_TOKENS[i]] for i in (pad_id, sos_id)]
         results = [None] * len(sources)
-        for limit in sorted(set(limits)):
-            group = [n for n, x in enumerate(limits) if x == limit]
+        greedy = beam == 1 and nbest == 1
+        groups = {max(limits, default=1): range(len(limits))} if greedy else {
+            limit: [n for n, x in enumerate(limits) if x == limit] for limit in sorted(set(limits))}
+        for limit, group in groups.items():
             out = self.translator.translate_batch(
                 [sources[n] for n in group], beam_size=beam, length_penalty=alpha,
                 num_hypotheses=nbest, max_batch_size=batch_size, max_input_length=0,
@@ -113,7 +117,7 @@ class Engine:
                 disable_unk=unk_id is not None, suppress_sequences=banned,
                 return_scores=nbest > 1)
             for n, r in zip(group, out):
-                hyps = [[self.ids[t] for t in h] for h in r.hypotheses]
+                hyps = [[self.ids[t] for t in h[:limits[n]]] for h in r.hypotheses]
                 results[n] = list(zip(hyps, r.scores)) if nbest > 1 else hyps[0]
             if progress is not None:
                 progress(len(group))
@@ -174,13 +178,16 @@ def error_rate(predictions, references, words: bool) -> float:
 
 def score(hypotheses, references, error_rates: bool = True) -> dict:
     """Corpus sacreBLEU BLEU and chrF (and CER/WER) of translations against one reference each:
-    {"bleu", "chrf", "cer", "wer"} as numbers, and "report": sacreBLEU's two lines, each with
-    its signature (what a paper should quote)."""
+    {"bleu", "chrf", "bleu_lc", "cer", "wer"} as numbers (bleu_lc: lowercased), and "report":
+    sacreBLEU's lines, each with its signature (what a paper should quote)."""
     import sacrebleu
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    lower = sacrebleu.metrics.BLEU(lowercase=True)  # what tokenized, lowercased papers compare
     b, c = bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
-    scores = {"bleu": b.score, "chrf": c.score,
-              "report": f"{b}  ({bleu.get_signature()})\n{c}  ({chrf.get_signature()})"}
+    lc = lower.corpus_score(hypotheses, [references])
+    scores = {"bleu": b.score, "chrf": c.score, "bleu_lc": lc.score,
+              "report": f"{b}  ({bleu.get_signature()})\n{c}  ({chrf.get_signature()})\n"
+                        f"{lc}  ({lower.get_signature()})"}
     if error_rates:
         scores["cer"] = error_rate(hypotheses, references, words=False)
         scores["wer"] = error_rate(hypotheses, references, words=True)

@@ -76,7 +76,7 @@ def test_quantized_exports_and_refusals(corpus, tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="already exists and is not an empty folder"):
         export(model, config, data.tokenizer_src, data.tokenizer_tgt, tmp_path / "int8")
     monkeypatch.setitem(__import__("sys").modules, "ctranslate2", None)  # not installed
-    with pytest.raises(ExportError, match="pip install ctranslate2"):
+    with pytest.raises(ExportError, match="pip install 'ctranslate2>=4.7'"):
         export(model, config, data.tokenizer_src, data.tokenizer_tgt, tmp_path / "other")
 
 

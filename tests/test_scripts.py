@@ -370,6 +370,9 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
     for name in ("greedy", "beam4"):
         assert "nrefs:1" in results["scores"][name]["report"], results
         assert 0 <= results["scores"][name]["bleu"] <= 100
+        # lowercased BLEU (issue 18: the literature's Multi30k figures are lowercased)
+        assert results["scores"][name]["bleu_lc"] >= results["scores"][name]["bleu"]
+        assert "case:lc" in results["scores"][name]["report"]
     out = t.stdout.decode()
     assert "test (10 sentences, best checkpoint, greedy)" in out and "BLEU = " in out
     hyp = run_script("translate.py", "--preload", "best", "one two three.", cwd=tmp_path)
@@ -424,7 +427,7 @@ def test_eval_every_validates_at_its_steps_and_at_the_end_of_each_epoch(tmp_path
     assert [h["epoch"] for h in history] == [0 if s <= per_epoch else 1 for s in expected]
 
 
-def test_export_then_translate_a_file_on_the_engine(trained, tmp_path):
+def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
     """Issue 17: train, export, translate with CTranslate2 as the README says."""
     pytest.importorskip("ctranslate2")
     home, _ = trained
@@ -443,10 +446,18 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path):
                    "--nbest", "2", "one two.", cwd=home)
     assert t.returncode == 0 and [line.split("\t")[0] for line in
                                   t.stdout.decode().splitlines()] == ["0", "0"]
-    for args, message in ((["--checkpoint", "x.pt"], "not with --checkpoint"),
-                          (["--device", "mps"], "CTranslate2 runs on cpu or cuda")):
-        t = run_script("translate.py", "--ctranslate2", tmp_path / "ct2", *args, "hi", cwd=home)
-        err = t.stderr.decode()
-        assert t.returncode == 2 and message in err and err.count("\n") == 1, err
-    t = run_script("export.py", "--output", tmp_path / "ct2", cwd=home)
-    assert t.returncode == 2 and "already exists" in t.stderr.decode()
+
+    import export
+    import translate
+    from config import run_main
+    for script, args, message in (
+            (translate, ["--ctranslate2", str(tmp_path / "ct2"), "--checkpoint", "x.pt", "hi"],
+             "not with --checkpoint"),
+            (translate, ["--ctranslate2", str(tmp_path / "ct2"), "--device", "mps", "hi"],
+             "CTranslate2 runs on cpu or cuda"),
+            (export, ["--model_folder", str(home / "weights"), "--output", str(tmp_path / "ct2")],
+             "already exists")):
+        with pytest.raises(SystemExit) as e:
+            run_main(script.__name__, lambda s=script, a=args: s.main(a))
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and err.count("\n") == 1, err

@@ -1,0 +1,65 @@
+"""Validation BLEU against training minutes, one curve a run, from their TensorBoard logs.
+
+    python plot_runs.py runs/prenorm runs/paper runs/modern --output docs/validation_bleu.png
+
+A run's minutes count from its first logged training step; the time between a stop and its
+resume is left out (a gap of more than --gap minutes between two events is not counted).
+"""
+
+import sys
+from pathlib import Path
+
+from config import ArgumentParser, UserError, run_main
+
+
+def curve(folder: Path, gap_minutes: float):
+    """(minutes, BLEU) of every validation logged in `folder`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    if "validation/bleu" not in tags:
+        raise UserError(f"{folder}: no validation/bleu in its TensorBoard logs")
+    events = sorted([(e.wall_time, "train") for e in acc.Scalars("train/loss")]
+                    + [(e.wall_time, e.value) for e in acc.Scalars("validation/bleu")])
+    minutes, last, points = 0.0, None, []
+    for wall, value in events:
+        if last is not None and (wall - last) / 60 <= gap_minutes:
+            minutes += (wall - last) / 60
+        last = wall
+        if value != "train":
+            points.append((minutes, value))
+    return points
+
+
+def main(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="TensorBoard folders (--experiment_name)")
+    parser.add_argument("--labels", nargs="*", help="a name for each run (default: folder)")
+    parser.add_argument("--output", default="docs/validation_bleu.png")
+    parser.add_argument("--gap", type=float, default=10.0, help="minutes between two logged "
+                        "events beyond which the time is not counted (a stop, then a resume)")
+    args = parser.parse_args(argv)
+    labels = args.labels or [Path(r).name for r in args.runs]
+    if len(labels) != len(args.runs):
+        parser.error("give one label a run")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for run, label in zip(args.runs, labels):
+        points = curve(Path(run), args.gap)
+        ax.plot([m for m, _ in points], [b for _, b in points], marker="o", markersize=3,
+                label=label)
+    ax.set_xlabel("training minutes (2-core CPU, validation included)")
+    ax.set_ylabel("validation BLEU (greedy, sacreBLEU)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.output, dpi=120)
+    print(f"wrote {args.output}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    run_main("plot_runs.py", main)
