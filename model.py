@@ -591,19 +591,15 @@ def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, m
     return results
 
 
-def length_penalty(length, alpha: float, form: str = "gnmt"):
-    """What a beam hypothesis' log-probability is divided by. gnmt: Wu et al. (2016), used by
-    the paper with alpha = 0.6: ((5 + |Y|) / 6) ^ alpha; power: |Y| ^ alpha (CTranslate2's,
-    OpenNMT's and fairseq's normalisation). |Y| counts the [EOS]."""
-    if form == "power":
-        return float(length) ** alpha
+def length_penalty(length, alpha: float):
+    """Wu et al. (2016), used by the paper with alpha = 0.6: ((5 + |Y|) / 6) ^ alpha, |Y|
+    counting the [EOS]. (CTranslate2 divides by |Y| ^ alpha instead.)"""
     return ((5.0 + length) / 6.0) ** alpha
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
-                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=(), min_len: int = 0,
-                penalty: str = "gnmt"):
+                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=(), min_len: int = 0):
     """Batched beam search with a key/value cache.
 
     Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] is finished with
@@ -644,7 +640,7 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
         final = ends & (rank < k) & torch.isfinite(top_scores)
         for i, j in final.nonzero().tolist():
             hyp = tokens[i * k + beam_idx[i, j], 1:].tolist()
-            score = top_scores[i, j].item() / length_penalty(step, alpha, penalty)
+            score = top_scores[i, j].item() / length_penalty(step, alpha)
             finished[alive[i]].append((hyp, score))
         # The next live beams: the k best candidates that did not end.
         order = (ends.long() * top_idx.size(1) + rank).argsort(dim=-1)[:, :k]  # (n, k)
@@ -673,8 +669,7 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
                   seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
                   nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
-                  use_cache: bool = True, unk_id: int = None, progress=None,
-                  penalty: str = "gnmt"):
+                  use_cache: bool = True, unk_id: int = None, progress=None):
     """Translates lists of source token ids (no special tokens) in batches of similar length.
 
     Each sentence outputs at most max_len_a · its length + max_len_b tokens (capped by
@@ -700,7 +695,7 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
                                     banned, min_len)
         else:
             outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
-                                  nbest, banned, min_len, penalty)
+                                  nbest, banned, min_len)
             if nbest == 1:
                 outputs = [hyps[0][0] for hyps in outputs]
         for i, out in zip(idx, outputs):

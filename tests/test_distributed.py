@@ -48,6 +48,7 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     write_aligned(tmp_path / "corpus", "train", number_pairs(120, seed=3))
     write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=4))
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
+             "--attention_dropout", "0", "--activation_dropout", "0",
              "--model_folder", "w", "--experiment_name", "runs/w", "--val_examples", "0"]
     t = torchrun(ROOT / "tests" / "ddp_worker.py", tmp_path / "out.pt", *flags, cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()[-3000:]
@@ -70,7 +71,8 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     from train import make_loss, train_step
     os.chdir(tmp_path)
     config = Config(data_dir="corpus", d_model=32, N=1, h=2, d_ff=64, seq_len=24,
-                    vocab_size=300, dropout=0.0, model_folder="w")
+                    vocab_size=300, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                    model_folder="w")
     data = get_ds(config)
     torch.manual_seed(config.seed)
     model = build_model(config, data.tokenizer_src.get_vocab_size(),

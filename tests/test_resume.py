@@ -344,3 +344,18 @@ def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, tra
     monkeypatch.setattr(train, "translate_ids", real)
     code, out, err = train_here()
     assert code == 0 and "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out, err
+
+
+def test_the_picture_counts_training_minutes_without_the_pause_before_a_resume(tmp_path):
+    """Issue 18: plot_runs.py puts validation BLEU against training minutes from the logs."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from plot_runs import curve
+    writer = SummaryWriter(str(tmp_path))
+    t0 = 1_000_000.0
+    for step, (tag, value, minute) in enumerate([
+            ("train/loss", 5.0, 0), ("train/loss", 4.0, 1), ("validation/bleu", 10.0, 2),
+            ("train/loss", 3.0, 62), ("validation/bleu", 20.0, 63)]):  # an hour's pause
+        writer.add_scalar(tag, value, step, walltime=t0 + 60 * minute)
+    writer.close()
+    assert curve(tmp_path, gap_minutes=10) == [(2.0, 10.0), (3.0, 20.0)]
