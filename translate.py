@@ -34,6 +34,18 @@ class InputError(UserError):
     """A bad sentence, input or output file."""
 
 
+def with_tokenizers(config: Config):
+    """(config, tokenizer_src, tokenizer_tgt): a translate-time config, checked, with the
+    tokenizer files it names (in its model folder)."""
+    problem = config.validate()
+    if problem:
+        raise CheckpointError(problem)
+    tokenizer_src, tokenizer_tgt = (
+        load_tokenizer(tokenizer_path(config, key), config.tokenizer_type,
+                       tokenizer_recipe(config, key)) for key in tokenizer_keys(config))
+    return config, tokenizer_src, tokenizer_tgt
+
+
 def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
     """(model, config, tokenizer_src, tokenizer_tgt): the checkpoint file `checkpoint`, or the
     one --preload names in --model_folder (the newest by default), rebuilt from its own config.
@@ -55,14 +67,8 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     else:
         loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
         print(f"loaded {loaded}", file=sys.stderr)
-    config = merge_config(Config.from_dict(state["config"]), config, given, path,
-                          TRANSLATE_FIELDS)
-    problem = config.validate()
-    if problem:
-        raise CheckpointError(problem)
-    tokenizer_src, tokenizer_tgt = (
-        load_tokenizer(tokenizer_path(config, key), config.tokenizer_type,
-                       tokenizer_recipe(config, key)) for key in tokenizer_keys(config))
+    config, tokenizer_src, tokenizer_tgt = with_tokenizers(
+        merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS))
     check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     device = setup_device(config.device)
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
@@ -134,15 +140,10 @@ def load_engine(folder, config: Config, given=frozenset(), threads: int = 0):
     except (OSError, ValueError):
         raise InputError(f"--ctranslate2 {folder}: no {EXPORT_NOTE} there; export a "
                          f"checkpoint with export.py --output {folder}") from None
-    saved = Config.from_dict(note["config"])
-    config = merge_config(saved, config, given, folder / EXPORT_NOTE, TRANSLATE_FIELDS)
+    config = merge_config(Config.from_dict(note["config"]), config, given,
+                          folder / EXPORT_NOTE, TRANSLATE_FIELDS)
     config.model_folder = str(folder)
-    problem = config.validate()
-    if problem:
-        raise InputError(problem)
-    tokenizer_src, tokenizer_tgt = (
-        load_tokenizer(tokenizer_path(config, key), config.tokenizer_type,
-                       tokenizer_recipe(config, key)) for key in tokenizer_keys(config))
+    config, tokenizer_src, tokenizer_tgt = with_tokenizers(config)
     engine = Engine(folder, config.device, threads)
     engine.tokens = [tokenizer_src.id_to_token(i) for i in range(tokenizer_src.get_vocab_size())]
     engine.ids = tokenizer_tgt.get_vocab()
