@@ -48,10 +48,7 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
     out = {}
     for quantization in ("float32", "int8"):
         path = export(model, config, tok_src, tok_tgt, folder / quantization, quantization)
-        out[quantization] = Engine(path, "cpu", threads)
-        out[quantization].tokens = [tok_src.id_to_token(i)
-                                    for i in range(tok_src.get_vocab_size())]
-        out[quantization].ids = tok_tgt.get_vocab()
+        out[quantization] = Engine(path, tok_src, tok_tgt, "cpu", threads)
     return out
 
 

@@ -153,14 +153,14 @@ def set_up(config: Config, given: set) -> Run:
         if rank == 0:
             check_writable(config.model_folder)
         check = (lambda corpus: check_corpus(resume[1], resume[0], corpus)) \
-            if resume and rank == 0 else None
+            if resume and rank == 0 else None  # (path, state): before any data is prepared
         data = get_ds(config, shared.get("data_key"), check)
         shared["data_key"] = data.key
         if resume:
             path, state = resume
             check_resume_data(state, path, config, data)
             if rank == 0 and config.preload not in ("latest", "none"):
-                set_aside_later(config, resume[0])
+                set_aside_later(config, path)
     if config.data_dir:  # a checkpoint's corpus is found from any working directory
         config.data_dir = data.corpus["source"]
     device = setup_device(config.device)

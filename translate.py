@@ -83,7 +83,8 @@ class Engine:
     """A model exported by export.py, on CTranslate2: `translate_ids` decodes as model.py's
     translate_ids does (the same length rules, the same tokens never generated)."""
 
-    def __init__(self, folder: Path, device: str = "auto", threads: int = 0):
+    def __init__(self, folder: Path, tokenizer_src, tokenizer_tgt, device: str = "auto",
+                 threads: int = 0):
         from export import import_ctranslate2
         ctranslate2 = import_ctranslate2()
         kind, _, index = device.partition(":")
@@ -96,8 +97,8 @@ class Engine:
         except (RuntimeError, ValueError) as e:
             raise InputError(f"--ctranslate2 {folder}: cannot load it "
                              f"({str(e).splitlines()[0]})") from None
-        self.tokens = None  # the source tokenizer's id -> token (set by load_engine)
-        self.ids = None  # the target tokenizer's token -> id
+        self.tokens = [tokenizer_src.id_to_token(i) for i in range(tokenizer_src.get_vocab_size())]
+        self.ids = tokenizer_tgt.get_vocab()  # token -> id
 
     def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=0.6,
                       batch_size=64, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
@@ -144,9 +145,7 @@ def load_engine(folder, config: Config, given=frozenset(), threads: int = 0):
                           folder / EXPORT_NOTE, TRANSLATE_FIELDS)
     config.model_folder = str(folder)
     config, tokenizer_src, tokenizer_tgt = with_tokenizers(config)
-    engine = Engine(folder, config.device, threads)
-    engine.tokens = [tokenizer_src.id_to_token(i) for i in range(tokenizer_src.get_vocab_size())]
-    engine.ids = tokenizer_tgt.get_vocab()
+    engine = Engine(folder, tokenizer_src, tokenizer_tgt, config.device, threads)
     print(f"loaded the CTranslate2 model {folder} ({note['quantization']}, from "
           f"{note.get('source')})", file=sys.stderr)
     return engine, config, tokenizer_src, tokenizer_tgt
