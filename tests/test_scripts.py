@@ -462,3 +462,21 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
             run_main(script.__name__, lambda s=script, a=args: s.main(a))
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_bench_decode_side_by_side_on_a_subset(trained):
+    """bench_decode.py as the README runs it: every decoder on the same N sentences, the engine's
+    float32 greedy equal to ours, and the ratio taken pass by pass."""
+    pytest.importorskip("ctranslate2")
+    home, _ = trained
+    t = run_script("bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
+                   "--split", "val", "--sentences", "5", "--repeats", "2", "--threads", "1",
+                   "--beam", "3", cwd=home)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    rows = {line[:40].strip(): line.split() for line in out.splitlines() if "/5" in line}
+    assert set(rows) == {"this repo, greedy", "this repo, beam 3", "CTranslate2 float32, greedy",
+                         "CTranslate2 float32, beam 3", "CTranslate2 int8, greedy"}, out
+    assert rows["this repo, greedy"][-1] == "5/5" and rows["CTranslate2 float32, greedy"][-1] \
+        in ("4/5", "5/5"), out
+    assert "5 sentences of corpus/val.en" in out and "the median of the 2 passes' ratios" in out
