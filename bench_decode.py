@@ -9,11 +9,12 @@ One run, one trained model, the same sentences, the same thread count, the same 
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
              float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
              calls it: greedy in one call, beam in one call per output-length limit).
-For each: seconds (the median of --repeats passes, interleaved with the other decoders'),
+For each: seconds (the median of --repeats passes; greedy decoders take turns batch by batch),
 target tokens/s (tokens output, [EOS] counted), sacreBLEU BLEU and chrF,
 and how many outputs are identical to this repo's greedy ones. Then the ratio the decoder is
 held to: this repo's greedy tokens/s over CTranslate2 float32 greedy's, taken in each pass
-(the two run one after the other) and the median of the passes printed, with every pass's.
+(the two decode each batch one right after the other) and the median of the passes printed,
+with every pass's.
 """
 
 import copy
@@ -27,14 +28,8 @@ import torch
 
 from config import ArgumentParser, run_main
 from dataset import EOS, PAD, SOS, UNK, detokenize
-from model import translate_ids
+from model import decoding_model, translate_ids
 from translate import add_locating_arguments, checkpoint_config, load_translator, read_lines, score
-
-
-def timed(fn):
-    started = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - started
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
@@ -51,6 +46,42 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
         path = export(model, config, tok_src, tok_tgt, folder / quantization, quantization)
         out[quantization] = Engine(path, tok_src, tok_tgt, "cpu", threads)
     return out
+
+
+def decode_in_turn(runs, ids, batch: int, repeats: int):
+    """Times every decoder on the same sentences, `repeats` passes. Within a pass the greedy
+    decoders take turns batch by batch (the sentences sorted by length, as the decoders batch
+    them), so that a slow moment of this machine falls on all of them alike, this repo's first
+    and the engine's float32 right after it; then each beam search decodes all its sentences
+    in one call (the engine groups them by output-length limit across the whole set, as
+    translate.py --ctranslate2 does). Before the timed passes, one untimed batch each (the
+    longest: allocations, thread pools). Returns per decoder {sentence: output ids} and the
+    seconds of each pass."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    batches = [order[i:i + batch] for i in range(0, len(order), batch)]
+    turns = sorted(runs, key=lambda r: (r[0] != "this repo, greedy",
+                                        r[0] != "CTranslate2 float32, greedy"))
+    greedy = [r for r in turns if "beam" not in r[0]]
+    outputs = {name: {} for name, _, _ in runs}
+    times = {name: [0.0] * repeats for name, _, _ in runs}
+
+    def decode(name, run, sentences, r):
+        started = time.perf_counter()
+        outputs[name].update(zip(sentences, run([ids[i] for i in sentences])))
+        times[name][r] += time.perf_counter() - started
+
+    for _, run, sentences in turns:
+        run([ids[i] for i in batches[-1] if i in sentences] or [ids[0]])  # untimed
+    for r in range(repeats):
+        for part in batches:
+            for name, run, sentences in greedy:
+                here = [i for i in part if i in sentences]
+                if here:
+                    decode(name, run, here, r)
+        for name, run, sentences in turns:
+            if "beam" in name:
+                decode(name, run, list(sentences), r)
+    return outputs, times
 
 
 def variants(model):
@@ -105,39 +136,37 @@ def main(argv=None):
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (d_model "
           f"{config.d_model}, N {config.N}); {args.threads} threads; batches of {batch}; "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
-    runs = [("this repo, greedy", lambda: translate_ids(model, ids, **common)),
-            (f"this repo, beam {args.beam}",
-             lambda: translate_ids(model, ids, **common, beam=args.beam, alpha=args.alpha))]
+    # This repo's decoders get their prepacked copies once, as the engine packs its weights
+    # when it loads (translate_ids makes one per call: once per file for translate.py).
+    packed = decoding_model(model, batch)
+    packed_beam = decoding_model(model, batch * args.beam)
+    # Each decoder: a function of a list of source ids, and the sentences it decodes.
+    everything = range(len(ids))
+    runs = [("this repo, greedy", lambda part: translate_ids(packed, part, **common),
+             everything),
+            (f"this repo, beam {args.beam}", lambda part: translate_ids(
+                packed_beam, part, **common, beam=args.beam, alpha=args.alpha), everything)]
     if args.single:
         runs.append((f"one at a time, no cache (first {args.single})",
-                     lambda: [translate_ids(model, [i], **{**common, "batch_size": 1},
-                                            use_cache=False)[0] for i in ids[:args.single]]))
+                     lambda part: [translate_ids(packed, [i], **{**common, "batch_size": 1},
+                                                 use_cache=False)[0] for i in part],
+                     range(min(args.single, len(ids)))))
     if args.variants:
         for name, variant in variants(model).items():
             runs.append((f"this repo {name}, greedy",
-                         lambda m=variant: translate_ids(m, ids, **common)))
+                         lambda part, m=variant: translate_ids(m, part, **common), everything))
     with tempfile.TemporaryDirectory() as tmp:
         for name, engine in engines(model, config, tok_src, tok_tgt, Path(tmp),
                                     args.threads).items():
             runs.append((f"CTranslate2 {name}, greedy",
-                         lambda e=engine: e.translate_ids(ids, **common)))
+                         lambda part, e=engine: e.translate_ids(part, **common), everything))
             if name == "float32":
                 runs.append((f"CTranslate2 {name}, beam {args.beam}",
-                             lambda e=engine: e.translate_ids(ids, **common, beam=args.beam,
-                                                              alpha=args.alpha)))
-        for _, run in runs:
-            run()  # one untimed pass first: allocations, thread pools, caches
-        times = {name: [] for name, _ in runs}
-        outputs = {}
-        # Interleaved, so that a slow moment hits every decoder; the engine's float32 greedy
-        # right after this repo's greedy, so that the ratio of the two is taken pass by pass.
-        order = sorted(runs, key=lambda r: (r[0] != "this repo, greedy",
-                                            r[0] != "CTranslate2 float32, greedy"))
-        for _ in range(args.repeats):
-            for name, run in order:
-                outputs[name], seconds = timed(run)
-                times[name].append(seconds)
-        rows = [(name, outputs[name], statistics.median(times[name])) for name, _ in runs]
+                             lambda part, e=engine: e.translate_ids(
+                                 part, **common, beam=args.beam, alpha=args.alpha), everything))
+        outputs, times = decode_in_turn(runs, ids, batch, args.repeats)
+    rows = [(name, [outputs[name][i] for i in sentences], statistics.median(times[name]))
+            for name, _, sentences in runs]
     greedy = rows[0][1]
     print(f"\n{'':40} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
           f"{'= greedy':>9}")
