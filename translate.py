@@ -103,10 +103,12 @@ class Engine:
     def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=0.6,
                       batch_size=64, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
                       unk_id=None, progress=None):
-        """As model.translate_ids. The engine takes one maximum length a call. Greedy: all
-        sentences in one call under the longest limit, each output then cut to its own limit
-        (greedy outputs are prefixes of longer ones: the same tokens, and the engine's fastest
-        way). Beam search is not prefix-consistent: sentences go in groups of equal limits."""
+        """As model.translate_ids. The engine takes one maximum length a call. Greedy: one call
+        per batch of similar lengths (as model.translate_ids makes them) under the batch's
+        longest limit, each output then cut to its own limit (greedy outputs are prefixes of
+        longer ones: the same tokens; one call for all sentences would decode every one that
+        never ends to the longest limit of all). Beam search is not prefix-consistent:
+        sentences go in groups of equal limits."""
         from model import output_limits
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]
         limits = output_limits(torch.tensor([len(s) for s in sources]), max_len_a, max_len_b,
@@ -114,9 +116,14 @@ class Engine:
         banned = [[SPECIAL_TOKENS[i]] for i in (pad_id, sos_id)]
         results = [None] * len(sources)
         greedy = beam == 1 and nbest == 1
-        groups = {max(limits, default=1): range(len(limits))} if greedy else {
-            limit: [n for n, x in enumerate(limits) if x == limit] for limit in sorted(set(limits))}
-        for limit, group in groups.items():
+        if greedy:
+            order = sorted(range(len(limits)), key=lambda n: limits[n])  # by source length
+            groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+            groups = [(max(limits[n] for n in group), group) for group in groups]
+        else:
+            groups = [(limit, [n for n, x in enumerate(limits) if x == limit])
+                      for limit in sorted(set(limits))]
+        for limit, group in groups:
             out = self.translator.translate_batch(
                 [sources[n] for n in group], beam_size=beam, length_penalty=alpha,
                 num_hypotheses=nbest, max_batch_size=batch_size, max_input_length=0,
