@@ -8,7 +8,7 @@ One run, one trained model, the same sentences, the same thread count, the same 
              --variants, the same greedy in bf16 and with dynamic int8 linear layers;
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
              float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
-             calls it: greedy in one call, beam in one call per output-length limit).
+             calls it: greedy one call per batch, beam one call per output-length limit).
 For each: seconds (the median of --repeats passes; greedy decoders take turns batch by batch),
 target tokens/s (tokens output, [EOS] counted), sacreBLEU BLEU and chrF,
 and how many outputs are identical to this repo's greedy ones. Then the ratio the decoder is
