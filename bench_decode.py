@@ -86,8 +86,8 @@ def decode_in_turn(runs, ids, batch: int, repeats: int):
 
 def variants(model):
     """This repo's model in bf16, and with dynamic int8 linear layers (torch.ao: weights int8,
-    activations quantized on the fly). The fused Q/K/V projection stays fp32: attention uses
-    its weight directly (self-attention all of it, cross-attention its rows)."""
+    activations quantized on the fly). The fused Q/K/V projection stays fp32: cross-attention
+    slices its weight (the W_Q rows, then the W_K and W_V ones)."""
     from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     linears = {name: default_dynamic_qconfig for name, m in model.named_modules()
@@ -181,7 +181,7 @@ def main(argv=None):
               f"{scores['chrf']:6.2f} {same:5d}/{len(outputs)}")
     engine = "CTranslate2 float32, greedy"
     if engine in speed:
-        # Each pass's two greedy runs follow one another: their ratio is what drifts least.
+        # The two greedy decoders take turns on every batch: their ratio drifts least.
         ratios = sorted(b / a for a, b in zip(times["this repo, greedy"], times[engine]))
         print(f"\nthis repo's greedy / CTranslate2 float32 greedy, tokens/s: "
               f"{statistics.median(ratios):.2f}x, the median of the {len(ratios)} passes' "
