@@ -23,7 +23,8 @@ import torch.nn as nn
 
 from checkpoint import build_model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
-from dataset import PAD, Collator, TokenBatchSampler, get_ds, real_tokens
+from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
+from tokenizer import PAD
 from model import PositionalEncoding, swiglu_width
 from runtime import autocast, autocast_dtype, setup_device
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
@@ -125,13 +126,13 @@ def time_train_loop(config: Config, data, steps: int) -> float:
         for lang, tok in ((config.lang_src, data.tokenizer_src),
                           (config.lang_tgt, data.tokenizer_tgt)):  # reuse the tokenizers
             tok.save(f"{tmp}/{config.tokenizer_file.format(lang)}")
-        run = set_up(loop_config, set())
+        run, progress = set_up(loop_config, set())
         seconds, tokens, started = [], [], time.perf_counter()
         for group, _ in accumulation_groups(run, 0):
             loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
                                  run.scaler)
-            optimizer_step(run, loss, learning_rate(config, run.global_step + 1, 0))
-            run.global_step += 1
+            optimizer_step(run, progress, loss, learning_rate(config, progress.step + 1, 0))
+            progress.step += 1
             sync(run.device)
             seconds.append(time.perf_counter() - started)
             tokens.append(sum(real_tokens(b) for b in group))

@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 
-from config import ArgumentParser, run_main
-from dataset import EOS, PAD, SOS, UNK, detokenize
-from model import decoding_model, translate_ids
-from translate import add_locating_arguments, checkpoint_config, load_translator, read_lines, score
+from checkpoint import load_translator
+from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
+from corpus import read_lines
+from decoding import decoding_model, translate_ids
+from metrics import score
+from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
@@ -39,8 +41,7 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
     except ImportError:
         print("ctranslate2 is not installed: its rows are left out (pip install ctranslate2)")
         return {}
-    from export import export
-    from translate import Engine
+    from engine import Engine, export
     out = {}
     for quantization in ("float32", "int8"):
         path = export(model, config, tok_src, tok_tgt, folder / quantization, quantization)
@@ -98,7 +99,7 @@ def variants(model):
     return {"bf16": bf16, "dynamic int8": int8}
 
 
-def main(argv=None):
+def parse_args(argv):
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir_test", metavar="DIR", default="data/multi30k",
                         help="folder of the test files (default: data/multi30k)")
@@ -118,7 +119,72 @@ def main(argv=None):
                         "prefix re-decoded for every token (no cache)")
     add_locating_arguments(parser)
     args = parser.parse_args(argv)
-    config, given = checkpoint_config(parser, args)
+    return args, *checkpoint_config(parser, args)
+
+
+def this_repos_decoders(args, model, n: int, common: dict):
+    """(name, function of a list of source ids, the sentences it decodes) of this repo's
+    decoders. They get their prepacked copies once, as the engine packs its weights when it
+    loads (translate_ids makes one per call: once per file for translate.py)."""
+    packed = decoding_model(model, common["batch_size"])
+    packed_beam = decoding_model(model, common["batch_size"] * args.beam)
+    everything = range(n)
+    runs = [("this repo, greedy", lambda part: translate_ids(packed, part, **common),
+             everything),
+            (f"this repo, beam {args.beam}", lambda part: translate_ids(
+                packed_beam, part, **common, beam=args.beam, alpha=args.alpha), everything)]
+    if args.single:
+        runs.append((f"one at a time, no cache (first {args.single})",
+                     lambda part: [translate_ids(packed, [i], **{**common, "batch_size": 1},
+                                                 use_cache=False)[0] for i in part],
+                     range(min(args.single, n))))
+    if args.variants:
+        for name, variant in variants(model).items():
+            runs.append((f"this repo {name}, greedy",
+                         lambda part, m=variant: translate_ids(m, part, **common), everything))
+    return runs
+
+
+def engine_decoders(args, engines_by_name: dict, n: int, common: dict):
+    """The CTranslate2 decoders, as this_repos_decoders."""
+    runs = []
+    for name, engine in engines_by_name.items():
+        runs.append((f"CTranslate2 {name}, greedy",
+                     lambda part, e=engine: e.translate_ids(part, **common), range(n)))
+        if name == "float32":
+            runs.append((f"CTranslate2 {name}, beam {args.beam}",
+                         lambda part, e=engine: e.translate_ids(
+                             part, **common, beam=args.beam, alpha=args.alpha), range(n)))
+    return runs
+
+
+def report(runs, outputs, times, references, tok_tgt):
+    """The table (seconds, tokens/s, BLEU, chrF, agreement with this repo's greedy), and the
+    ratio of this repo's greedy to the engine's float32 greedy."""
+    rows = [(name, [outputs[name][i] for i in sentences], statistics.median(times[name]))
+            for name, _, sentences in runs]
+    greedy = rows[0][1]
+    print(f"\n{'':40} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
+          f"{'= greedy':>9}")
+    for name, outs, seconds in rows:
+        tokens = sum(len(o) + 1 for o in outs)  # with the [EOS]
+        same = sum(a == b for a, b in zip(outs, greedy))
+        scores = score([detokenize(tok_tgt, o) for o in outs], references[:len(outs)],
+                       error_rates=False)
+        print(f"{name:40} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
+              f"{scores['chrf']:6.2f} {same:5d}/{len(outs)}")
+    engine = "CTranslate2 float32, greedy"
+    if engine in times:
+        # The two greedy decoders take turns on every batch: their ratio drifts least.
+        ratios = sorted(b / a for a, b in zip(times["this repo, greedy"], times[engine]))
+        print(f"\nthis repo's greedy / CTranslate2 float32 greedy, tokens/s: "
+              f"{statistics.median(ratios):.2f}x, the median of the {len(ratios)} passes' "
+              f"ratios ({', '.join(f'{r:.2f}' for r in ratios)}); target >= 0.8")
+    print(f"sacreBLEU: {score(['x'], ['x'])['report'].splitlines()[0].split('(')[-1][:-1]}")
+
+
+def main(argv=None):
+    args, config, given = parse_args(argv)
     torch.set_num_threads(args.threads)
     model, config, tok_src, tok_tgt = load_translator(config, given, args.checkpoint,
                                                       args.average)
@@ -136,57 +202,12 @@ def main(argv=None):
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (d_model "
           f"{config.d_model}, N {config.N}); {args.threads} threads; batches of {batch}; "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
-    # This repo's decoders get their prepacked copies once, as the engine packs its weights
-    # when it loads (translate_ids makes one per call: once per file for translate.py).
-    packed = decoding_model(model, batch)
-    packed_beam = decoding_model(model, batch * args.beam)
-    # Each decoder: a function of a list of source ids, and the sentences it decodes.
-    everything = range(len(ids))
-    runs = [("this repo, greedy", lambda part: translate_ids(packed, part, **common),
-             everything),
-            (f"this repo, beam {args.beam}", lambda part: translate_ids(
-                packed_beam, part, **common, beam=args.beam, alpha=args.alpha), everything)]
-    if args.single:
-        runs.append((f"one at a time, no cache (first {args.single})",
-                     lambda part: [translate_ids(packed, [i], **{**common, "batch_size": 1},
-                                                 use_cache=False)[0] for i in part],
-                     range(min(args.single, len(ids)))))
-    if args.variants:
-        for name, variant in variants(model).items():
-            runs.append((f"this repo {name}, greedy",
-                         lambda part, m=variant: translate_ids(m, part, **common), everything))
+    runs = this_repos_decoders(args, model, len(ids), common)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, engine in engines(model, config, tok_src, tok_tgt, Path(tmp),
-                                    args.threads).items():
-            runs.append((f"CTranslate2 {name}, greedy",
-                         lambda part, e=engine: e.translate_ids(part, **common), everything))
-            if name == "float32":
-                runs.append((f"CTranslate2 {name}, beam {args.beam}",
-                             lambda part, e=engine: e.translate_ids(
-                                 part, **common, beam=args.beam, alpha=args.alpha), everything))
+        exported = engines(model, config, tok_src, tok_tgt, Path(tmp), args.threads)
+        runs += engine_decoders(args, exported, len(ids), common)
         outputs, times = decode_in_turn(runs, ids, batch, args.repeats)
-    rows = [(name, [outputs[name][i] for i in sentences], statistics.median(times[name]))
-            for name, _, sentences in runs]
-    greedy = rows[0][1]
-    print(f"\n{'':40} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
-          f"{'= greedy':>9}")
-    speed = {}
-    for name, outputs, seconds in rows:
-        tokens = sum(len(o) + 1 for o in outputs)  # with the [EOS]
-        same = sum(a == b for a, b in zip(outputs, greedy))
-        speed[name] = tokens / seconds
-        refs = references[:len(outputs)]
-        scores = score([detokenize(tok_tgt, o) for o in outputs], refs, error_rates=False)
-        print(f"{name:40} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
-              f"{scores['chrf']:6.2f} {same:5d}/{len(outputs)}")
-    engine = "CTranslate2 float32, greedy"
-    if engine in speed:
-        # The two greedy decoders take turns on every batch: their ratio drifts least.
-        ratios = sorted(b / a for a, b in zip(times["this repo, greedy"], times[engine]))
-        print(f"\nthis repo's greedy / CTranslate2 float32 greedy, tokens/s: "
-              f"{statistics.median(ratios):.2f}x, the median of the {len(ratios)} passes' "
-              f"ratios ({', '.join(f'{r:.2f}' for r in ratios)}); target >= 0.8")
-    print(f"sacreBLEU: {score(['x'], ['x'])['report'].splitlines()[0].split('(')[-1][:-1]}")
+    report(runs, outputs, times, references, tok_tgt)
 
 
 if __name__ == "__main__":

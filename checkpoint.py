@@ -1,6 +1,7 @@
 """Everything about checkpoint files: what they hold, their names, atomic saving, safe loading
 and its checks, what a resume must match, choosing what --preload means, pruning, averaging,
-and rebuilding a model from the config a checkpoint carries.
+rebuilding a model from the config a checkpoint carries, and loading a trained model with its
+tokenizers for inference (`load_translator`).
 
 The format, defined here alone (`training_checkpoint`, `best_checkpoint`), checked here alone
 (`load_checkpoint`, `resume_state`, `check_corpus`, `check_resume_data`). A checkpoint is a dict
@@ -34,12 +35,16 @@ import json
 import os
 import pickle
 import re
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from config import Config, UserError, fields_where
+from config import TRANSLATE_FIELDS, Config, UserError, fields_where
+from model import build_transformer
+from runtime import setup_device
+from tokenizer import load_tokenizer, tokenizer_keys, tokenizer_path, tokenizer_recipe
 
 
 class CheckpointError(UserError):
@@ -47,11 +52,6 @@ class CheckpointError(UserError):
 
 
 # ---- names --------------------------------------------------------------------------------------
-
-def tokenizer_path(config: Config, lang: str) -> Path:
-    p = Path(config.tokenizer_file.format(lang))
-    return p if p.is_absolute() else Path(config.model_folder) / p
-
 
 def epoch_checkpoint_path(config: Config, epoch: int) -> Path:
     """weights/tmodel_05.pt: the state after epoch 5 (epochs count from 0)."""
@@ -175,12 +175,13 @@ FORMAT = 2
 CHECKPOINT_KEYS = ("model_state_dict", "config", "epoch", "global_step")
 
 
-def training_checkpoint(run, epoch: int, next_epoch: int, next_batch: int, rng: list) -> dict:
-    """The checkpoint of a training run (train.Run) that continues at (next_epoch, next_batch);
-    `rng`: every rank's random state, in rank order."""
+def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch: int,
+                        rng: list) -> dict:
+    """The checkpoint of a training run (train.Run) at optimizer step `step` in `epoch`, that
+    continues at (next_epoch, next_batch); `rng`: every rank's random state, in rank order."""
     return {
         "format": FORMAT, "model_state_dict": run.model.state_dict(),
-        "config": run.config.to_dict(), "epoch": epoch, "global_step": run.global_step,
+        "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
         "corpus": run.data.corpus,
         "optimizer_state_dict": run.optimizer.state_dict(),
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
@@ -190,11 +191,11 @@ def training_checkpoint(run, epoch: int, next_epoch: int, next_batch: int, rng: 
     }
 
 
-def best_checkpoint(run, epoch: int, validation: dict) -> dict:
-    """The weights and config of a training run, with the validation scores that made them
-    the best."""
+def best_checkpoint(run, step: int, epoch: int, validation: dict) -> dict:
+    """The weights and config of a training run at `step`, with the validation scores that
+    made them the best."""
     return {"format": FORMAT, "model_state_dict": run.model.state_dict(),
-            "config": run.config.to_dict(), "epoch": epoch, "global_step": run.global_step,
+            "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
             "corpus": run.data.corpus, "validation": validation}
 
 
@@ -263,7 +264,6 @@ def merge_config(saved: Config, current: Config, given: set, path, overrides: se
 
 def build_model(config: Config, src_vocab_size: int, tgt_vocab_size: int):
     """The Transformer that `config` describes (what a checkpoint's config rebuilds)."""
-    from model import build_transformer
     return build_transformer(src_vocab_size, tgt_vocab_size, config.seq_len, config.seq_len,
                              d_model=config.d_model, N=config.N, h=config.h,
                              dropout=config.dropout, d_ff=config.d_ff,
@@ -486,3 +486,48 @@ def set_aside_later(config: Config, path: Path):
         os.replace(p, folder / p.name)
     print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
           f"({', '.join(p.name for p in later)}) to {folder}; training goes on from {path.name}")
+
+
+# ---- a trained model for inference (translate.py, export.py, the benchmarks) --------------------
+
+def with_tokenizers(config: Config):
+    """(config, tokenizer_src, tokenizer_tgt): a translate-time config, checked, with the
+    tokenizer files it names (in its model folder)."""
+    problem = config.validate()
+    if problem:
+        raise CheckpointError(problem)
+    tokenizer_src, tokenizer_tgt = (
+        load_tokenizer(tokenizer_path(config, key), config.tokenizer_type,
+                       tokenizer_recipe(config, key)) for key in tokenizer_keys(config))
+    return config, tokenizer_src, tokenizer_tgt
+
+
+def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
+    """(model, config, tokenizer_src, tokenizer_tgt): the checkpoint file `checkpoint`, or the
+    one --preload names in --model_folder (the newest by default), rebuilt from its own config.
+    `config` holds the command line's values; `given` names the flags the user set."""
+    if checkpoint:
+        path = Path(checkpoint)
+        if "model_folder" not in given:  # the tokenizers live beside the checkpoint
+            config.model_folder = str(path.parent)
+    else:
+        path = resolve_preload(config)
+        if path is None:
+            raise CheckpointError(f"no checkpoint in {config.model_folder}/ (train one with "
+                                  f"python train.py, or pass --checkpoint PATH)")
+    state, paths = load_averaged(config, path, average)
+    if len(paths) > 1:
+        loaded = f"the average of {', '.join(str(p) for p in paths)}"
+        print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
+              file=sys.stderr)
+    else:
+        loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
+        print(f"loaded {loaded}", file=sys.stderr)
+    config, tokenizer_src, tokenizer_tgt = with_tokenizers(
+        merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS))
+    check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
+    device = setup_device(config.device)
+    model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
+    load_model_weights(model, state, path)
+    model.loaded_from = loaded  # said by export.py
+    return model.to(device).eval(), config, tokenizer_src, tokenizer_tgt

@@ -34,8 +34,8 @@ class Config:
     # ---- data -------------------------------------------------------------------------------
     datasource: str = _f("Helsinki-NLP/opus_books",
                          "Hugging Face dataset (hub name, or a local folder laid out like a hub "
-                         "repo); its subset is '{lang_src}-{lang_tgt}'", group="data",
-                         translate=True)
+                         "repo): its subset '{lang_src}-{lang_tgt}' with a translation column, "
+                         "or one column per language", group="data", translate=True)
     data_dir: str = _f("", "folder of local parallel files (train.en/train.de, pairs.tsv or "
                            "train.jsonl); empty = load `datasource` from the hub", group="data",
                            translate=True)
@@ -52,7 +52,7 @@ class Config:
                              "tokenizer file per language ({0} = language), inside model_folder "
                              "unless absolute", group="model", translate=True)
     val_fraction: float = _f(0.1, "share of train held out for validation when the corpus has no "
-                                  "validation split", translate=True)
+                                  "validation split")
     tokenizer_sample: int = _f(1_000_000, "training sentences (per language) the tokenizers are "
                                           "trained on, evenly spaced through the corpus (0 = all)")
     # ---- model ------------------------------------------------------------------------------
@@ -102,8 +102,7 @@ class Config:
                                 "fp32 elsewhere", ["auto", "fp32", "bf16", "fp16"])
     compile: bool = _f(False, "torch.compile the model")
     num_workers: int = _f(0, "DataLoader worker processes", group="run")
-    seed: int = _f(42, "random seed (data split, batch order, initialisation, dropout)",
-                       translate=True)
+    seed: int = _f(42, "random seed (data split, batch order, initialisation, dropout)")
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
                      group="run", translate=True)
     # ---- decoding (validation, test scoring, translate.py, export.py) -----------------------
@@ -222,6 +221,12 @@ class Config:
 # ---- presets: several flags at once; flags given beside --preset win ----------------------------
 
 ARCHITECTURE = dict(norm_first=True, norm="layer", ffn="relu", pos="sinusoidal", n_kv_heads=0)
+MULTI30K = dict(datasource="bentrevett/multi30k", lang_src="en", lang_tgt="de", seq_len=128,
+                d_model=256, N=3, h=4, d_ff=1024, shared_vocab=True, tie_embeddings="all",
+                tokenizer_type="bpe", vocab_size=10000, dropout=0.2, attention_dropout=0.1,
+                activation_dropout=0.1, lr_schedule="inverse_sqrt", lr=0.0, warmup=0,
+                max_tokens=4096, num_epochs=15, model_folder="weights/multi30k",
+                experiment_name="runs/multi30k")
 PRESETS = {
     # The step-by-step write-ups: pre-norm, word-level vocabularies per language, seq_len 350,
     # batches of 8 sentences (padded to their longest: the same updates), constant 1e-4.
@@ -245,6 +250,18 @@ PRESETS = {
                       lr_schedule="inverse_sqrt", warmup=4000, lr=4.94e-4),
     # The modern encoder-decoder write-up: RMSNorm pre-norm, rotary positions, 8 query heads
     # sharing 4 key/value heads, SwiGLU, linear warm-up then cosine decay, clipping.
+    # The headline recipe for a small corpus (Multi30k en->de from the hub, about 4M training
+    # tokens): a small model (256/3/4/1024, 8M parameters), one joint BPE vocabulary of 10k
+    # shared by both embeddings and the projection, residual dropout 0.2, inverse-sqrt peak
+    # 2e-3 (the width's default), 4,096-token batches, 15 epochs (about an hour on 2 CPU cores),
+    # in its own folders. `multi30k` is the pre-norm design; the other two change the design only.
+    "multi30k": dict(ARCHITECTURE, **MULTI30K),
+    "multi30k_paper": {**ARCHITECTURE, **MULTI30K, "norm_first": False, "warmup": 400,
+                       "model_folder": "weights/multi30k_paper",
+                       "experiment_name": "runs/multi30k_paper"},
+    "multi30k_modern": {**ARCHITECTURE, **MULTI30K, "norm": "rms", "ffn": "swiglu",
+                        "pos": "rope", "n_kv_heads": 2, "model_folder": "weights/multi30k_modern",
+                        "experiment_name": "runs/multi30k_modern"},
     "modern_small": dict(norm_first=True, norm="rms", ffn="swiglu", pos="rope", n_kv_heads=4,
                          tie_embeddings="decoder", shared_vocab=False, tokenizer_type="bpe",
                          d_model=128, N=4, h=8, d_ff=512, dropout=0.1, attention_dropout=0.1,
@@ -257,6 +274,10 @@ def fields_where(**metadata) -> set:
     """Names of the Config fields whose metadata matches, e.g. fields_where(group="model")."""
     return {f.name for f in dataclasses.fields(Config)
             if all(f.metadata[k] == v for k, v in metadata.items())}
+
+
+# Config fields translate.py and export.py take from the command line; the rest describe training.
+TRANSLATE_FIELDS = fields_where(translate=True)
 
 
 class UserError(Exception):
@@ -370,3 +391,70 @@ def parse_config(argv=None, parser=None):
     if problem:
         parser.error(problem)
     return config, given
+
+
+# ---- the command line of translate.py and export.py -------------------------------------------
+
+def add_locating_arguments(parser):
+    """The flags that find a trained model (--model_folder, --preload, --checkpoint,
+    --average) and the translate-time settings (decoding limits, device, batch size), with
+    the architecture flags (checked against the checkpoint) hidden from --help."""
+    parser.add_argument("--checkpoint", help="checkpoint file (default: --preload in "
+                        "--model_folder, i.e. the newest)")
+    parser.add_argument("--average", type=int, default=1, help="average the weights of the "
+                        "newest N per-epoch checkpoints")
+    model_fields = fields_where(group="model")
+    from_checkpoint = {name: f"{Config.__dataclass_fields__[name].metadata['help']} (default: "
+                       f"the checkpoint's{'' if name in TRANSLATE_FIELDS else '; must match'})"
+                       for name in (TRANSLATE_FIELDS | model_fields) - fields_where(group="run")
+                       - {"batch_size"}}
+    add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, helps={
+        **from_checkpoint,
+        "batch_size": "sentences translated at once (default: 64)",
+        "seq_len": "longest source and output in tokens (default: the checkpoint's)",
+        "preload": "checkpoint in --model_folder: latest, best or an epoch (default: latest)"})
+
+
+def checkpoint_config(parser, args):
+    """(config of the flags given, names of the flags given); training-only flags refused."""
+    config, given = config_from_args(args)
+    for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
+        parser.error(f"--{name} is a training setting; translate.py takes its model from the "
+                     f"checkpoint")
+    if args.average < 1 or (args.batch_size is not None and args.batch_size < 1):
+        parser.error("--average and --batch_size must be positive")
+    return config, given
+
+
+# ---- the configuration reference (docs/configuration.md) ----------------------------------------
+
+def reference_markdown() -> str:
+    """docs/configuration.md: every Config field with its group, default and help, and the
+    presets, made from the dataclass itself (`python config.py > docs/configuration.md`)."""
+    groups = {"data": "where the corpus comes from", "model": "the architecture and its "
+              "tokenizers: fixed once trained, rebuilt from a checkpoint", "train": "how to "
+              "train: on resume, a flag given wins over the checkpoint's value", "run": "where "
+              "and on what this run works: never taken from a checkpoint"}
+    lines = ["# Configuration reference", "",
+             "Generated from `Config` in `config.py` by `python config.py > "
+             "docs/configuration.md` (a test keeps it current). Every field is a flag of "
+             "train.py; translate.py and export.py take the ones marked *translate* (the rest "
+             "come from the checkpoint).", "",
+             "Groups: " + "; ".join(f"*{k}*, {v}" for k, v in groups.items()) + ".", "",
+             "| flag | default | group | what it does |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        meta = f.metadata
+        choices = f" ({', '.join(meta['choices'])})" if meta["choices"] else ""
+        where = meta["group"] + (", translate" if meta["translate"] else "")
+        text = meta["help"].replace("|", "\\|")
+        lines.append(f"| `--{f.name}` | `{f.default!r}` | {where} | {text}{choices} |")
+    lines += ["", "## Presets", "", "`--preset NAME` sets these flags at once; flags given "
+              "beside it win.", "", "| preset | sets |", "|---|---|"]
+    for name, values in PRESETS.items():
+        lines.append(f"| `{name}` | " + " ".join(f"`--{k} {v}`" for k, v in values.items())
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference_markdown())

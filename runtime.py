@@ -172,6 +172,16 @@ def sum_over_ranks(*values: float):
     return tuple(t.tolist())
 
 
+def max_over_ranks(value: int) -> int:
+    """The largest of an integer held on every rank (a stop reason), through Gloo: no GPU
+    synchronisation."""
+    if rank_and_world()[1] == 1:
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_flags_group)
+    return int(t.item())
+
+
 def gather_to_main(obj):
     """A list of every rank's `obj` on rank 0 (None elsewhere)."""
     rank, world = rank_and_world()

@@ -1,14 +1,17 @@
 """Train a Transformer translation model.
 
     python train.py                                   # OPUS Books en->it from the hub
-    python train.py --data_dir data/multi30k --lang_src en --lang_tgt de
+    python train.py --preset multi30k_small           # the headline recipe (README)
     python train.py --help                            # every flag, with its default
     torchrun --standalone --nproc_per_node=4 train.py ...   # data-parallel on 4 GPUs
     tensorboard --logdir runs
 
+Read top to bottom: the optimizer and its schedule; the run (what is fixed at start) and its
+progress (what moves); one step; saving and stopping; validation; the loop, `train_model`.
 Resumes from the newest checkpoint in --model_folder by default (--preload latest).
 """
 
+import enum
 import json
 import math
 import os
@@ -29,18 +32,16 @@ from tqdm import tqdm
 from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path, build_model,
                         check_corpus, check_resume_data, check_writable, epoch_checkpoint_path,
                         latest_checkpoint_path, load_checkpoint, load_model_weights,
-                        prune_checkpoints, read_history,
-                        restore_rng, restore_training, resume_state, rng_states,
-                        save_checkpoint, set_aside_later, step_checkpoint_path,
-                        training_checkpoint, write_history)
+                        prune_checkpoints, read_history, restore_rng, restore_training,
+                        resume_state, rng_states, save_checkpoint, set_aside_later,
+                        step_checkpoint_path, training_checkpoint, write_history)
 from config import ArgumentParser, Config, parse_config, run_main
-from dataset import (EOS, PAD, SOS, UNK, Collator, Data, TokenBatchSampler, detokenize, get_ds,
-                     real_tokens)
-from model import translate_ids
-from runtime import (autocast, autocast_dtype, gather_to_main, main_first,
-                     setup_device, start_distributed, stop_distributed,
-                     sum_over_ranks)
-from translate import decoding_limits, score, translate
+from dataset import Collator, Data, TokenBatchSampler, get_ds, real_tokens
+from decoding import decoding_limits, translate, translate_ids
+from metrics import score
+from runtime import (autocast, autocast_dtype, gather_to_main, main_first, max_over_ranks,
+                     setup_device, start_distributed, stop_distributed, sum_over_ranks)
+from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 # ---- the paper's section 5.3: Adam and its learning rate ----------------------------------------
 
@@ -93,7 +94,7 @@ def make_loss(config: Config):
                                reduction="sum")
 
 
-# ---- the state of a training run ----------------------------------------------------------------
+# ---- the run: what is fixed at start, and its progress -------------------------------------------
 
 class NoWriter:
     """The TensorBoard writer of ranks other than 0: writes nothing."""
@@ -102,37 +103,37 @@ class NoWriter:
         return lambda *args, **kwargs: None
 
 
+class Stop(enum.IntEnum):
+    """Why training stops before its last epoch ends. Ranks agree on the largest."""
+    NONE = 0
+    MAX_STEPS = 1  # --max_steps reached
+    PATIENCE = 2  # --patience validations without a better one
+    SIGNAL = 3  # Ctrl-C or SIGTERM
+
+
 @dataclass
 class Run:
-    """Everything a training run works with, set up once by `set_up`."""
+    """What a training run works with, fixed by `set_up` before the first step."""
     config: Config
     device: torch.device
     data: Data
     model: nn.Module
+    step_model: nn.Module  # what the step calls: the model, DDP-wrapped and/or compiled
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     amp: object  # a function returning the autocast context
     loss_fn: nn.Module
     sampler: TokenBatchSampler
+    loader: DataLoader  # the training batches, made once (its workers persist)
     batches_per_epoch: int
-    loader: DataLoader = None  # the training batches, made once (its workers persist)
-    writer: object = field(default_factory=NoWriter)  # TensorBoard (opened by train_model)
-    step_model: nn.Module = None  # the model the step calls (DDP-wrapped, compiled, or not)
+    schedule_steps: int  # the run length the learning-rate schedule is laid out for
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
     world_size: int = 1
-    global_step: int = 0
-    start_epoch: int = 0
-    start_batch: int = 0
-    batch: int = 0  # batches of the current epoch done
-    bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
-    loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
-    stop_signal: list = field(default_factory=list)  # the name of a SIGINT/SIGTERM received
-    schedule_steps: int = 0  # the run length the learning-rate schedule was laid out for
-    history: list = field(default_factory=list)  # every validation: step, epoch, scores
+    writer: object = field(default_factory=NoWriter)  # TensorBoard (rank 0, opened in the loop)
 
-    def lr(self):
-        """The learning rate of the next optimizer step."""
-        return learning_rate(self.config, self.global_step + 1, self.schedule_steps)
+    def lr(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (counting from 1)."""
+        return learning_rate(self.config, step, self.schedule_steps)
 
     @property
     def total_steps(self):
@@ -141,10 +142,23 @@ class Run:
         return min(steps, self.config.max_steps) if self.config.max_steps else steps
 
 
-def set_up(config: Config, given: set) -> Run:
-    """The data, the model and its optimizer, restored from the checkpoint --preload names.
-    Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers and prepares the
-    data); every rank then builds the same model, and DistributedDataParallel keeps them equal."""
+@dataclass
+class Progress:
+    """Where the run is: all that changes while it trains (and what a checkpoint saves)."""
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # the epoch being trained (counting from 0)
+    batch: int = 0  # batches of that epoch done
+    history: list = field(default_factory=list)  # every validation: step, epoch, scores
+    bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
+    loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
+    signal: str = None  # the name of a SIGINT/SIGTERM received
+
+
+def set_up(config: Config, given: set):
+    """(run, progress): the data, the model and its optimizer, restored from the checkpoint
+    --preload names. Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers
+    and prepares the data); every rank then builds the same model, and
+    DistributedDataParallel keeps them equal."""
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
@@ -157,100 +171,82 @@ def set_up(config: Config, given: set) -> Run:
         data = get_ds(config, shared.get("data_key"), check)
         shared["data_key"] = data.key
         if resume:
-            path, state = resume
-            check_resume_data(state, path, config, data)
+            check_resume_data(resume[1], resume[0], config, data)
             if rank == 0 and config.preload not in ("latest", "none"):
-                set_aside_later(config, path)
+                set_aside_later(config, resume[0])
     if config.data_dir:  # a checkpoint's corpus is found from any working directory
         config.data_dir = data.corpus["source"]
+    run = build_run(config, data, rank, world)
+    progress = Progress(bad_steps=torch.zeros((), device=run.device))
+    if resume:
+        restore(run, progress, *resume)
+    if world > 1:  # averages the gradients over the ranks during backward
+        run.step_model = DistributedDataParallel(
+            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+    if config.compile:
+        run.step_model = torch.compile(run.step_model, dynamic=True)
+    return run, progress
+
+
+def build_run(config: Config, data: Data, rank: int, world: int) -> Run:
+    """The device, the model (seeded: the same on every rank), Adam, the loss and the batches."""
     device = setup_device(config.device)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
           + (f", {world} processes (torchrun)" if world > 1 else ""))
-    src_vocab, tgt_vocab = data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()
     torch.manual_seed(config.seed)
-    model = build_model(config, src_vocab, tgt_vocab).to(device)
+    model = build_model(config, data.tokenizer_src.get_vocab_size(),
+                        data.tokenizer_tgt.get_vocab_size()).to(device)
     if world > 1:
         torch.manual_seed(config.seed + rank)  # the same weights, but each rank its own dropout
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
                                 shuffle=True, seed=config.seed, rank=rank, world_size=world)
-    run = Run(config, device, data, model, make_optimizer(model, config.peak_lr()),
-              torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
-              autocast(device, amp_dtype), make_loss(config), sampler, len(sampler.batches(0)),
-              rank=rank, world_size=world, bad_steps=torch.zeros((), device=device))
     workers = config.num_workers
     # the sampler is driven from this process: set_epoch reaches workers kept between epochs
-    run.loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(),
-                            num_workers=workers, pin_memory=device.type == "cuda",
-                            persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
-                            worker_init_fn=ignore_sigint if workers else None,
-                            generator=torch.Generator())  # leaves the global RNG (dropout) alone
+    loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(),
+                        num_workers=workers, pin_memory=device.type == "cuda",
+                        persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+                        worker_init_fn=ignore_sigint if workers else None,
+                        generator=torch.Generator())  # leaves the global RNG (dropout) alone
+    run = Run(config, device, data, model, model, make_optimizer(model, config.peak_lr()),
+              torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
+              autocast(device, amp_dtype), make_loss(config), sampler, loader,
+              len(sampler.batches(0)), 0, rank, world)
     run.schedule_steps = run.total_steps
-    if resume:
-        restore(run, *resume)
-    run.step_model = model
-    if world > 1:  # averages the gradients over the ranks during backward
-        run.step_model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    if config.compile:
-        run.step_model = torch.compile(run.step_model, dynamic=True)
     return run
 
 
-def nothing_to_do(run: Run):
-    """Why a resumed run has no step left to train (said instead of starting), or None."""
-    config = run.config
-    if config.max_steps and run.global_step >= config.max_steps:
-        return (f"already at step {run.global_step} of --max_steps {config.max_steps}; raise "
-                f"it to train on")
-    if run.start_epoch >= config.num_epochs:
-        return (f"all {config.num_epochs} epochs are trained (step {run.global_step}); raise "
-                f"--num_epochs to train on")
-    return None
-
-
-def restore(run: Run, path: Path, state: dict):
+def restore(run: Run, progress: Progress, path: Path, state: dict):
     """Continues the run saved in `state`: weights, optimizer, scaler, random state, position,
     learning-rate schedule and validation history."""
     restore_training(state, path, run.model, run.optimizer, run.scaler)
     restore_rng(state, run.rank, run.world_size, run.device, run.config.seed)
-    run.start_epoch, run.start_batch = state["next_epoch"], state["next_batch"]
-    run.global_step = state["global_step"]
-    run.history = read_history(run.config, up_to_step=run.global_step)
+    progress.epoch, progress.batch = state["next_epoch"], state["next_batch"]
+    progress.step = state["global_step"]
+    progress.history = read_history(run.config, up_to_step=progress.step)
     saved_steps = state.get("schedule_steps", run.total_steps)
     run.schedule_steps = saved_steps  # the warm-up and decay go on as laid out
     if run.config.lr_schedule == "cosine" and saved_steps != run.total_steps:
-        old = run.lr()
+        old = run.lr(progress.step + 1)
         run.schedule_steps = run.total_steps  # the cosine is laid out over the new length
         print(f"the run is now {run.total_steps} steps long (was {saved_steps}): the cosine "
               f"schedule is laid out again over its new length; the learning rate goes on at "
-              f"{run.lr():.2e} (it was to be {old:.2e})")
-    print(f"resumed from {path}: epoch {run.start_epoch}, batch {run.start_batch}, "
-          f"step {run.global_step}")
+              f"{run.lr(progress.step + 1):.2e} (it was to be {old:.2e})")
+    print(f"resumed from {path}: epoch {progress.epoch}, batch {progress.batch}, "
+          f"step {progress.step}")
 
 
-def save(run: Run, epoch: int, next_epoch: int, next_batch: int, path: Path):
-    """A checkpoint of everything needed to continue exactly here, then pruning. Every rank
-    calls it (each rank's random state is gathered); rank 0 writes."""
-    ranks = gather_to_main(rng_states(run.device))
-    if run.rank:
-        return
-    save_checkpoint(training_checkpoint(run, epoch, next_epoch, next_batch, ranks), path)
-    prune_checkpoints(run.config)
-
-
-def catch_stop_signals(run: Run):
-    """Ctrl-C / SIGTERM: finish the current step, save, exit. A second Ctrl-C stops at once
-    (the checkpoints already written stay intact: saves are atomic)."""
-    def handle(signum, frame):
-        if run.stop_signal:
-            raise KeyboardInterrupt
-        run.stop_signal.append(signal.Signals(signum).name)
-        tqdm.write(f"{run.stop_signal[0]}: stopping after this step or decoding batch (press "
-                   f"Ctrl-C again to abort)")
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
+def nothing_to_do(run: Run, progress: Progress):
+    """Why a resumed run has no step left to train (said instead of starting), or None."""
+    config = run.config
+    if config.max_steps and progress.step >= config.max_steps:
+        return (f"already at step {progress.step} of --max_steps {config.max_steps}; raise "
+                f"it to train on")
+    if progress.epoch >= config.num_epochs:
+        return (f"all {config.num_epochs} epochs are trained (step {progress.step}); raise "
+                f"--num_epochs to train on")
+    return None
 
 
 def ignore_sigint(_worker_id):
@@ -259,16 +255,15 @@ def ignore_sigint(_worker_id):
 
 # ---- one step -----------------------------------------------------------------------------------
 
-def accumulation_groups(run: Run, epoch: int):
-    """This epoch's remaining batches in groups of accum_steps (the last may be shorter), each
-    with the number of the epoch's batches done after it."""
-    config = run.config
-    run.sampler.set_epoch(epoch, run.start_batch if epoch == run.start_epoch else 0)
-    group, done = [], run.sampler.start
+def accumulation_groups(run: Run, epoch: int, start: int = 0):
+    """The epoch's batches from batch `start` on, in groups of accum_steps (the last may be
+    shorter), each with the number of the epoch's batches done after it."""
+    run.sampler.set_epoch(epoch, start)
+    group, done = [], start
     for batch in run.loader:
         group.append(batch)
         done += 1
-        if len(group) == config.accum_steps or done == run.batches_per_epoch:
+        if len(group) == run.config.accum_steps or done == run.batches_per_epoch:
             yield group, done
             group = []
 
@@ -301,15 +296,14 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
     return loss_total, n_tokens
 
 
-def optimizer_step(run: Run, loss: torch.Tensor, lr: float) -> torch.Tensor:
+def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the gradient
-    (or, with the fp16 scaler, the loss) is not finite: then the update is skipped and counted.
-    All on the device, without waiting for it: the skip is fused Adam's `found_inf`, as the
-    gradient scaler uses it; `check_updates` reads the count. Returns whether it applied."""
-    config = run.config
+    (or, with the fp16 scaler, the loss) is not finite: then the update is skipped and counted
+    in progress.bad_steps. All on the device, without waiting for it: the skip is fused Adam's
+    `found_inf`, as the gradient scaler uses it; `check_updates` reads the count."""
     run.scaler.unscale_(run.optimizer)
-    grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad or math.inf,
-                                         foreach=True)
+    grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(),
+                                         run.config.clip_grad or math.inf, foreach=True)
     for param_group in run.optimizer.param_groups:
         param_group["lr"] = lr
     finite = torch.isfinite(grad_norm)
@@ -326,8 +320,7 @@ def optimizer_step(run: Run, loss: torch.Tensor, lr: float) -> torch.Tensor:
         run.optimizer.step()
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    run.bad_steps = torch.where(finite, 0, run.bad_steps + 1)
-    return finite
+    progress.bad_steps = torch.where(finite, 0, progress.bad_steps + 1)
 
 
 def loss_over_ranks(loss: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -340,71 +333,108 @@ def loss_over_ranks(loss: torch.Tensor, world_size: int) -> torch.Tensor:
     return total
 
 
-def check_updates(run: Run):
+def check_updates(run: Run, progress: Progress):
     """Reads the count of skipped (non-finite) updates in a row: says so, and stops training
     without saving when it reaches max_bad_steps. Called where reading from the device is
     free (CPU) or asked for (--log_every)."""
-    config, bad = run.config, int(run.bad_steps)
+    bad = int(progress.bad_steps)
     if not bad:
         return
-    run.writer.add_scalar("train/skipped_nonfinite", bad, run.global_step)
-    tqdm.write(f"step {run.global_step}: non-finite loss or gradient, update skipped "
+    run.writer.add_scalar("train/skipped_nonfinite", bad, progress.step)
+    tqdm.write(f"step {progress.step}: non-finite loss or gradient, update skipped "
                f"({bad} in a row)")
-    if bad >= config.max_bad_steps:
+    if bad >= run.config.max_bad_steps:
         raise CheckpointError(
             f"{bad} non-finite updates in a row: training stopped without saving the diverged "
             f"weights; lower --lr or use --precision fp32, then resume from the last checkpoint "
-            f"in {config.model_folder}")
+            f"in {run.config.model_folder}")
 
 
-def log_progress(run: Run, bar, lr: float, tokens_per_s: float):
+def log_progress(run: Run, progress: Progress, bar, lr: float, tokens_per_s: float):
     """The mean training loss since the last log (over all ranks), to TensorBoard and the
     progress bar: the one place the loop waits for the GPU."""
-    loss = torch.stack(run.loss_window).mean()
+    loss = torch.stack(progress.loss_window).mean()
     if run.world_size > 1:
         torch.distributed.all_reduce(loss)  # each rank holds its share of the update's loss
-    loss, run.loss_window = loss.item(), []
-    run.writer.add_scalar("train/loss", loss, run.global_step)
-    run.writer.add_scalar("train/lr", lr, run.global_step)
+    loss, progress.loss_window = loss.item(), []
+    run.writer.add_scalar("train/loss", loss, progress.step)
+    run.writer.add_scalar("train/lr", lr, progress.step)
+    run.writer.add_scalar("train/tok_s", tokens_per_s, progress.step)
     bar.set_postfix(loss=f"{loss:6.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
 
 
-def maybe_save(run: Run, epoch: int, done: int):
+# ---- saving and stopping ------------------------------------------------------------------------
+
+def save(run: Run, progress: Progress, next_epoch: int, next_batch: int, path: Path):
+    """A checkpoint of everything needed to continue at (next_epoch, next_batch), then
+    pruning. Every rank calls it (each rank's random state is gathered); rank 0 writes."""
+    ranks = gather_to_main(rng_states(run.device))
+    if run.rank:
+        return
+    save_checkpoint(training_checkpoint(run, progress.step, progress.epoch, next_epoch,
+                                        next_batch, ranks), path)
+    prune_checkpoints(run.config)
+
+
+def catch_stop_signals(progress: Progress):
+    """Ctrl-C / SIGTERM: finish the current step, save, exit. A second Ctrl-C stops at once
+    (the checkpoints already written stay intact: saves are atomic)."""
+    def handle(signum, frame):
+        if progress.signal:
+            tqdm.write("")  # the "aborted" line goes below the progress bar, not onto it
+            raise KeyboardInterrupt
+        progress.signal = signal.Signals(signum).name
+        tqdm.write(f"{progress.signal}: stopping after this step or decoding batch (press "
+                   f"Ctrl-C again to abort)")
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+
+
+def stop_after_step(run: Run, progress: Progress) -> Stop:
     """Saves mid-epoch every save_every steps, and on a stop signal (on any rank) or at
-    max_steps; returns why training should stop now ("signal", "max_steps"), or None. Reaching
-    max_steps on the epoch's last batch ends the epoch as usual (its checkpoint, validation)."""
+    max_steps; returns why training stops now. Reaching max_steps on the epoch's last batch
+    ends the epoch as usual (its checkpoint, its validation)."""
     config = run.config
-    signalled = sum_over_ranks(float(bool(run.stop_signal)))[0] > 0
-    stopped = ("signal" if signalled else "max_steps"
-               if config.max_steps and run.global_step >= config.max_steps else None)
-    end_of_epoch = done == run.batches_per_epoch
-    periodic = config.save_every and not end_of_epoch and run.global_step % config.save_every == 0
-    if stopped == "max_steps" and end_of_epoch:
-        return stopped  # train_model saves the per-epoch checkpoint and validates
-    if stopped or periodic:
-        save(run, epoch, epoch, done, step_checkpoint_path(config, epoch, run.global_step))
-    return stopped
+    stop = Stop(max_over_ranks(Stop.SIGNAL if progress.signal else Stop.NONE))
+    if not stop and config.max_steps and progress.step >= config.max_steps:
+        stop = Stop.MAX_STEPS
+    end_of_epoch = progress.batch == run.batches_per_epoch
+    periodic = config.save_every and not end_of_epoch and progress.step % config.save_every == 0
+    if (stop or periodic) and not (stop is Stop.MAX_STEPS and end_of_epoch):
+        save(run, progress, progress.epoch, progress.batch,
+             step_checkpoint_path(config, progress.epoch, progress.step))
+    return stop
 
 
 def resume_command(run: Run) -> str:
     """The command that continues this run: where it works (the run group of flags, which a
-    resume never takes from the checkpoint) as given; the rest comes from the checkpoint."""
+    resume never takes from the checkpoint) as given, under the launcher it ran under; the
+    rest comes from the checkpoint."""
     config, default = run.config, Config()
     flags = [f"--{name} {getattr(config, name)}" for name in
              ("model_folder", "model_basename", "experiment_name", "device", "num_workers")
              if name == "model_folder" or getattr(config, name) != getattr(default, name)]
-    launcher = (f"torchrun <the same torchrun flags, {run.world_size} processes>"
-                if run.world_size > 1 else "python")
-    return f"{launcher} train.py {' '.join(flags)}"
+    return f"{launcher(run.world_size)} train.py {' '.join(flags)}"
 
 
-def stop_message(run: Run, stopped: str, epoch: int, done: int) -> str:
-    config = run.config
-    why = (f"stopped by {(run.stop_signal or ['a signal'])[0]}" if stopped == "signal" else
-           f"reached --max_steps {config.max_steps}")
-    return (f"{why} in epoch {epoch} after batch {done} of {run.batches_per_epoch} (step "
-            f"{run.global_step}); saved {latest_checkpoint_path(config)}. Resume with: "
-            f"{resume_command(run)}")
+def launcher(world_size: int) -> str:
+    """python, or the torchrun command line of this run (from torchrun's environment)."""
+    if world_size == 1:
+        return "python"
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    if nodes == 1:
+        return f"torchrun --standalone --nproc_per_node={per_node}"
+    return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --rdzv_backend=c10d "
+            f"--rdzv_endpoint={os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
+
+
+def stop_message(run: Run, progress: Progress, stop: Stop) -> str:
+    why = (f"stopped by {progress.signal or 'a signal'}" if stop is Stop.SIGNAL else
+           f"reached --max_steps {run.config.max_steps}")
+    return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
+            f"{run.batches_per_epoch} (step {progress.step}); saved "
+            f"{latest_checkpoint_path(run.config)}. Resume with: {resume_command(run)}")
 
 
 # ---- validation ---------------------------------------------------------------------------------
@@ -414,128 +444,83 @@ class StopRequested(Exception):
 
 
 @contextmanager
-def decoding_bar(run: Run, total: int, what: str):
+def decoding_bar(run: Run, progress: Progress, total: int, what: str):
     """A progress bar over the sentences decoded, yielding translate_ids's `progress`: it
     raises StopRequested at the next batch once a stop signal came."""
     bar = tqdm(total=total, desc=what, unit=" sentences", leave=False, dynamic_ncols=True,
                mininterval=1.0, disable=run.rank != 0)
 
-    def progress(done: int):
+    def advance(done: int):
         bar.update(done)
-        if run.stop_signal:
+        if progress.signal:
             raise StopRequested()
     try:
-        yield progress
+        yield advance
     finally:
         bar.close()
 
 
-
 @torch.no_grad()
-def run_validation(run: Run):
-    """Validation loss, then greedy decoding of the validation set (or its first
-    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples."""
-    config, model, val, device = run.config, run.model, run.data.validation, run.device
-    model.eval()
+def validation_loss(run: Run) -> float:
+    """The loss per target token over the validation split, teacher-forced."""
+    config, val, device = run.config, run.data.validation, run.device
     sampler = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
                                 shuffle=False)
     loss_sum, tokens = 0.0, 0
     for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator()):
         with run.amp():
-            logits = model(batch["encoder_input"].to(device), batch["decoder_input"].to(device),
-                           batch["encoder_mask"].to(device))
+            logits = run.model(batch["encoder_input"].to(device),
+                               batch["decoder_input"].to(device),
+                               batch["encoder_mask"].to(device))  # (batch, tgt_len, vocab)
         label = batch["label"].to(device)  # (batch, tgt_len)
         loss_sum += run.loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)).item()
         tokens += (label != PAD).sum().item()
+    return loss_sum / max(tokens, 1)
+
+
+@torch.no_grad()
+def run_validation(run: Run, progress: Progress) -> dict:
+    """Validation loss, then greedy decoding of the validation set (or its first
+    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples."""
+    config, val = run.config, run.data.validation
+    run.model.eval()
+    loss = validation_loss(run)
     n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
     started = time.time()
-    with decoding_bar(run, n, "validating") as progress:
-        outputs = translate_ids(model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
-                                unk_id=UNK, **decoding_limits(config), progress=progress,
+    with decoding_bar(run, progress, n, "validating") as advance:
+        outputs = translate_ids(run.model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
+                                unk_id=UNK, **decoding_limits(config), progress=advance,
                                 batch_size=max(config.max_tokens // 40, config.batch_size, 1))
     predictions = [detokenize(run.data.tokenizer_tgt, ids) for ids in outputs]
-    metrics = {"loss": loss_sum / max(tokens, 1), **score(predictions, val.tgt_texts[:n])}
+    metrics = {"loss": loss, **score(predictions, val.tgt_texts[:n])}
     for name, value in metrics.items():
         if name != "report":
-            run.writer.add_scalar(f"validation/{name}", value, run.global_step)
+            run.writer.add_scalar(f"validation/{name}", value, progress.step)
     examples = [f"{'SOURCE:':>12} {val.src_texts[i]}\n{'TARGET:':>12} {val.tgt_texts[i]}\n"
                 f"{'PREDICTED:':>12} {predictions[i]}" for i in range(min(config.val_examples, n))]
     if examples:
         tqdm.write("-" * 80 + "\n" + ("\n" + "-" * 80 + "\n").join(examples) + "\n" + "-" * 80)
         run.writer.add_text("validation/examples",
                             "\n\n".join("    " + e.replace("\n", "\n    ") for e in examples),
-                            run.global_step)
+                            progress.step)
     tqdm.write(f"validation: loss {metrics['loss']:.3f}  BLEU {metrics['bleu']:.2f}  "
                f"chrF {metrics['chrf']:.2f}  CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}"
                f"  ({n} sentences decoded in {time.time() - started:.1f}s)")
-    model.train()
+    run.model.train()
     return metrics
 
 
-# ---- the loop -----------------------------------------------------------------------------------
-
-def train_epoch(run: Run, epoch: int):
-    """Optimizer steps over the epoch's batches, validating every eval_every steps. Returns
-    None at the end of the epoch, or why it stopped early: "signal" (Ctrl-C / SIGTERM),
-    "max_steps", or "patience" (run out at a validation within the epoch)."""
-    config = run.config
-    run.model.train()
-    bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
-               mininterval=1.0, initial=run.start_batch if epoch == run.start_epoch else 0,
-               disable=run.rank != 0)
-    tokens_seen, started = 0, time.time()
-    run.batch = run.start_batch if epoch == run.start_epoch else 0
-    no_sync = getattr(run.step_model, "no_sync", None)
-    for group, done in accumulation_groups(run, epoch):
-        run.batch = done
-        loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
-                             run.scaler, run.world_size, no_sync)
-        lr = run.lr()
-        optimizer_step(run, loss, lr)
-        run.global_step += 1
-        run.loss_window.append(loss)
-        tokens_seen += sum(real_tokens(b) for b in group)
-        bar.update(done - bar.n)
-        logging = run.global_step % config.log_every == 0 or done == run.batches_per_epoch
-        if logging:
-            log_progress(run, bar, lr, tokens_seen * run.world_size / (time.time() - started))
-        if logging or run.device.type == "cpu":
-            check_updates(run)
-        stopped = maybe_save(run, epoch, done)
-        if stopped:
-            bar.close()  # before the stop message: the bar is not drawn again under it
-            if stopped == "signal" or done < run.batches_per_epoch:
-                tqdm.write(stop_message(run, stopped, epoch, done))
-            return stopped
-        if (config.eval_every and run.global_step % config.eval_every == 0
-                and done < run.batches_per_epoch):  # the epoch's end validates anyway
-            stopped = validate(run, epoch)
-            if stopped:
-                save(run, epoch, epoch, done, step_checkpoint_path(config, epoch,
-                                                                   run.global_step))
-                bar.close()
-                if stopped == "signal":
-                    tqdm.write(stop_message(run, stopped, epoch, done) + " (validation at "
-                               "this step was interrupted and is not recorded)")
-                return stopped
-    bar.close()
-    run.writer.add_scalar("train/epoch_tokens_per_s",
-                          tokens_seen * run.world_size / (time.time() - started), run.global_step)
-    return None
-
-
-def validate(run: Run, epoch: int):
-    """Validation, once: on rank 0 while the others wait. Returns, on every rank, "patience"
-    if patience has run out, "signal" if a stop signal interrupted it, or None."""
-    out = 0.0
+def validate(run: Run, progress: Progress) -> Stop:
+    """Validation, once: on rank 0 while the others wait. Returns, on every rank, Stop.PATIENCE
+    if patience has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
+    stop = Stop.NONE
     if run.rank == 0:
         try:
-            out = float(keep_best(run, epoch, run_validation(run)))
+            stop = keep_best(run, progress, run_validation(run, progress))
         except StopRequested:
             run.model.train()
-            out = 2.0
-    agreed = sum_over_ranks(out)[0]
-    return "signal" if agreed >= 2 else "patience" if agreed > 0 else None
+            stop = Stop.SIGNAL
+    return Stop(max_over_ranks(stop))
 
 
 def rank_of(h: dict):
@@ -544,90 +529,150 @@ def rank_of(h: dict):
     return h["bleu"], -h["loss"]
 
 
-def keep_best(run: Run, epoch: int, metrics: dict) -> bool:
+def keep_best(run: Run, progress: Progress, metrics: dict) -> Stop:
     """Records a validation; a new best (by `rank_of`) is saved as the best checkpoint
-    (weights and config only). Returns whether patience has run out."""
-    config = run.config
-    run.history.append({"step": run.global_step, "epoch": epoch,
-                        **{k: v for k, v in metrics.items() if k != "report"}})
-    write_history(config, run.history)
-    best = max(run.history, key=rank_of)
-    if best is run.history[-1]:
-        save_checkpoint(best_checkpoint(run, epoch, best), best_checkpoint_path(config))
+    (weights and config only). Returns Stop.PATIENCE if patience has run out."""
+    config, history = run.config, progress.history
+    history.append({"step": progress.step, "epoch": progress.epoch,
+                    **{k: v for k, v in metrics.items() if k != "report"}})
+    write_history(config, history)
+    best = max(history, key=rank_of)
+    if best is history[-1]:
+        save_checkpoint(best_checkpoint(run, progress.step, progress.epoch, best),
+                        best_checkpoint_path(config))
         tqdm.write(f"new best validation BLEU {best['bleu']:.2f} (loss {best['loss']:.3f}): "
                    f"saved {best_checkpoint_path(config)}")
-    since = len(run.history) - 1 - run.history.index(best)
-    return bool(config.patience) and since >= config.patience
+    since = len(history) - 1 - history.index(best)
+    return Stop.PATIENCE if config.patience and since >= config.patience else Stop.NONE
 
 
 @torch.no_grad()
-def score_test_sets(run: Run):
-    """Translates the corpus's test split with the best checkpoint, greedy and beam 4, and
-    prints, logs and writes (results.json in the model folder) sacreBLEU BLEU and chrF."""
-    config, test = run.config, run.data.test
-    best = best_checkpoint_path(config)
-    if test is None or not best.exists():
+def score_test_sets(run: Run, progress: Progress):
+    """Translates the corpus's test split with the best checkpoint (loaded into a model of its
+    own: the run's weights are left as they are), greedy and beam 4, and prints, logs and
+    writes (results.json in the model folder) sacreBLEU BLEU and chrF."""
+    config, test, data = run.config, run.data.test, run.data
+    path = best_checkpoint_path(config)
+    if test is None or not path.exists():
         return
-    load_model_weights(run.model, load_checkpoint(best), best)
-    run.model.eval()
-    results = {"checkpoint": str(best), "sentences": len(test[0]), "scores": {}}
+    best = build_model(config, data.tokenizer_src.get_vocab_size(),
+                       data.tokenizer_tgt.get_vocab_size())
+    load_model_weights(best, load_checkpoint(path), path)
+    best = best.to(run.device).eval()
+    results = {"checkpoint": str(path), "sentences": len(test[0]), "scores": {}}
     for beam in (1, 4):
         name = "greedy" if beam == 1 else f"beam{beam}"
         try:
-            with decoding_bar(run, len(test[0]), f"test, {name}") as progress:
-                hyps = translate(run.model, config, run.data.tokenizer_src,
-                                 run.data.tokenizer_tgt, test[0], beam=beam, progress=progress)
+            with decoding_bar(run, progress, len(test[0]), f"test, {name}") as advance:
+                hyps = translate(best, config, data.tokenizer_src, data.tokenizer_tgt, test[0],
+                                 beam=beam, progress=advance)
         except StopRequested:
-            tqdm.write(f"test scoring stopped by {run.stop_signal[0]}: no results.json written "
+            tqdm.write(f"test scoring stopped by {progress.signal}: no results.json written "
                        f"(translate.py --preload best --input ... --reference ... scores it)")
             return
         scores = score(hyps, test[1], error_rates=False)
         results["scores"][name] = scores
         for metric in ("bleu", "chrf"):
-            run.writer.add_scalar(f"test/{metric}_{name}", scores[metric], run.global_step)
+            run.writer.add_scalar(f"test/{metric}_{name}", scores[metric], progress.step)
         tqdm.write(f"test ({len(hyps)} sentences, best checkpoint, {name}):\n{scores['report']}")
-    path = Path(config.model_folder) / "results.json"
-    path.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    tqdm.write(f"wrote {path}")
+    out = Path(config.model_folder) / "results.json"
+    out.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    tqdm.write(f"wrote {out}")
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+
+def train_epoch(run: Run, progress: Progress) -> Stop:
+    """Optimizer steps over the rest of epoch progress.epoch, validating every eval_every
+    steps. Returns Stop.NONE at the end of the epoch, or why it stopped before."""
+    config, epoch = run.config, progress.epoch
+    run.model.train()
+    bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
+               mininterval=1.0, initial=progress.batch, disable=run.rank != 0)
+    tokens_seen, started = 0, time.time()  # `started` moves past validations: tok_s trains
+    no_sync = getattr(run.step_model, "no_sync", None)
+    for group, done in accumulation_groups(run, epoch, progress.batch):
+        loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
+                             run.scaler, run.world_size, no_sync)
+        lr = run.lr(progress.step + 1)
+        optimizer_step(run, progress, loss, lr)
+        progress.step, progress.batch = progress.step + 1, done
+        progress.loss_window.append(loss)
+        tokens_seen += sum(real_tokens(b) for b in group)
+        bar.update(done - bar.n)
+        logging = progress.step % config.log_every == 0 or done == run.batches_per_epoch
+        if logging:
+            tokens_per_s = tokens_seen * run.world_size / (time.time() - started)
+            log_progress(run, progress, bar, lr, tokens_per_s)
+        if logging or run.device.type == "cpu":
+            check_updates(run, progress)
+        stop = stop_after_step(run, progress)
+        if stop:
+            bar.close()  # before the stop message: the bar is not drawn again under it
+            if stop is Stop.SIGNAL or done < run.batches_per_epoch:
+                tqdm.write(stop_message(run, progress, stop))
+            return stop
+        if (config.eval_every and progress.step % config.eval_every == 0
+                and done < run.batches_per_epoch):  # the epoch's end validates anyway
+            paused = time.time()
+            stop = validate(run, progress)
+            started += time.time() - paused
+            if stop:
+                save(run, progress, epoch, done,
+                     step_checkpoint_path(config, epoch, progress.step))
+                bar.close()
+                if stop is Stop.SIGNAL:
+                    tqdm.write(stop_message(run, progress, stop) + " (validation at this step "
+                               "was interrupted and is not recorded)")
+                return stop
+    bar.close()
+    run.writer.add_scalar("train/epoch_tokens_per_s",
+                          tokens_seen * run.world_size / (time.time() - started), progress.step)
+    return Stop.NONE
+
+
+def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
+    """After the epoch's last batch, or a stop within it at max_steps or patience: the epoch's
+    checkpoint if it ended (first: a crash while decoding loses nothing), then validation
+    (unless patience has just validated). Returns why training stops (Stop.NONE: go on)."""
+    config, ended = run.config, progress.batch == run.batches_per_epoch
+    if ended:
+        save(run, progress, progress.epoch + 1, 0, epoch_checkpoint_path(config, progress.epoch))
+        if stop is Stop.MAX_STEPS:
+            tqdm.write(stop_message(run, progress, stop))
+    if stop is not Stop.PATIENCE:
+        stop = max(stop, validate(run, progress))
+    run.writer.flush()
+    if stop is Stop.SIGNAL:
+        tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating epoch "
+                   f"{progress.epoch} (not recorded); saved {latest_checkpoint_path(config)}. "
+                   f"Resume with: {resume_command(run)}")
+    elif stop is Stop.PATIENCE:
+        print(f"no better validation in the last {config.patience} validations "
+              f"(--patience {config.patience}): training stops")
+    if ended:
+        progress.epoch, progress.batch = progress.epoch + 1, 0
+    return stop
 
 
 def train_model(config: Config, given: set = frozenset()):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
     ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
     and scores the test split at the end."""
-    run = set_up(config, given)
-    config = run.config
-    idle = nothing_to_do(run)
+    run, progress = set_up(config, given)
+    idle = nothing_to_do(run, progress)
     if idle:
         print(idle)
         return
-    run.writer = SummaryWriter(config.experiment_name) if run.rank == 0 else NoWriter()
-    catch_stop_signals(run)
-    for epoch in range(run.start_epoch, config.num_epochs):
-        stopped = train_epoch(run, epoch)
-        if stopped == "signal":
-            run.writer.close()
-            return
-        if run.batch == run.batches_per_epoch:  # the checkpoint first: a crash while decoding
-            save(run, epoch, epoch + 1, 0, epoch_checkpoint_path(config, epoch))  # loses nothing
-            if stopped:  # max_steps on the epoch's last batch
-                tqdm.write(stop_message(run, stopped, epoch, run.batches_per_epoch))
-        validated = stopped if stopped == "patience" else validate(run, epoch)
-        run.writer.flush()
-        if validated == "signal":
-            tqdm.write(f"stopped by {run.stop_signal[0] if run.stop_signal else 'a signal'} "
-                       f"while validating epoch {epoch} (not recorded); saved "
-                       f"{latest_checkpoint_path(config)}. Resume with: {resume_command(run)}")
-            run.writer.close()
-            return
-        out_of_patience = validated == "patience"
-        if out_of_patience:
-            print(f"no better validation in the last {config.patience} validations "
-                  f"(--patience {config.patience}): training stops")
-        if stopped or out_of_patience:
-            break
-    if run.rank == 0:
-        score_test_sets(run)
+    run.writer = SummaryWriter(run.config.experiment_name) if run.rank == 0 else NoWriter()
+    catch_stop_signals(progress)
+    stop = Stop.NONE
+    while progress.epoch < run.config.num_epochs and not stop:
+        stop = train_epoch(run, progress)
+        if stop is not Stop.SIGNAL:
+            stop = end_epoch(run, progress, stop)
+    if run.rank == 0 and stop is not Stop.SIGNAL:
+        score_test_sets(run, progress)
     run.writer.close()
 
 

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -19,6 +20,7 @@ atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from model import build_transformer  # noqa: E402
 
 EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 IT = ["zero", "uno", "due", "tre", "quattro", "cinque", "sei", "sette", "otto", "nove"]
@@ -59,3 +61,29 @@ def run_script(script: str, *args, cwd: Path, input: bytes = None, timeout: int 
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
     return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=cwd,
                           input=input, capture_output=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """train.py for 2 epochs on a tiny local corpus; the folder it ran in."""
+    home = tmp_path_factory.mktemp("run")
+    write_aligned(home / "corpus", "train", number_pairs(64, seed=1))
+    write_aligned(home / "corpus", "val", number_pairs(8, seed=2))
+    result = run_script("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
+                        cwd=home)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    return home, result
+
+
+# Small models built in the tests.
+
+def tiny_model(vocab=20, seq_len=32, seed=0, **kw):
+    torch.manual_seed(seed)
+    kw = {"d_model": 32, "N": 2, "h": 4, "d_ff": 64, "dropout": 0.0, **kw}
+    return build_transformer(vocab, vocab, seq_len, seq_len, **kw).eval()
+
+
+def small(seed=0, vocab=24, **options):
+    torch.manual_seed(seed)
+    return build_transformer(vocab, vocab, 40, 40, d_model=16, N=2, h=4, d_ff=32, dropout=0.0,
+                             **options).eval()

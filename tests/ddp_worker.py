@@ -12,8 +12,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import parse_config  # noqa: E402
-from dataset import PAD, Collator  # noqa: E402
+from dataset import Collator  # noqa: E402
 from runtime import gather_to_main, stop_distributed  # noqa: E402
+from tokenizer import PAD  # noqa: E402
 from train import set_up, train_epoch, train_step  # noqa: E402
 
 
@@ -24,7 +25,7 @@ def flat(model):
 def main():
     out, argv = sys.argv[1], sys.argv[2:]
     config, given = parse_config(argv)
-    run = set_up(config, given)
+    run, progress = set_up(config, given)
     report = {"start": gather_to_main(flat(run.model)),
               "batches": gather_to_main([b.tolist() for b in run.sampler.batches(0)])}
     first = Collator()([run.data.train[i] for i in run.sampler.batches(0)[0]])
@@ -32,7 +33,7 @@ def main():
                run.world_size)
     report["grads"] = gather_to_main({n: p.grad.clone() for n, p in run.model.named_parameters()})
     run.optimizer.zero_grad(set_to_none=True)
-    train_epoch(run, 0)
+    train_epoch(run, progress)
     report["end"] = gather_to_main(flat(run.model))
     report["world_size"] = run.world_size
     if run.rank == 0:

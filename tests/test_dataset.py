@@ -1,188 +1,31 @@
-"""Loading every corpus format, tokenizers, the batch sampler and the masks of a batch."""
+"""Batches and prepared data: token batches, masks, long pairs dropped, the memory-mapped training
+split made once and trusted only while it matches."""
 
-import json
+import os
+import pickle
 
+import numpy as np
 import pytest
 import torch
 from conftest import number_pairs, write_aligned
 
+import corpus as corpus_module
+import dataset
 from config import Config
-from dataset import (BilingualDataset, Collator, DataError, TokenBatchSampler, build_tokenizer,
-                     column, get_ds, get_tokenizer, load_corpus)
-
-
-def cfg(tmp_path, **kw):
-    return Config(model_folder=str(tmp_path / "weights"), lang_src="en", lang_tgt="it",
-                  vocab_size=300, seq_len=24, **kw)
-
-
-def test_aligned_text_files_with_their_own_validation_and_test_splits(tmp_path, corpus):
-    write_aligned(corpus, "test_2016", number_pairs(5, seed=9))
-    splits = load_corpus(cfg(tmp_path, data_dir=str(corpus)))
-    assert (len(splits["train"]), len(splits["validation"]), len(splits["test"])) == (64, 8, 5)
-    first = number_pairs(64, seed=1)[0]
-    assert (splits["train"][0]["src"], splits["train"][0]["tgt"]) == first
-
-
-def test_without_a_validation_split_a_seeded_tenth_is_held_out(tmp_path):
-    write_aligned(tmp_path / "c", "train", number_pairs(100, seed=1))
-    config = cfg(tmp_path, data_dir=str(tmp_path / "c"))
-    a, b = load_corpus(config), load_corpus(config)
-    assert (len(a["train"]), len(a["validation"])) == (90, 10)
-    assert column(a["validation"], "src") == column(b["validation"], "src")  # same seed, same split
-    assert sorted(column(a["train"], "src") + column(a["validation"], "src")) == sorted(
-        s for s, _ in number_pairs(100, seed=1))
-    other = load_corpus(cfg(tmp_path, data_dir=str(tmp_path / "c"), seed=7))
-    assert column(other["validation"], "src") != column(a["validation"], "src")
-
-
-def test_tab_separated_pairs(tmp_path):
-    folder = tmp_path / "tsv"
-    folder.mkdir()
-    (folder / "pairs.tsv").write_text("en\tit\nHello.\tCiao.\n\nThe cat.\tIl gatto.\n"
-                                      "A dog.\tUn cane.\n", encoding="utf-8")
-    splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.34))
-    texts = sorted(column(splits["train"], "tgt") + column(splits["validation"], "tgt"))
-    assert texts == ["Ciao.", "Il gatto.", "Un cane."]  # header skipped, empty line dropped
-
-
-def test_tab_separated_pairs_with_an_attribution_column_take_the_first_two(tmp_path, capsys):
-    folder = tmp_path / "anki"
-    folder.mkdir()
-    (folder / "fra.tsv").write_text("Go.\tVa !\tCC-BY 2.0 (France) #2877272\n"
-                                    "Hi.\tSalut !\tCC-BY 2.0 (France) #538123\nRun!\tCours !\n",
-                                    encoding="utf-8")
-    splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.34))
-    texts = sorted(column(splits["train"], "tgt") + column(splits["validation"], "tgt"))
-    assert texts == ["Cours !", "Salut !", "Va !"]
-    assert "fra.tsv: 2 line(s) have more than two tab-separated fields" in capsys.readouterr().err
-
-
-def test_json_lines_with_a_translation_field(tmp_path):
-    folder = tmp_path / "jl"
-    folder.mkdir()
-    rows = [{"translation": {"en": s, "it": t}} for s, t in number_pairs(12, seed=3)]
-    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    (folder / "validation.jsonl").write_text(json.dumps(rows[0]) + "\n")
-    splits = load_corpus(cfg(tmp_path, data_dir=str(folder)))
-    assert len(splits["train"]) == 12
-    assert column(splits["validation"], "tgt") == [rows[0]["translation"]["it"]]
-
-
-def make_hub_repo(folder, subset="en-it", pairs=None):
-    """A folder laid out like a Hugging Face hub dataset repo (OPUS Books style): a README
-    whose `configs:` names the subset, and a parquet file of {"id", "translation"} rows."""
-    from datasets import Dataset
-    pairs = pairs or number_pairs(40, seed=4)
-    lang_a, lang_b = subset.split("-")
-    (folder / subset).mkdir(parents=True)
-    Dataset.from_dict({"id": [str(i) for i in range(len(pairs))],
-                       "translation": [{lang_a: s, lang_b: t} for s, t in pairs]}).to_parquet(
-        str(folder / subset / "train-00000-of-00001.parquet"))
-    (folder / "README.md").write_text(
-        f"---\nconfigs:\n- config_name: {subset}\n  data_files:\n  - split: train\n"
-        f"    path: {subset}/train-*\n---\n")
-    return folder
-
-
-def test_hub_datasource_through_load_dataset_offline(tmp_path):
-    repo = make_hub_repo(tmp_path / "opus_books")
-    splits = load_corpus(cfg(tmp_path, datasource=str(repo)))
-    assert (len(splits["train"]), len(splits["validation"])) == (36, 4)  # seeded 90/10
-    # a pair published the other way round ("it-en") is found too
-    repo2 = make_hub_repo(tmp_path / "reversed", subset="it-en",
-                          pairs=[(t, s) for s, t in number_pairs(20, seed=4)])
-    splits2 = load_corpus(cfg(tmp_path, datasource=str(repo2)))
-    assert splits2["train"][0]["src"].endswith(".") and " " in splits2["train"][0]["src"]
-    assert set(column(splits2["train"], "src")) <= {s for s, _ in number_pairs(20, seed=4)}
-
-
-def test_hub_errors_are_one_clear_line(tmp_path):
-    repo = make_hub_repo(tmp_path / "opus_books")
-    with pytest.raises(DataError, match="has no subset en-fr or fr-en"):
-        load_corpus(Config(datasource=str(repo), lang_src="en", lang_tgt="fr"))
-    # offline (as in every test) and not cached: the hub message, with the local-files way out
-    with pytest.raises(DataError, match=r"could not reach the Hugging Face hub to load "
-                                        r"'nobody/no_such_dataset' .*--data_dir DIR"):
-        load_corpus(cfg(tmp_path, datasource="nobody/no_such_dataset"))
-
-
-@pytest.mark.parametrize("problem, message", [
-    ("missing_dir", "no such folder"),
-    ("no_train", "found no training data"),
-    ("line_counts", "train.en has 3 lines but .*train.it has 2"),
-    ("bad_utf8", "train.it, line 2: not valid UTF-8"),
-    ("no_target", "has no train.it \\(training files there: train.en\\); check --lang_src"),
-    ("other_language", "has no train.it \\(training files there: train.de, train.en\\)"),
-    ("no_test_target", "test_2016.en has no matching target file"),
-    ("a_file", "is a file; give the folder"),
-])
-def test_bad_local_data_is_refused_with_a_clear_message(tmp_path, problem, message):
-    folder = tmp_path / "bad"
-    folder.mkdir()
-    if problem == "no_train":
-        write_aligned(folder, "val", number_pairs(3))
-    elif problem == "line_counts":
-        (folder / "train.en").write_text("a\nb\nc\n")
-        (folder / "train.it").write_text("a\nb\n")
-    elif problem == "bad_utf8":
-        (folder / "train.en").write_text("a\nb\n")
-        (folder / "train.it").write_bytes(b"a\n\xff\xfeb\n")
-    elif problem == "no_target":
-        (folder / "train.en").write_text("a\n")
-    elif problem == "other_language":  # issue 16, 14: it named a test file as missing
-        write_aligned(folder, "train", number_pairs(3), tgt="de")
-        write_aligned(folder, "test_2016", number_pairs(3), tgt="de")
-    elif problem == "no_test_target":
-        write_aligned(folder, "train", number_pairs(3))
-        (folder / "test_2016.en").write_text("a\n")
-    data_dir = {"missing_dir": tmp_path / "nowhere",
-                "a_file": folder / "train.en"}.get(problem, folder)
-    if problem == "a_file":
-        (folder / "train.en").write_text("a\n")
-    with pytest.raises(DataError, match=message):
-        load_corpus(cfg(tmp_path, data_dir=str(data_dir)))
-
-
-def test_empty_lines_are_skipped_and_counted(tmp_path, capsys):
-    folder = tmp_path / "c"
-    folder.mkdir()
-    (folder / "train.en").write_text("one.\n\nthree.\nfour.\n")
-    (folder / "train.it").write_text("uno.\ndue.\n \nquattro.\n")
-    splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.5))
-    assert len(splits["train"]) + len(splits["validation"]) == 2
-    assert "skipped 2 pair(s) with an empty side" in capsys.readouterr().err
-
-
-def test_bpe_tokenizer_has_no_unknown_words_and_detokenizes_exactly(tmp_path):
-    tok = build_tokenizer("bpe", 300, [s for s, _ in number_pairs(50)])
-    assert [tok.token_to_id(t) for t in ("[UNK]", "[PAD]", "[SOS]", "[EOS]")] == [0, 1, 2, 3]
-    for text in ["Völlig neue Wörter, 😀 und 漢字!", "seven eight.", "tab\there"]:
-        ids = tok.encode(text).ids
-        assert 0 not in ids  # never [UNK]
-        assert tok.decode(ids) == text
-    word = build_tokenizer("word", 300, [s for s, _ in number_pairs(50)])
-    assert word.encode("seven unseenword").ids[1] == 0  # the write-ups' tokenizer: [UNK]
-
-
-def test_tokenizers_are_trained_on_train_only_saved_and_reused(tmp_path, corpus):
-    config = cfg(tmp_path, data_dir=str(corpus))
-    (corpus / "val.en").write_text("zebra xylophone quokka.\n" * 8)
-    data = get_ds(config)
-    path = tmp_path / "weights" / "tokenizer_en.json"
-    assert path.exists() and (tmp_path / "weights" / "tokenizer_it.json").exists()
-    assert "zebra" not in data.tokenizer_src.get_vocab()  # validation text never trained on
-    before = path.read_bytes()
-    again = get_tokenizer(config, "en", ["completely different text"] * 50)
-    assert path.read_bytes() == before
-    assert again.get_vocab() == data.tokenizer_src.get_vocab()
-    with pytest.raises(DataError, match="is a bpe tokenizer, but --tokenizer_type is word"):
-        get_tokenizer(cfg(tmp_path, tokenizer_type="word"), "en", [])
+from dataset import (
+    BilingualDataset,
+    Collator,
+    TokenArray,
+    TokenBatchSampler,
+    encode_pairs,
+    get_ds,
+    prepared_folder,
+)
 
 
 def test_pairs_longer_than_seq_len_are_dropped_with_a_count(tmp_path, corpus, capsys):
     write_aligned(corpus, "train", number_pairs(60, seed=1) + [("one " * 40 + ".", "uno.")])
-    data = get_ds(cfg(tmp_path, data_dir=str(corpus)))
+    data = get_ds(cfg(tmp_path, corpus))
     assert len(data.train) == 60
     assert "dropped 1 of 61 pairs longer than seq_len 24" in capsys.readouterr().err
     item = data.train[0]
@@ -223,3 +66,130 @@ def test_collate_pads_to_the_longest_and_builds_the_masks():
     assert batch["encoder_mask"].shape == (2, 1, 1, 5)
     assert batch["encoder_mask"][1, 0, 0].tolist() == [True, True, True, False, False]
     assert set(batch) == {"encoder_input", "decoder_input", "label", "encoder_mask"}
+
+
+def cfg(tmp_path, corpus, **kw):
+    kw = {"vocab_size": 300, "seq_len": 24, **kw}
+    return Config(model_folder=str(tmp_path / "weights"), data_dir=str(corpus), lang_src="en",
+                  lang_tgt="it", **kw)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Counts how often a training file is read."""
+    calls = []
+    real = corpus_module._aligned_dataset
+
+    def counting(src_file, tgt_file, chunk=100_000):
+        calls.append(src_file.stem)
+        return real(src_file, tgt_file, chunk)
+    monkeypatch.setattr(corpus_module, "_aligned_dataset", counting)
+    return calls
+
+
+def batches(data, seed=3):
+    sampler = TokenBatchSampler(data.train.lengths(), max_tokens=100, seed=seed)
+    return [Collator()([data.train[i] for i in b]) for b in sampler.batches(0)]
+
+
+def test_prepared_data_gives_the_batches_of_fresh_tokenization(tmp_path, corpus, reads):
+    config = cfg(tmp_path, corpus)
+    first = get_ds(config)  # prepares: reads train
+    assert reads.count("train") == 1 and isinstance(first.train.src_ids, TokenArray)
+    assert first.train.src_texts is None  # training texts are not kept
+    again = get_ds(config)  # loads: does not read train again
+    assert reads.count("train") == 1
+    # the same ids as encoding the texts now, pair by pair and batch by batch
+    pairs = number_pairs(64, seed=1)
+    src, tgt, keep = encode_pairs([s for s, _ in pairs], [t for _, t in pairs],
+                                  again.tokenizer_src, again.tokenizer_tgt, 24)
+    assert [list(again.train.src_ids[i]) for i in range(len(again.train))] == \
+        [src[i] for i in keep]
+    assert [list(again.train.tgt_ids[i]) for i in range(len(again.train))] == \
+        [tgt[i] for i in keep]
+    for a, b in zip(batches(first), batches(again), strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key])
+    assert again.train.src_ids.ids.dtype == np.uint16  # 300 tokens fit 16 bits
+    # a spawned DataLoader worker gets the file's name, and maps the same ids
+    pickled = pickle.dumps(again.train.tgt_ids)
+    assert again.train.tgt_ids.ids.tobytes() not in pickled
+    copy = pickle.loads(pickled)
+    assert isinstance(copy.ids, np.memmap) and np.array_equal(copy.ids, again.train.tgt_ids.ids)
+
+
+def test_a_changed_corpus_or_tokenizer_is_prepared_again(tmp_path, corpus, reads, capsys):
+    config = cfg(tmp_path, corpus)
+    get_ds(config)
+    write_aligned(corpus, "train", number_pairs(70, seed=8))  # the corpus changes
+    assert len(get_ds(config).train) == 70
+    assert "was prepared for another corpus: preparing again" in capsys.readouterr().err
+    assert reads.count("train") == 2
+    # other tokenizer files (trained elsewhere, on a sample) make the prepared ids stale too
+    get_ds(cfg(tmp_path / "other", corpus, tokenizer_sample=10))
+    for f in (tmp_path / "other" / "weights").glob("tokenizer_*"):
+        (tmp_path / "weights" / f.name).write_bytes(f.read_bytes())
+    capsys.readouterr()
+    get_ds(config)
+    assert "was prepared for other tokenizers: preparing again" in capsys.readouterr().err
+    assert reads.count("train") == 4
+    get_ds(cfg(tmp_path, corpus, seq_len=12))  # another seq_len keeps other pairs
+    assert "was prepared for another --seq_len" in capsys.readouterr().err
+    assert reads.count("train") == 5
+
+
+def test_another_seed_prepares_again_only_when_validation_is_held_out(tmp_path, corpus, reads,
+                                                                      capsys):
+    """Issue 16, defect 5: --seed re-prepared a corpus with a validation split of its own (15
+    minutes at WMT size), saying the corpus had changed."""
+    get_ds(cfg(tmp_path, corpus))
+    get_ds(cfg(tmp_path, corpus, seed=7, val_fraction=0.2))  # val.en/val.it: nothing to redraw
+    assert reads.count("train") == 1 and "prepared for" not in capsys.readouterr().err
+    (corpus / "val.en").unlink()
+    (corpus / "val.it").unlink()
+    get_ds(cfg(tmp_path, corpus))  # now held out of train: prepared again, once
+    get_ds(cfg(tmp_path, corpus))
+    assert reads.count("train") == 2
+    capsys.readouterr()
+    get_ds(cfg(tmp_path, corpus, seed=7))  # another seed draws another validation split
+    assert "prepared for another --seed or --val_fraction" in capsys.readouterr().err
+    assert reads.count("train") == 3
+
+
+def test_damaged_prepared_data_is_detected_and_prepared_again(tmp_path, corpus, reads, capsys):
+    config = cfg(tmp_path, corpus)
+    expected = [list(x) for x in get_ds(config).train.tgt_ids]
+    ids = prepared_folder(config) / "train.tgt.bin"
+    data = bytearray(ids.read_bytes())
+    data[10] ^= 0xFF  # one flipped byte
+    ids.write_bytes(bytes(data))
+    again = get_ds(config)
+    assert "train.tgt.bin is damaged or missing: preparing again" in capsys.readouterr().err
+    assert [list(x) for x in again.train.tgt_ids] == expected
+    (prepared_folder(config) / "train.src.offsets.npy").unlink()
+    get_ds(config)
+    assert "damaged or missing" in capsys.readouterr().err
+    assert reads.count("train") == 3
+
+
+def test_other_ranks_load_rank_0s_data_and_never_prepare_their_own(tmp_path, corpus, monkeypatch):
+    """Under torchrun rank 0 prepares, then the others load its files; a process that cannot
+    see them (machines without a shared --model_folder) stops with one line instead of
+    preparing a copy of its own in the same folder as its neighbours."""
+    config = cfg(tmp_path, corpus)
+    monkeypatch.setattr(dataset, "is_main", lambda: False)
+    with pytest.raises(dataset.DataError, match="shared filesystem"):
+        get_ds(config)
+    assert not prepared_folder(config).exists() and not list((tmp_path / "weights").glob("*"))
+    monkeypatch.setattr(dataset, "is_main", lambda: True)
+    made = get_ds(config)  # rank 0 prepares ...
+    monkeypatch.setattr(dataset, "is_main", lambda: False)
+    assert len(get_ds(config).train) == 64  # ... and the others load it
+    # another machine's copy of the corpus, same text but other modification times: with the
+    # key rank 0 passes on, its processes load the same prepared data
+    for f in corpus.iterdir():
+        os.utime(f, (f.stat().st_atime, f.stat().st_mtime + 3600))
+    with pytest.raises(dataset.DataError, match="shared filesystem"):
+        get_ds(config)
+    again = get_ds(config, made.key)
+    assert again.key == made.key and len(again.train) == 64

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, TINY, number_pairs, write_aligned
 
 from bench_data import children
-from conftest import ROOT, TINY, number_pairs, write_aligned
-from dataset import PAD, Collator, TokenBatchSampler, split_for_ranks
+from dataset import Collator, TokenBatchSampler, split_for_ranks
+from tokenizer import PAD
 
 # torchrun is launched as `python -m torch.distributed.run`: no script on PATH needed
 pytestmark = pytest.mark.skipif(

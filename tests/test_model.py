@@ -1,23 +1,28 @@
-"""The architecture: masks, the paper's formulas, the fused paths against the written-out math,
-and the decoders (cached == full, beam 1 == greedy, batched == one by one)."""
+"""Section by section: each piece of the architecture does what the paper (or, for an addition, its
+own paper) says."""
 
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import small, tiny_model
 
-from model import (LayerNormalization, MultiHeadAttentionBlock, PackedLinear, PositionalEncoding,
-                   beam_search, build_transformer, causal_mask, decoding_model, greedy_decode,
-                   output_limits, translate_ids)
-
-PAD, SOS, EOS = 1, 2, 3
-
-
-def tiny_model(vocab=20, seq_len=32, seed=0, **kw):
-    torch.manual_seed(seed)
-    kw = {"d_model": 32, "N": 2, "h": 4, "d_ff": 64, "dropout": 0.0, **kw}
-    return build_transformer(vocab, vocab, seq_len, seq_len, **kw).eval()
+from config import Config
+from model import (
+    LayerNormalization,
+    MultiHeadAttentionBlock,
+    PositionalEncoding,
+    ResidualConnection,
+    RMSNormalization,
+    RotaryPositionalEmbedding,
+    SwiGLUFeedForwardBlock,
+    attention,
+    build_transformer,
+    causal_mask,
+    swiglu_width,
+)
+from tokenizer import PAD
 
 
 def test_changing_a_later_target_token_never_changes_earlier_outputs():
@@ -124,7 +129,7 @@ def test_fused_attention_equals_the_reference_math(cross, masked):
     torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-5)
     # ... and the written-out attention is exactly the paper's formula
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
-    out, weights = MultiHeadAttentionBlock.attention(q, k, v, None)
+    out, weights = attention(q, k, v, None)
     manual = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
     torch.testing.assert_close(weights, manual)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5,
@@ -143,184 +148,138 @@ def test_tied_embeddings_share_one_tensor():
     assert untied.projection_layer.proj.weight is not untied.tgt_embed.embedding.weight
 
 
-def memorized_model():
-    """A tiny model trained on 6 pairs until it reproduces them (shared by the decoder tests)."""
+def test_rmsnorm_output_has_unit_root_mean_square():
+    norm = RMSNormalization(32)
+    x = torch.randn(3, 5, 32) * 7 + 2
+    rms = norm(x).pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.ones(3, 5), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(norm(x).mean(-1), torch.zeros(3, 5), atol=1e-2)  # no centring
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rope = RotaryPositionalEmbedding(8, 64)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    def score(m, n):
+        return (rope(q, m) * rope(k, n)).sum()
+    for m, n, shift in ((3, 1, 5), (0, 7, 20), (10, 10, 33)):
+        torch.testing.assert_close(score(m, n), score(m + shift, n + shift))
+    assert not torch.allclose(score(3, 1), score(3, 2))  # but they do depend on m - n
+    torch.testing.assert_close(rope(q, 0), q)  # position 0: no rotation
+    torch.testing.assert_close(rope(q, 9).norm(), q.norm())  # a rotation keeps the length
+
+
+def test_gqa_is_multi_head_attention_with_shared_key_value_heads():
     torch.manual_seed(0)
-    pairs = [([4, 5, 6], [7, 8]), ([5, 9], [10, 11, 12]), ([6, 6, 4, 13], [14, 7]),
-             ([13, 4], [15, 16, 8, 9]), ([9, 10, 11], [12]), ([7], [17, 18, 19])]
-    model = tiny_model(vocab=20, seed=0)
+    x = torch.randn(2, 5, 16)
+    gqa = MultiHeadAttentionBlock(16, 4, 0.0, n_kv_heads=2).eval()
+    mha = MultiHeadAttentionBlock(16, 4, 0.0).eval()
+    assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
+    # MHA whose heads 0,1 use GQA's key/value head 0 and heads 2,3 its head 1: same output
+    w = gqa.w_qkv.weight.detach()  # (16 + 2·8, 16)
+    q, k, v = w[:16], w[16:24], w[24:32]
+    def repeat(m):
+        return m.view(2, 4, 16).repeat_interleave(2, dim=0).reshape(16, 16)
+    with torch.no_grad():
+        mha.w_qkv.weight.copy_(torch.cat([q, repeat(k), repeat(v)]))
+        mha.w_o.weight.copy_(gqa.w_o.weight)
+    torch.testing.assert_close(gqa(x), mha(x), atol=1e-6, rtol=1e-5)
+    # and with n_kv_heads == h it is plain multi-head attention, written out
+    full = MultiHeadAttentionBlock(16, 4, 0.0, n_kv_heads=4).eval()
+    qf, kf, vf = (t.view(2, 5, 4, 4).transpose(1, 2)
+                  for t in (x @ full.w_qkv.weight.T).split(16, -1))
+    expected = F.softmax(qf @ kf.transpose(-2, -1) / 2.0, -1) @ vf  # sqrt(d_k) = 2
+    torch.testing.assert_close(full(x), full.w_o(expected.transpose(1, 2).reshape(2, 5, 16)),
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_grouped_query_attention_shares_key_value_heads_without_copying_them(monkeypatch):
+    """19. Grouped-query attention copied its keys and values with repeat_interleave; the
+    fused kernel shares them (enable_gqa). Same outputs as the written-out math."""
+    from checkpoint import build_model
+    from model import SDPA_GQA
+    if not SDPA_GQA:
+        pytest.skip("torch < 2.5 has no enable_gqa")
+    model = build_model(Config(d_model=32, N=1, h=4, d_ff=64, seq_len=16, n_kv_heads=2),
+                        30, 30).eval()
+    src, tgt = torch.randint(4, 30, (2, 9)), torch.randint(4, 30, (2, 6))
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "use_reference"):
+                module.use_reference = True
+        expected = model(src, tgt, mask)
+        for module in model.modules():
+            if hasattr(module, "use_reference"):
+                module.use_reference = False
+        monkeypatch.setattr(torch.Tensor, "repeat_interleave",
+                            lambda *a, **k: pytest.fail("keys and values copied"))
+        torch.testing.assert_close(model(src, tgt, mask), expected)
+
+
+def test_tie_all_shares_one_tensor_among_three_modules():
+    model = small(shared_vocab=True, tie_embeddings="all")
+    tensors = {model.src_embed.embedding.weight.data_ptr(),
+               model.tgt_embed.embedding.weight.data_ptr(),
+               model.projection_layer.proj.weight.data_ptr()}
+    assert len(tensors) == 1
+    decoder_only = small(tie_embeddings="decoder")
+    assert decoder_only.src_embed.embedding.weight.data_ptr() != \
+        decoder_only.tgt_embed.embedding.weight.data_ptr()
+    assert decoder_only.tgt_embed.embedding.weight.data_ptr() == \
+        decoder_only.projection_layer.proj.weight.data_ptr()
+    with pytest.raises(ValueError, match="needs shared_vocab"):
+        small(tie_embeddings="all")
+
+
+def test_post_norm_normalises_after_the_residual_add_and_pre_norm_before():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8) * 4 + 1
+    sublayer = torch.nn.Linear(8, 8)
+    post = ResidualConnection(8, 0.0, norm_first=False)
+    pre = ResidualConnection(8, 0.0, norm_first=True)
+    torch.testing.assert_close(post(x, sublayer), F.layer_norm(x + sublayer(x), (8,), eps=1e-6))
+    torch.testing.assert_close(pre(x, sublayer), x + sublayer(F.layer_norm(x, (8,), eps=1e-6)))
+    assert isinstance(small(norm_first=False).encoder.norm, torch.nn.Identity)
+
+
+def test_swiglu_matches_its_formula_and_keeps_the_parameter_count():
+    torch.manual_seed(0)
+    block = SwiGLUFeedForwardBlock(16, 48, 0.0)
+    x = torch.randn(2, 3, 16)
+    w1, w3, w2 = block.linear_1.weight, block.linear_3.weight, block.linear_2.weight
+    torch.testing.assert_close(block(x), (F.silu(x @ w1.T) * (x @ w3.T)) @ w2.T)
+    assert swiglu_width(2048) == 1368 and swiglu_width(48) == 32
+    relu = sum(p.numel() for p in small().parameters())
+    swiglu = sum(p.numel() for p in small(ffn="swiglu").parameters())
+    assert abs(swiglu - relu) / relu < 0.05
+
+
+@pytest.mark.parametrize("rates, random", [
+    ((0.0, 0.0, 0.0), False), ((0.0, 0.5, 0.0), True), ((0.0, 0.0, 0.5), True),
+    ((0.5, 0.0, 0.0), True)])
+def test_each_dropout_rate_reaches_its_place(rates, random):
+    """Issue 18: --dropout is the paper's residual (and embedding) dropout; the attention
+    weights and the feed-forward activations have rates of their own (fairseq's recipe sets
+    them apart)."""
+    dropout, attention, activation = rates
+    torch.manual_seed(0)
+    model = build_transformer(24, 24, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=dropout,
+                              attention_dropout=attention, activation_dropout=activation)
+    src, tgt = torch.randint(4, 24, (2, 7)), torch.randint(4, 24, (2, 6))
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    src = torch.nn.utils.rnn.pad_sequence([torch.tensor([SOS] + s + [EOS]) for s, _ in pairs],
-                                          batch_first=True, padding_value=PAD)
-    dec = torch.nn.utils.rnn.pad_sequence([torch.tensor([SOS] + t) for _, t in pairs],
-                                          batch_first=True, padding_value=PAD)
-    label = torch.nn.utils.rnn.pad_sequence([torch.tensor(t + [EOS]) for _, t in pairs],
-                                            batch_first=True, padding_value=PAD)
-    src_mask = (src != PAD)[:, None, None, :]
-    tgt_mask = (dec != PAD)[:, None, None, :] & causal_mask(dec.size(1))
-    for _ in range(400):
-        logits = model(src, dec, src_mask, tgt_mask)
-        loss = F.cross_entropy(logits.view(-1, 20), label.view(-1), ignore_index=PAD)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.01:
-            break
-    return model.eval(), pairs, src, src_mask
+    assert (not torch.equal(model(src, tgt, mask), model(src, tgt, mask))) == random
+    # checkpoints of earlier versions had one rate for all three
+    old = Config.from_dict({"dropout": 0.3})
+    assert (old.attention_dropout, old.activation_dropout) == (0.3, 0.3)
 
 
-@pytest.fixture(scope="module")
-def trained():
-    return memorized_model()
-
-
-def test_a_tiny_model_memorizes_a_tiny_corpus(trained):
-    model, pairs, src, src_mask = trained
-    out = greedy_decode(model, src, src_mask, SOS, EOS, max_len=10)
-    assert out == [t for _, t in pairs]
-
-
-def test_cached_greedy_equals_full_redecode(trained):
-    model, _, src, src_mask = trained
-    untrained = tiny_model(vocab=20, seed=3)  # long, EOS-free outputs exercise the cache more
-    for m in (model, untrained):
-        cached = greedy_decode(m, src, src_mask, SOS, EOS, max_len=15, use_cache=True)
-        full = greedy_decode(m, src, src_mask, SOS, EOS, max_len=15, use_cache=False)
-        assert cached == full
-
-
-def test_batched_decoding_equals_one_by_one(trained):
-    model, pairs, _, _ = trained
-    srcs = [s for s, _ in pairs]
-    batched = translate_ids(model, srcs, SOS, EOS, PAD, seq_len=32, batch_size=6)
-    single = [translate_ids(model, [s], SOS, EOS, PAD, seq_len=32)[0] for s in srcs]
-    assert batched == single == [t for _, t in pairs]
-    beam_batched = translate_ids(model, srcs, SOS, EOS, PAD, seq_len=32, beam=3, batch_size=6)
-    beam_single = [translate_ids(model, [s], SOS, EOS, PAD, seq_len=32, beam=3)[0] for s in srcs]
-    assert beam_batched == beam_single
-
-
-@pytest.mark.parametrize("design", [{}, {"norm_first": False, "tie_embeddings": "all",
-                                         "shared_vocab": True},
-                                    {"norm": "rms", "ffn": "swiglu", "pos": "rope",
-                                     "n_kv_heads": 2}])
-def test_the_prepacked_decoding_copy_shares_the_weights_and_decodes_the_same(design):
-    """On CPU, translate_ids decodes with a copy whose decoder linear layers are prepacked for
-    oneDNN: every one of them packed (none silently left out), no weight copied, the model
-    itself untouched, and the same logits and outputs as the model's own layers."""
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("no oneDNN in this torch")
-    model = tiny_model(vocab=20, seed=1, **design)
-    packed = decoding_model(model, rows=8)
-    linears = [m for m in [*model.projection_layer.modules(), *model.decoder.modules()]
-               if isinstance(m, torch.nn.Linear)]
-    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == len(linears) > 10
-    assert not any(isinstance(m, PackedLinear) for m in model.modules())
-    assert {p.data_ptr() for p in packed.parameters()} <= {p.data_ptr() for p in
-                                                            model.parameters()}
-    src = torch.randint(4, 20, (5, 7))
-    src_mask = torch.ones(5, 1, 1, 7, dtype=torch.bool)
-    tgt = torch.randint(4, 20, (5, 6))
-    assert torch.allclose(packed(src, tgt, src_mask), model(src, tgt, src_mask), atol=1e-5)
-    whole = torch.cat([torch.full((5, 1), SOS), src, torch.full((5, 1), EOS)], dim=1)
-    assert translate_ids(model, src.tolist(), SOS, EOS, PAD, seq_len=32, min_len=3) == \
-        greedy_decode(model, whole, torch.ones(5, 1, 1, 9, dtype=torch.bool), SOS, EOS,
-                      max_len=18, banned=(PAD, SOS), min_len=3)  # unpacked; 18 = 1.2 · 7 + 10
-
-
-def test_beam_1_equals_greedy():
-    for seed in range(3):
-        model = tiny_model(vocab=20, seed=seed)
-        src = torch.randint(4, 20, (4, 6))
-        src_mask = torch.ones(4, 1, 1, 6, dtype=torch.bool)
-        limit = torch.tensor([3, 8, 12, 5])
-        greedy = greedy_decode(model, src, src_mask, SOS, EOS, limit)
-        beam = beam_search(model, src, src_mask, SOS, EOS, limit, beam=1)
-        assert [hyps[0][0] for hyps in beam] == greedy
-
-
-def test_beam_hypotheses_are_sorted_by_length_penalized_score():
-    model = tiny_model(vocab=12, seed=1)
-    src = torch.randint(4, 12, (3, 5))
-    src_mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
-    results = beam_search(model, src, src_mask, SOS, EOS, 8, beam=4, alpha=0.6, nbest=4)
-    for i, hyps in enumerate(results):
-        assert len(hyps) == 4
-        scores = [s for _, s in hyps]
-        assert scores == sorted(scores, reverse=True)
-        # Each score is the hypothesis' log-probability under the model / length penalty.
-        for tokens, score in hyps:
-            full = torch.tensor([[SOS] + tokens])
-            logits = model(src[i:i + 1], full, torch.ones(1, 1, 1, 5, dtype=torch.bool),
-                           causal_mask(full.size(1)))
-            logp = logits.log_softmax(-1)[0]
-            targets = tokens + [EOS]  # every hypothesis ends with [EOS] (forced at the limit)
-            total = sum(logp[i, t].item() for i, t in enumerate(targets))
-            length = len(targets)
-            assert score == pytest.approx(total / ((5 + length) / 6) ** 0.6, abs=1e-3)
-
-
-def test_decoding_stops_at_eos_and_at_the_maximum_length():
-    model = tiny_model(vocab=20, seed=0)
-    src = torch.randint(4, 20, (2, 5))
-    src_mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
-    with torch.no_grad():  # make [EOS] the only thing the model ever says
-        model.projection_layer.proj.bias.fill_(-100.0)
-        model.projection_layer.proj.bias[EOS] = 100.0
-    assert greedy_decode(model, src, src_mask, SOS, EOS, 10) == [[], []]
-    assert [h[0][0] for h in beam_search(model, src, src_mask, SOS, EOS, 10, beam=3)] == [[], []]
-    with torch.no_grad():  # now it never says [EOS]
-        model.projection_layer.proj.bias.fill_(0.0)
-        model.projection_layer.proj.bias[EOS] = -100.0
-    limit = torch.tensor([4, 7])
-    out = greedy_decode(model, src, src_mask, SOS, EOS, limit)
-    assert [len(o) for o in out] == [4, 7]
-    beams = beam_search(model, src, src_mask, SOS, EOS, limit, beam=3)
-    assert [len(h[0][0]) for h in beams] == [4, 7]
-
-
-def test_output_length_limits_and_no_empty_translation():
-    """Issue 17: fairseq's max_len_a · src_len + max_len_b bounds every output (capped by
-    seq_len); min_len bars [EOS] until that many tokens are out, so beam search never returns
-    an empty translation (it used to rank the empty hypothesis first)."""
-    lengths = torch.tensor([1, 5, 20, 200])
-    assert output_limits(lengths, 1.2, 10, seq_len=64).tolist() == [11, 16, 34, 62]
-    model = tiny_model(vocab=20, seed=0)
-    sources = [[5, 6], [7, 8, 9, 10, 11]]
-    with torch.no_grad():  # [EOS] is always the model's first choice
-        model.projection_layer.proj.bias.fill_(-100.0)
-        model.projection_layer.proj.bias[EOS] = 100.0
-    assert translate_ids(model, sources, SOS, EOS, PAD, 32, min_len=0) == [[], []]
-    for beam in (1, 4):
-        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, min_len=1)
-        assert [len(o) for o in out] == [1, 1], out
-        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, min_len=3)
-        assert [len(o) for o in out] == [3, 3], out
-    with torch.no_grad():  # now it never says [EOS]: every output runs to its limit
-        model.projection_layer.proj.bias.fill_(0.0)
-        model.projection_layer.proj.bias[EOS] = -100.0
-    for beam in (1, 4):
-        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, max_len_a=1.5,
-                            max_len_b=2)
-        assert [len(o) for o in out] == [5, 9], out  # floor(1.5 · 2 + 2), floor(1.5 · 5 + 2)
-
-
-def test_decoding_reports_progress_and_stops_at_the_next_batch_when_asked():
-    """Issue 17: validation decoding showed no progress and ignored the first Ctrl-C."""
-    model = tiny_model(vocab=20, seed=0)
-    sources = [[5 + i % 10] * (1 + i % 4) for i in range(10)]
-    done = []
-    translate_ids(model, sources, SOS, EOS, PAD, 32, batch_size=4, progress=done.append)
-    assert done == [4, 4, 2]
-
-    class Stop(Exception):
-        pass
-
-    def stop(n):
-        done.append(n)
-        raise Stop()
-    done.clear()
-    with pytest.raises(Stop):
-        translate_ids(model, sources, SOS, EOS, PAD, 32, batch_size=4, progress=stop)
-    assert done == [4]  # one batch, then it stopped
+def test_a_scaled_embedding_has_unit_size_beside_the_positions():
+    """Issue 18: embeddings were Xavier-initialised, then scaled by sqrt(d_model): about 0.16
+    per feature for a 10k vocabulary at 128 wide, beside positional encodings of about 0.7.
+    N(0, 1/d_model) gives unit size, as fairseq's."""
+    for tie in ("none", "all"):
+        model = build_transformer(10000, 10000, 16, 16, d_model=128, N=1, h=4, d_ff=64,
+                                  tie_embeddings=tie, shared_vocab=tie == "all")
+        x = model.src_embed(torch.arange(10000))  # (vocab, d_model)
+        assert x.pow(2).mean().sqrt().item() == pytest.approx(1.0, abs=0.02)

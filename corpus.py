@@ -1,0 +1,336 @@
+"""Reading a parallel corpus: local files (aligned text, TSV, JSON lines) or a Hugging Face
+dataset (the hub, or a local folder laid out like a hub repository).
+
+load_corpus -> {"train", "validation", maybe "test"}: `datasets.Dataset`s with `src`/`tgt` text,
+               and "fingerprint": what identifies the corpus (recorded in checkpoints)
+"""
+
+import hashlib
+import itertools
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from config import Config, UserError
+from runtime import is_main
+
+VAL_NAMES = ("validation", "valid", "val", "dev")
+SPLITS = ("train", "validation", "test")
+
+def note(message: str):
+    """Data messages go to stderr, so translate.py's stdout holds translations only; under
+    torchrun, from rank 0 only."""
+    if is_main():
+        print(message, file=sys.stderr)
+
+
+class DataError(UserError):
+    """A problem with the user's corpus or tokenizer files."""
+
+
+def quiet_datasets():
+    import datasets
+    import huggingface_hub
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    huggingface_hub.utils.logging.set_verbosity_error()
+
+
+def column(ds, name: str) -> list:
+    """A column of a datasets.Dataset as a Python list (datasets >= 4 returns a lazy Column)."""
+    return ds.select_columns([name]).to_dict()[name]
+
+
+# ---- loading a corpus ---------------------------------------------------------------------------
+
+def _split_name(stem: str):
+    """train / validation / test for a file stem such as 'valid' or 'test_2016_flickr'."""
+    stem = stem.lower()
+    if stem == "train":
+        return "train"
+    if stem in VAL_NAMES:
+        return "validation"
+    if stem.startswith("test"):
+        return "test"
+    return None
+
+
+def decode_lines(data: bytes, name, first_line: int = 1) -> list:
+    """The lines of UTF-8 text (no line endings, no BOM); a bad byte names its line (counting
+    from `first_line`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + first_line
+        raise DataError(f"{name}, line {line}: not valid UTF-8 (byte {data[e.start]:#04x})") \
+            from None
+    if text.startswith("\ufeff") and first_line == 1:  # a byte order mark
+        text = text[1:]
+    lines = text.split("\n")  # not splitlines(): it also splits on \x1c, \x85, \u2028 ...
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def read_lines(path: Path) -> list:
+    """The lines of a UTF-8 text file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    return decode_lines(data, path)
+
+
+def _non_empty_pairs(src, tgt):
+    """An Arrow table of the stripped pairs with no empty side, and how many were dropped."""
+    import pyarrow as pa
+    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s.strip() and t.strip()]
+    table = pa.table({"src": [src[i].strip() for i in keep], "tgt": [tgt[i].strip() for i in keep]})
+    return table, len(src) - len(keep)
+
+
+def _to_dataset(tables, dropped: int, where: str):
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+    if dropped:
+        note(f"{where}: skipped {dropped} pair(s) with an empty side")
+    schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
+    # a fingerprint of our own: without one, datasets hashes the whole table (for WMT, a
+    # serialized copy of 1.7 GB, about 7 GB of peak memory and 20 s, measured)
+    return Dataset(InMemoryTable(pa.concat_tables(tables) if tables else schema.empty_table()),
+                   fingerprint=uuid.uuid4().hex)
+
+
+def _pairs_to_dataset(src, tgt, where: str):
+    """A datasets.Dataset of non-empty pairs; pairs with an empty side are dropped, counted."""
+    table, dropped = _non_empty_pairs(src, tgt)
+    return _to_dataset([table], dropped, where)
+
+
+def _aligned_dataset(src_file: Path, tgt_file: Path, chunk: int = 100_000):
+    """Two line-aligned files read together, `chunk` lines at a time, into an Arrow table: no
+    Python list of a whole (WMT-size) file is ever held."""
+    tables, dropped, n = [], 0, 0
+    try:
+        with open(src_file, "rb") as fs, open(tgt_file, "rb") as ft:
+            while True:
+                a, b = list(itertools.islice(fs, chunk)), list(itertools.islice(ft, chunk))
+                if len(a) != len(b):
+                    n_src = n + len(a) + sum(1 for _ in fs)
+                    n_tgt = n + len(b) + sum(1 for _ in ft)
+                    raise DataError(f"{src_file} has {n_src} lines but {tgt_file} has {n_tgt}: "
+                                    f"the files must be aligned line by line")
+                if not a:
+                    break
+                src = decode_lines(b"".join(a), src_file, n + 1)
+                tgt = decode_lines(b"".join(b), tgt_file, n + 1)
+                table, d = _non_empty_pairs(src, tgt)
+                tables.append(table)
+                dropped, n = dropped + d, n + len(a)
+    except OSError as e:
+        raise DataError(f"cannot read {e.filename}: {e.strerror}") from None
+    return _to_dataset(tables, dropped, f"{src_file.name}/{tgt_file.name}")
+
+
+def _read_aligned(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
+    """train.en + train.de (+ val.*, valid.*, dev.*, test*.*), one sentence a line."""
+    for src_file in sorted(folder.glob(f"*.{src}")):
+        split = _split_name(src_file.stem)
+        if split not in wanted or split in splits:
+            continue
+        tgt_file = src_file.with_suffix(f".{tgt}")
+        if not tgt_file.exists():
+            raise DataError(f"{src_file} has no matching target file {tgt_file}")
+        splits[split] = _aligned_dataset(src_file, tgt_file)
+
+
+def _read_tsv(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
+    """train.tsv (+ val.tsv, test.tsv), or a single *.tsv: 'source<TAB>target' a line, with an
+    optional header line naming the two languages; further columns (attribution) are ignored."""
+    tsv_files = sorted(folder.glob("*.tsv"))
+    for tsv in tsv_files:
+        split = _split_name(tsv.stem) or ("train" if len(tsv_files) == 1 else None)
+        if split not in wanted or split in splits:
+            continue
+        lines = read_lines(tsv)
+        if lines and lines[0].strip().split("\t") == [src, tgt]:
+            lines = lines[1:]
+        src_lines, tgt_lines, extra = [], [], 0
+        for n, line in enumerate(lines, 1):
+            parts = line.split("\t") if line.strip() else ["", ""]
+            if len(parts) < 2:
+                raise DataError(f"{tsv}, line {n}: expected 'source<TAB>target', found "
+                                f"{len(parts)} field(s)")
+            extra += len(parts) > 2
+            src_lines.append(parts[0])
+            tgt_lines.append(parts[1])
+        if extra:  # the Anki files carry a third, attribution column
+            note(f"{tsv.name}: {extra} line(s) have more than two tab-separated fields; the "
+                 f"first two are taken as source and target")
+        splits[split] = _pairs_to_dataset(src_lines, tgt_lines, tsv.name)
+
+
+def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
+    """train.jsonl (+ validation.jsonl ...): {"translation": {"en": ..., "de": ...}} a line."""
+    for jl in sorted(list(folder.glob("*.jsonl")) + list(folder.glob("*.json"))):
+        split = _split_name(jl.stem)
+        if split not in wanted or split in splits:
+            continue
+        src_lines, tgt_lines = [], []
+        for n, line in enumerate(read_lines(jl), 1):
+            if not line.strip():
+                continue
+            try:
+                pair = json.loads(line)["translation"]
+                src_lines.append(str(pair[src]))
+                tgt_lines.append(str(pair[tgt]))
+            except (ValueError, KeyError, TypeError):
+                raise DataError(f"{jl}, line {n}: expected {{\"translation\": {{\"{src}\": ..., "
+                                f"\"{tgt}\": ...}}}}") from None
+        splits[split] = _pairs_to_dataset(src_lines, tgt_lines, jl.name)
+
+
+def _load_local(config: Config, wanted=SPLITS):
+    """Parallel files in config.data_dir: aligned text files, tab-separated pairs or JSON lines
+    (see each reader); a split found in one format is not read again from another. The
+    fingerprint is the folder's file names, sizes and modification times."""
+    folder = Path(config.data_dir)
+    if folder.is_file():
+        raise DataError(f"--data_dir {folder} is a file; give the folder that holds the "
+                        f"corpus files (train.{config.lang_src} + train.{config.lang_tgt}, "
+                        f"train.tsv or train.jsonl)")
+    if not folder.is_dir():
+        raise DataError(f"--data_dir {folder}: no such folder")
+    src, tgt = config.lang_src, config.lang_tgt
+    languages = sorted(f.suffix[1:] for f in folder.glob("train.*")
+                       if f.suffix not in (".tsv", ".jsonl", ".json"))
+    other_formats = any((folder / f"train.{x}").exists() for x in ("tsv", "jsonl", "json"))
+    missing = [x for x in (src, tgt) if not (folder / f"train.{x}").exists()]
+    if languages and missing and not other_formats:  # before any other split is read
+        missing = missing[0]
+        raise DataError(f"--data_dir {folder} has no train.{missing} (training files there: "
+                        f"{', '.join('train.' + x for x in languages)}); check --lang_src and "
+                        f"--lang_tgt")
+    splits = {}
+    for reader in (_read_aligned, _read_tsv, _read_jsonl):
+        reader(folder, src, tgt, splits, wanted)
+    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()
+                   if f.is_file())
+    splits["fingerprint"] = digest(files)
+    if "train" in wanted and "train" not in splits:
+        raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
+                        f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
+    return splits
+
+
+def _hub_failure(name: str, error: Exception) -> DataError:
+    """One line for a hub load that failed: for a network failure, the endpoint tried and the
+    proxy in use (the hub client honours HTTPS_PROXY, HTTP_PROXY, NO_PROXY and HF_ENDPOINT)."""
+    from huggingface_hub import constants
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    kinds = [type(error).__name__] + [c.__name__ for c in type(error).__mro__]
+    network = isinstance(error, (ConnectionError, TimeoutError)) or any(
+        word in k for k in kinds for word in ("Connect", "Timeout", "Offline", "LocalEntry"))
+    if not network:
+        return DataError(f"could not load dataset '{name}': {message[:200]}")
+    if constants.HF_HUB_OFFLINE:
+        return DataError(f"dataset '{name}' is not in the Hugging Face cache and HF_HUB_OFFLINE "
+                         f"is set; unset it to download the dataset, or train on local files "
+                         f"with --data_dir DIR")
+    proxy = next((os.environ[v] for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
+                                          "http_proxy") if os.environ.get(v)), None)
+    return DataError(f"could not reach the Hugging Face hub at {constants.ENDPOINT}"
+                     + (f" through the proxy {proxy}" if proxy else "")
+                     + f" to load '{name}' ({message[:120]}); train on local files with "
+                     f"--data_dir DIR, or set HF_HUB_OFFLINE=1 to use a cached copy")
+
+
+def _open_hub(name: str, src: str, tgt: str):
+    """The DatasetDict of `name`: its subset '{src}-{tgt}' (or '{tgt}-{src}'), as OPUS Books
+    and WMT lay out their language pairs; or, for a dataset with no such subsets (one column
+    per language, as bentrevett/multi30k), its default configuration."""
+    from datasets import load_dataset
+    for subset in (f"{src}-{tgt}", f"{tgt}-{src}", None):
+        try:
+            return load_dataset(name, subset) if subset else load_dataset(name)
+        except ValueError as e:  # no such subset (BuilderConfig not found): try the next
+            if subset is None:
+                raise _hub_failure(name, e) from None
+        except Exception as e:  # noqa: BLE001 - offline, unknown repo, proxy refused, ...
+            raise _hub_failure(name, e) from None
+
+
+def _hub_columns(ds, name: str, src: str, tgt: str):
+    """The columns holding the two languages' texts: translation.{src} and translation.{tgt}
+    (a `translation` dict per row), or the columns {src} and {tgt} themselves."""
+    if "translation" in ds.column_names:
+        first = ds[0]["translation"] if len(ds) else {src: "", tgt: ""}
+        if src in first and tgt in first:
+            return ds.flatten(), f"translation.{src}", f"translation.{tgt}"
+        raise DataError(f"dataset '{name}' has no {src}/{tgt} texts (languages: "
+                        f"{', '.join(first)})")
+    if src in ds.column_names and tgt in ds.column_names:
+        return ds, src, tgt
+    raise DataError(f"dataset '{name}' has neither a 'translation' column nor the columns "
+                    f"'{src}' and '{tgt}' (columns: {', '.join(ds.column_names)})")
+
+
+def _load_hub(config: Config, wanted=SPLITS):
+    """A Hugging Face dataset (OPUS Books by default), from the hub or a local folder laid out
+    like a hub repository (README.md with `configs:` and data files), through load_dataset."""
+    quiet_datasets()
+    src, tgt, name = config.lang_src, config.lang_tgt, config.datasource
+    raw = _open_hub(name, src, tgt)
+    if "train" not in {_split_name(k) for k in raw}:
+        raise DataError(f"dataset '{name}' has no train split (splits: {', '.join(raw)})")
+    # the datasets library's own fingerprints of the downloaded splits identify the corpus
+    splits = {"fingerprint": digest(sorted((k, ds._fingerprint) for k, ds in raw.items()))}
+    for split_name, ds in raw.items():
+        split = _split_name(split_name)
+        if split is None or split in splits or split not in wanted:
+            continue
+        flat, src_column, tgt_column = _hub_columns(ds, name, src, tgt)
+        # column by column through Arrow, a chunk at a time: WMT's 4.5M pairs never become
+        # Python dicts all at once
+        tables, dropped = [], 0
+        for batch in flat.select_columns([src_column, tgt_column]).iter(batch_size=100_000):
+            table, d = _non_empty_pairs([s or "" for s in batch[src_column]],
+                                        [s or "" for s in batch[tgt_column]])
+            tables.append(table)
+            dropped += d
+        splits[split] = _to_dataset(tables, dropped, f"{name}:{split_name}")
+    return splits
+
+
+def load_corpus(config: Config, wanted=SPLITS):
+    """{"train", "validation"(, "test")} -> datasets.Dataset with `src` and `tgt` columns, and
+    "fingerprint": what identifies the corpus. Without a validation split of its own, a seeded
+    `val_fraction` of train is held out, and splits["held_out"] is True. `wanted` names the
+    splits to read (without "train", nothing is held out)."""
+    splits = _load_local(config, wanted) if config.data_dir else _load_hub(config, wanted)
+    if "train" not in wanted:
+        return splits
+    if len(splits["train"]) < 2:
+        raise DataError("the training split has fewer than 2 usable pairs")
+    if "validation" not in splits:
+        parts = splits["train"].train_test_split(test_size=config.val_fraction,
+                                                 seed=config.seed)
+        splits["train"], splits["validation"] = parts["train"], parts["test"]
+        splits["held_out"] = True
+    return splits
+
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+
+def corpus_source(config: Config) -> str:
+    """Where the corpus comes from: --data_dir, or --datasource (local folders absolute)."""
+    name = config.data_dir or config.datasource
+    return str(Path(name).resolve()) if config.data_dir or Path(name).exists() else name
+

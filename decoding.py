@@ -1,0 +1,345 @@
+"""Decoding a trained model: greedy and beam search with a key/value cache, the output-length
+rules, the CPU-prepacked copy of the model they run, and the text-in, text-out `translate` that
+validation, test scoring, translate.py and the benchmarks call.
+
+    translate(model, config, tokenizer_src, tokenizer_tgt, ["A dog runs."], beam=4)
+    translate_ids(model, [[17, 402, 9]], SOS, EOS, PAD, seq_len)     # ids in, ids out
+
+`model` may also be a CTranslate2 engine (engine.Engine): anything with a translate_ids method.
+"""
+
+import sys
+import unicodedata
+from copy import deepcopy
+from functools import partial
+
+import torch
+import torch.nn as nn
+
+from config import Config
+from model import Transformer, causal_mask
+from tokenizer import EOS, PAD, SOS, UNK, detokenize
+
+
+# ---- the key/value cache (an addition: incremental decoding) ------------------------------------
+
+class LayerCache:
+    """One attention block's keys and values for incremental decoding, (batch, kv_heads,
+    positions, d_k). Self-attention: buffers of `capacity` positions, written in place one
+    step at a time (`append`: no copy of the past each step). Cross-attention: the encoder
+    output's, projected once (`k`, `v`)."""
+
+    def __init__(self, capacity: int = 0):
+        self.k = self.v = None
+        self.length, self.capacity = 0, capacity
+
+    def append(self, k, v):
+        """Writes the new positions' keys and values; returns all of them so far."""
+        end = self.length + k.size(2)
+        if self.k is None or end > self.k.size(2):  # the first step (or past the capacity)
+            size = max(self.capacity, end, 2 * self.length)
+            old_k, old_v = self.k, self.v
+            self.k = k.new_empty(k.size(0), k.size(1), size, k.size(3))
+            self.v = v.new_empty(v.size(0), v.size(1), size, v.size(3))
+            if old_k is not None:
+                self.k[:, :, :self.length], self.v[:, :, :self.length] = \
+                    old_k[:, :, :self.length], old_v[:, :, :self.length]
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # (batch, kv_heads, end, d_k)
+
+    def reorder(self, index):
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+class KVCache:
+    """Keys and values of every decoder layer for incremental decoding: the self-attention's
+    grow by one position a step (room for `capacity` made once), the cross-attention's are
+    computed once per sentence."""
+
+    def __init__(self, n_layers: int, capacity: int = 0):
+        self.layers = [{"self": LayerCache(capacity), "cross": LayerCache()}
+                       for _ in range(n_layers)]
+        self.length = 0  # target positions already decoded
+
+    def reorder(self, index, self_only: bool = False):
+        """Keep and reorder batch rows (dropping finished sentences; beam search). Beams of one
+        sentence share its cross-attention keys/values: shuffling beams needs `self_only`."""
+        for layer in self.layers:
+            for part in (layer["self"],) if self_only else layer.values():
+                part.reorder(index)
+
+
+
+def new_cache(model: Transformer, capacity: int = 0) -> KVCache:
+    """An empty cache for `model` with room for `capacity` target positions."""
+    return KVCache(len(model.decoder.layers), capacity)
+
+
+# ---- the searches -------------------------------------------------------------------------------
+
+def output_limits(src_lengths, max_len_a: float, max_len_b: int, seq_len: int):
+    """The most output tokens ([EOS] not counted) of each sentence: fairseq's
+    max_len_a · source length + max_len_b, and never more than seq_len allows ([SOS] and
+    [EOS] included, as in training). src_lengths: (batch,) real source tokens."""
+    limit = (max_len_a * src_lengths.double() + max_len_b).floor().long()  # (batch,)
+    return limit.clamp(min=1, max=seq_len - 2)
+
+
+def restrict(logp, step: int, limit, min_len: int, eos_id: int):
+    """Length rules applied to log-probabilities (batch, vocab) of output token `step`
+    (counting from 1): [EOS] is barred until min_len tokens are out (no empty translation),
+    and is the only choice once a sentence has its `limit` (batch,) tokens. In place."""
+    if step <= min_len:
+        logp[:, eos_id] = float("-inf")
+    force = limit < step  # (batch,)
+    if force.any():
+        eos = logp[force, eos_id].clone()
+        logp[force] = float("-inf")
+        logp[force, eos_id] = eos
+    return logp
+
+
+class PackedLinear(nn.Module):
+    """A linear layer for decoding on CPU in float32: its weight prepacked once into oneDNN's
+    blocked layout, so that the small matrix product of every decoding step does not repack it
+    (for 100 rows of a 10,000-token vocabulary: 3.3 against 7.7 ms)."""
+
+    def __init__(self, linear: nn.Linear, rows: int):
+        super().__init__()
+        self.weight = linear.weight  # still there for code that reads it
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
+        probe = torch.linspace(-1, 1, 3 * linear.in_features).view(3, -1)  # no RNG draw
+        if not torch.allclose(self(probe), linear(probe), rtol=1e-4, atol=1e-4):
+            raise RuntimeError("the packed product does not match")
+
+    def forward(self, x):
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.size(-1)), self.packed,
+                                               self.bias, "none", [], "")  # (rows, out)
+        return y.view(*x.shape[:-1], y.size(-1))  # (..., out_features)
+
+
+def decoding_model(model: Transformer, rows: int = 64) -> Transformer:
+    """The model as the decoders run it. On CPU in float32: a copy sharing every weight, whose
+    decoder linear layers and output projection are PackedLinear (cross-attention reads slices
+    of its W_QKV's `weight`, so its queries, keys and values are computed unpacked). Elsewhere
+    (a GPU, bf16 weights, quantized layers, a torch without these internal operators), or if a
+    packed product does not match: the model itself. `rows`: the batch the packing is tuned for."""
+    proj = model.projection_layer.proj
+    if type(proj) is not nn.Linear or proj.weight.device.type != "cpu" or \
+            proj.weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return model
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    copy = deepcopy(model, shared)  # the modules copied, their tensors not
+    try:
+        for module in [copy.projection_layer, *copy.decoder.modules()]:
+            for name, child in module.named_children():
+                if type(child) is nn.Linear:
+                    setattr(module, name, PackedLinear(child, rows))
+    except (RuntimeError, AttributeError):
+        return model
+    return copy
+
+
+@torch.no_grad()
+def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
+                  use_cache: bool = True, banned=(), min_len: int = 0):
+    """Greedy decoding of a batch. src (batch, src_len), src_mask (batch, 1, 1, src_len);
+    max_len: most tokens to output per sentence before its [EOS] (an int or a (batch,)
+    tensor); min_len: fewest.
+
+    Returns one list of token ids per sentence, without [SOS] and [EOS]. Finished sentences
+    leave the batch, so they stop costing work. use_cache=False re-runs the decoder over the
+    whole prefix every step (the write-ups' way; kept as the reference)."""
+    batch = src.size(0)
+    limit = torch.as_tensor(max_len, device=src.device).expand(batch).clone()  # (batch,)
+    memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
+    ys = torch.full((batch, 1), sos_id, dtype=torch.long, device=src.device)  # (batch, 1)
+    alive = torch.arange(batch, device=src.device)  # original row of each row still decoding
+    cache = new_cache(model, int(limit.max()) + 1) if use_cache else None
+    banned = torch.tensor(list(banned), dtype=torch.long, device=src.device)
+    results = [None] * batch
+    for step in range(1, int(limit.max()) + 2):
+        if use_cache:
+            out = model.decode(memory, src_mask, ys[:, -1:], None, cache)  # (alive, 1, d)
+        else:
+            mask = causal_mask(ys.size(1), src.device)
+            out = model.decode(memory, src_mask, ys, mask)  # (alive, step, d_model)
+        logits = model.project(out[:, -1]).float()  # (alive, vocab)
+        logits.index_fill_(1, banned, float("-inf"))  # never generated ([PAD], [SOS], ...)
+        next_token = restrict(logits, step, limit[alive], min_len, eos_id).argmax(dim=-1)
+        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
+        done = next_token == eos_id  # (alive,)
+        if done.any():
+            for row in done.nonzero().flatten().tolist():
+                results[alive[row]] = ys[row, 1:-1].tolist()
+            keep = (~done).nonzero().flatten()  # (still alive,)
+            if keep.numel() == 0:
+                break
+            ys, memory, src_mask, alive = ys[keep], memory[keep], src_mask[keep], alive[keep]
+            if cache is not None:
+                cache.reorder(keep)
+    return results
+
+
+def length_penalty(length, alpha: float):
+    """Wu et al. (2016), used by the paper with alpha = 0.6: ((5 + |Y|) / 6) ^ alpha, |Y|
+    counting the [EOS]. (CTranslate2 divides by |Y| ^ alpha instead.)"""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def best_continuations(scores, logp, k: int):
+    """The 2k best continuations of each sentence's k beams, best first: their summed scores,
+    the beam each extends and its token, each (n, 2k). scores: (n, k); logp: (n*k, vocab). The
+    best 2k overall lie within each beam's own best 2k tokens."""
+    n, width = scores.size(0), min(2 * k, logp.size(-1))
+    top_logp, top_tokens = logp.topk(width, dim=-1)  # (n*k, 2k)
+    cand = (scores.unsqueeze(-1) + top_logp.view(n, k, width)).view(n, k * width)
+    top_scores, top_idx = cand.topk(width, dim=-1)  # (n, 2k)
+    return top_scores, top_idx // width, top_tokens.view(n, k * width).gather(1, top_idx)
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
+                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=(), min_len: int = 0):
+    """Batched beam search with a key/value cache.
+
+    Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] is finished with
+    score log P / length_penalty (length with the [EOS]); max_len and min_len bound the tokens
+    before it, as in greedy_decode. A sentence stops when it has `beam` finished hypotheses,
+    or when its best candidate is [EOS] and it has `nbest` finished, and leaves the batch.
+    Returns, per sentence, the `nbest` best (tokens without [SOS]/[EOS], score) pairs, best
+    first."""
+    batch, k = src.size(0), beam
+    device = src.device
+    limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (batch*k, src_len, d)
+    src_mask = src_mask.repeat_interleave(k, dim=0)  # (batch*k, 1, 1, src_len)
+    tokens = torch.full((batch * k, 1), sos_id, dtype=torch.long, device=device)
+    scores = torch.zeros(batch, k, device=device)  # (batch, k) summed log-probabilities
+    scores[:, 1:] = float("-inf")  # at first all beams are the same [SOS]: keep one
+    alive = torch.arange(batch, device=device)  # original sentence of each live sentence
+    finished = [[] for _ in range(batch)]
+    banned = torch.tensor(list(banned), dtype=torch.long, device=device)
+    cache = new_cache(model, int(limit.max()) + 1)
+    for step in range(1, int(limit.max()) + 2):
+        n = alive.numel()
+        out = model.decode(memory, src_mask, tokens[:, -1:], None, cache)  # (n*k, 1, d_model)
+        logits = model.project(out[:, -1]).float()  # (n*k, vocab)
+        logits.index_fill_(1, banned, float("-inf"))  # never generated ([PAD], [SOS], ...)
+        logp = restrict(logits.log_softmax(dim=-1), step,
+                        limit[alive].repeat_interleave(k), min_len, eos_id)  # (n*k, vocab)
+        top_scores, beam_idx, token = best_continuations(scores, logp, k)  # (n, 2k) each
+        # A candidate [EOS] ends its hypothesis; only those ranked in the top k are kept.
+        ends = token == eos_id  # (n, 2k)
+        rank = torch.arange(token.size(1), device=device)
+        final = ends & (rank < k) & torch.isfinite(top_scores)
+        for i, j in final.nonzero().tolist():
+            hyp = tokens[i * k + beam_idx[i, j], 1:].tolist()
+            score = top_scores[i, j].item() / length_penalty(step, alpha)
+            finished[alive[i]].append((hyp, score))
+        # The next live beams: the k best candidates that did not end.
+        order = (ends.long() * token.size(1) + rank).argsort(dim=-1)[:, :k]  # (n, k)
+        scores = top_scores.gather(1, order)  # (n, k)
+        rows = (torch.arange(n, device=device).unsqueeze(1) * k
+                + beam_idx.gather(1, order)).flatten()  # (n*k,)
+        tokens = torch.cat([tokens[rows], token.gather(1, order).reshape(-1, 1)], dim=1)
+        cache.reorder(rows, self_only=True)  # rows stay within their sentence
+        # A sentence is done past its limit, with k finished hypotheses, or (as in OpenNMT)
+        # once its best candidate is [EOS] and it has the nbest hypotheses asked for.
+        counts = torch.tensor([len(finished[s]) for s in alive.tolist()], device=device)  # (n,)
+        best_ended = (token[:, 0] == eos_id) & torch.isfinite(top_scores[:, 0])  # (n,)
+        done = (limit[alive] < step) | (counts >= k) | (best_ended & (counts >= nbest))  # (n,)
+        if done.any():
+            keep = (~done).nonzero().flatten()  # (still live,)
+            if keep.numel() == 0:
+                break
+            keep_rows = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).flatten()
+            tokens, memory, src_mask = tokens[keep_rows], memory[keep_rows], src_mask[keep_rows]
+            scores, alive = scores[keep], alive[keep]
+            cache.reorder(keep_rows)
+    return [sorted(hyps, key=lambda t: -t[1])[:nbest] for hyps in finished]
+
+
+@torch.no_grad()
+def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
+                  seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
+                  nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
+                  use_cache: bool = True, unk_id: int = None, progress=None):
+    """Translates lists of source token ids (no special tokens) in batches of similar length.
+
+    Each sentence outputs at most max_len_a · its length + max_len_b tokens (capped by
+    seq_len) and at least min_len (1: never an empty translation). [PAD], [SOS] and `unk_id`
+    are never generated. Sources longer than seq_len allows are cut (translate.py warns
+    first). `progress`: called with the number of sentences of each batch done (a progress
+    bar; it may raise to stop). Returns per sentence the output ids (beam 1: greedy), or with
+    nbest > 1 a list of (ids, score)."""
+    device = next(model.parameters()).device
+    banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
+    model = decoding_model(model, batch_size * beam)  # CPU: the weights prepacked
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths
+    results = [None] * len(src_ids)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        seqs = [torch.tensor([sos_id] + list(src_ids[i])[:seq_len - 2] + [eos_id]) for i in idx]
+        src = nn.utils.rnn.pad_sequence(seqs, batch_first=True,
+                                        padding_value=pad_id).to(device)  # (batch, src_len)
+        src_mask = (src != pad_id)[:, None, None, :]  # (batch, 1, 1, src_len)
+        lengths = (src != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
+        max_len = output_limits(lengths, max_len_a, max_len_b, seq_len)  # (batch,)
+        if beam == 1 and nbest == 1:
+            outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache,
+                                    banned, min_len)
+        else:
+            outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
+                                  nbest, banned, min_len)
+            if nbest == 1:
+                outputs = [hyps[0][0] for hyps in outputs]
+        for i, out in zip(idx, outputs):
+            results[i] = out
+        if progress is not None:
+            progress(len(idx))
+    return results
+
+
+# ---- text in, text out -------------------------------------------------------------------------
+
+def clean(sentence: str) -> str:
+    """The sentence as training text is: control characters (tab, line breaks, bell...) become
+    spaces and the ends are stripped. Format characters (zero-width joiner and non-joiner, soft
+    hyphen) and other spaces (no-break, thin) are text and stay."""
+    return "".join(" " if unicodedata.category(c) == "Cc" else c for c in sentence).strip()
+
+
+def decoding_limits(config: Config) -> dict:
+    """The output-length rules of a config, as translate_ids takes them."""
+    return {"max_len_a": config.max_len_a, "max_len_b": config.max_len_b,
+            "min_len": config.min_len}
+
+
+def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=0.6,
+              nbest=1, batch_size=None, progress=None):
+    """Translations of `sentences` (an empty sentence gives an empty translation); with
+    nbest > 1 a list of (translation, score) per sentence. `progress`: see translate_ids."""
+    sentences = [clean(s) for s in sentences]
+    ids = [e.ids for e in tokenizer_src.encode_batch(sentences)]
+    for n, i in enumerate(ids, 1):
+        if len(i) + 2 > config.seq_len:
+            print(f"warning: sentence {n} has {len(i)} tokens; only the first "
+                  f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",
+                  file=sys.stderr)
+    todo = [n for n, s in enumerate(sentences) if s]
+    decode = getattr(model, "translate_ids", None) or partial(translate_ids, model)
+    outputs = decode([ids[n] for n in todo], SOS, EOS, PAD, config.seq_len, beam=beam,
+                     alpha=alpha, nbest=nbest, batch_size=batch_size or 64, unk_id=UNK,
+                     **decoding_limits(config), progress=progress)
+    results = [[("", 0.0)] if nbest > 1 else "" for _ in sentences]
+    for n, out in zip(todo, outputs):
+        if nbest > 1:
+            results[n] = [(detokenize(tokenizer_tgt, h), s) for h, s in out]
+        else:
+            results[n] = detokenize(tokenizer_tgt, out)
+    return results

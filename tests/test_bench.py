@@ -1,0 +1,60 @@
+"""The benchmark scripts: their FLOP count, the decoding comparison, the picture."""
+
+import pytest
+import torch
+from conftest import run_script
+
+from config import Config
+
+
+@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "ffn": "swiglu"}])
+def test_the_benchmarks_flop_count_is_the_models(options):
+    """19. bench.py's FLOP count ignored n_kv_heads (MFU overstated for grouped-query
+    attention). Counted here against torch's FLOP counter over the written-out attention."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bench import model_flops
+    from checkpoint import build_model
+    config = Config(d_model=64, N=2, h=4, d_ff=128, seq_len=32, **options)
+    model = build_model(config, 50, 60).eval()
+    for module in model.modules():
+        if hasattr(module, "use_reference"):
+            module.use_reference = True
+    src, tgt = torch.randint(4, 50, (3, 10)), torch.randint(4, 60, (3, 7))
+    with FlopCounterMode(display=False) as counter:
+        model(src, tgt, torch.ones(3, 1, 1, 10, dtype=torch.bool))
+    batch = {"encoder_input": src, "decoder_input": tgt}
+    assert model_flops(config, batch, 60) == 3 * counter.get_total_flops()
+
+
+def test_bench_decode_side_by_side_on_a_subset(trained):
+    """bench_decode.py as the README runs it: every decoder on the same N sentences, the engine's
+    float32 greedy equal to ours, and the ratio taken pass by pass."""
+    pytest.importorskip("ctranslate2")
+    home, _ = trained
+    t = run_script("bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
+                   "--split", "val", "--sentences", "5", "--repeats", "2", "--threads", "1",
+                   "--beam", "3", cwd=home)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    rows = {line[:40].strip(): line.split() for line in out.splitlines() if "/5" in line}
+    assert set(rows) == {"this repo, greedy", "this repo, beam 3", "CTranslate2 float32, greedy",
+                         "CTranslate2 float32, beam 3", "CTranslate2 int8, greedy"}, out
+    assert rows["this repo, greedy"][-1] == "5/5" and rows["CTranslate2 float32, greedy"][-1] \
+        in ("4/5", "5/5"), out
+    assert "5 sentences of corpus/val.en" in out and "the median of the 2 passes' ratios" in out
+
+
+def test_the_picture_counts_training_minutes_without_the_pause_before_a_resume(tmp_path):
+    """Issue 18: plot_runs.py puts validation BLEU against training minutes from the logs."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from plot_runs import curve
+    writer = SummaryWriter(str(tmp_path))
+    t0 = 1_000_000.0
+    for step, (tag, value, minute) in enumerate([
+            ("train/loss", 5.0, 0), ("train/loss", 4.0, 1), ("validation/bleu", 10.0, 2),
+            ("train/loss", 3.0, 62), ("validation/bleu", 20.0, 63)]):  # an hour's pause
+        writer.add_scalar(tag, value, step, walltime=t0 + 60 * minute)
+    writer.close()
+    assert curve(tmp_path, gap_minutes=10) == [(2.0, 10.0), (3.0, 20.0)]

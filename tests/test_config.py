@@ -1,0 +1,87 @@
+"""The command line built from Config: every field a flag, presets, one-line refusals, old
+checkpoints' configs."""
+
+import dataclasses
+
+import pytest
+
+from config import Config, parse_config
+
+
+def flags(argv):
+    """The Config of a train.py command line."""
+    return parse_config(argv)[0]
+
+
+def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batches():
+    config = flags(["--d_model", "256", "--h", "4", "--tie_embeddings", "decoder",
+                           "--lr_schedule", "inverse_sqrt"])
+    assert (config.d_model, config.h, config.tie_embeddings) == (256, 4, "decoder")
+    assert config.lr_schedule == "inverse_sqrt" and config.max_tokens == 4096
+    assert flags(["--batch_size", "32"]).max_tokens == 0
+    both = flags(["--batch_size", "32", "--max_tokens", "2000"])
+    assert (both.batch_size, both.max_tokens) == (32, 2000)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--d_model", "100", "--h", "3"], "--d_model (100) must be divisible by --h (3)"),
+    (["--N", "-2"], "--N must be positive"),
+    (["--lang_src", "de", "--lang_tgt", "de"], "two different languages"),
+    (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+    (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),
+    (["--d_model", "big"], "invalid int value: 'big'"),
+    (["--lr_schedule", "linear"], "invalid choice: 'linear'"),
+    (["--preload", "yesterday"], "--preload must be latest, none or an epoch number"),
+    (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps"),
+])
+def test_bad_flags_are_refused_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_flags_beside_a_preset_win_over_its_token_batches():
+    """9. --preset paper_base --batch_size 32 kept the preset's 25,000-token batches."""
+    config, given = parse_config(["--preset", "paper_base", "--batch_size", "32"])
+    assert (config.batch_size, config.max_tokens) == (32, 0) and "max_tokens" in given
+    config, _ = parse_config(["--preset", "paper_base", "--batch_size", "32",
+                              "--max_tokens", "8000"])
+    assert config.max_tokens == 8000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--d_model", "63", "--h", "7"], "--pos sinusoidal needs an even --d_model"),
+    (["--d_model", "72", "--h", "8", "--pos", "rope"], "--pos rope needs an even head width"),
+    (["--keep_last", "0"], "--keep_last must be at least 1"),
+    (["--lr_schedule", "linear"], "invalid choice: 'linear'"),
+])
+def test_shapes_and_values_the_model_cannot_use_are_one_line(argv, message, capsys):
+    """10, 11. An odd width ended in a traceback; --keep_last 0 kept every checkpoint."""
+    with pytest.raises(SystemExit) as e:
+        parse_config(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_help_lists_the_values_and_a_switch_needs_no_value(capsys):
+    """14. --help did not list the values of --lr_schedule, --precision, --device; --compile
+    alone was an error."""
+    assert parse_config(["--compile"])[0].compile is True
+    assert parse_config(["--compile", "false"])[0].compile is False
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for values in ("{constant,inverse_sqrt,cosine}", "{auto,fp32,bf16,fp16}",
+                   "auto, cpu, cuda, cuda:N or mps"):
+        assert values in text
+
+
+def test_old_true_false_tie_embeddings_still_load():
+    old = dataclasses.asdict(Config())
+    for value, expected in ((True, "decoder"), (False, "none")):
+        old["tie_embeddings"] = value
+        assert Config.from_dict(old).tie_embeddings == expected
+    legacy = {k: v for k, v in old.items() if k not in ("norm", "ffn", "pos", "n_kv_heads")}
+    assert Config.from_dict(legacy).pos == "sinusoidal"  # options saved before they existed

@@ -1,0 +1,198 @@
+"""Reading a corpus: aligned files, TSV, JSON lines, hub datasets (offline, through a local folder
+laid out like a hub repository), and the one-line refusals."""
+
+import json
+
+import pytest
+from conftest import number_pairs, write_aligned
+
+from config import Config
+from corpus import DataError, column, load_corpus
+
+
+def cfg(tmp_path, **kw):
+    return Config(**{"model_folder": str(tmp_path / "weights"), "lang_src": "en",
+                     "lang_tgt": "it", "vocab_size": 300, "seq_len": 24, **kw})
+
+
+def test_aligned_text_files_with_their_own_validation_and_test_splits(tmp_path, corpus):
+    write_aligned(corpus, "test_2016", number_pairs(5, seed=9))
+    splits = load_corpus(cfg(tmp_path, data_dir=str(corpus)))
+    assert (len(splits["train"]), len(splits["validation"]), len(splits["test"])) == (64, 8, 5)
+    first = number_pairs(64, seed=1)[0]
+    assert (splits["train"][0]["src"], splits["train"][0]["tgt"]) == first
+
+
+def test_without_a_validation_split_a_seeded_tenth_is_held_out(tmp_path):
+    write_aligned(tmp_path / "c", "train", number_pairs(100, seed=1))
+    config = cfg(tmp_path, data_dir=str(tmp_path / "c"))
+    a, b = load_corpus(config), load_corpus(config)
+    assert (len(a["train"]), len(a["validation"])) == (90, 10)
+    assert column(a["validation"], "src") == column(b["validation"], "src")  # same seed, same split
+    assert sorted(column(a["train"], "src") + column(a["validation"], "src")) == sorted(
+        s for s, _ in number_pairs(100, seed=1))
+    other = load_corpus(cfg(tmp_path, data_dir=str(tmp_path / "c"), seed=7))
+    assert column(other["validation"], "src") != column(a["validation"], "src")
+
+
+def test_tab_separated_pairs(tmp_path):
+    folder = tmp_path / "tsv"
+    folder.mkdir()
+    (folder / "pairs.tsv").write_text("en\tit\nHello.\tCiao.\n\nThe cat.\tIl gatto.\n"
+                                      "A dog.\tUn cane.\n", encoding="utf-8")
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.34))
+    texts = sorted(column(splits["train"], "tgt") + column(splits["validation"], "tgt"))
+    assert texts == ["Ciao.", "Il gatto.", "Un cane."]  # header skipped, empty line dropped
+
+
+def test_tab_separated_pairs_with_an_attribution_column_take_the_first_two(tmp_path, capsys):
+    folder = tmp_path / "anki"
+    folder.mkdir()
+    (folder / "fra.tsv").write_text("Go.\tVa !\tCC-BY 2.0 (France) #2877272\n"
+                                    "Hi.\tSalut !\tCC-BY 2.0 (France) #538123\nRun!\tCours !\n",
+                                    encoding="utf-8")
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.34))
+    texts = sorted(column(splits["train"], "tgt") + column(splits["validation"], "tgt"))
+    assert texts == ["Cours !", "Salut !", "Va !"]
+    assert "fra.tsv: 2 line(s) have more than two tab-separated fields" in capsys.readouterr().err
+
+
+def test_json_lines_with_a_translation_field(tmp_path):
+    folder = tmp_path / "jl"
+    folder.mkdir()
+    rows = [{"translation": {"en": s, "it": t}} for s, t in number_pairs(12, seed=3)]
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (folder / "validation.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder)))
+    assert len(splits["train"]) == 12
+    assert column(splits["validation"], "tgt") == [rows[0]["translation"]["it"]]
+
+
+def make_hub_repo(folder, subset="en-it", pairs=None):
+    """A folder laid out like a Hugging Face hub dataset repo (OPUS Books style): a README
+    whose `configs:` names the subset, and a parquet file of {"id", "translation"} rows."""
+    from datasets import Dataset
+    pairs = pairs or number_pairs(40, seed=4)
+    lang_a, lang_b = subset.split("-")
+    (folder / subset).mkdir(parents=True)
+    Dataset.from_dict({"id": [str(i) for i in range(len(pairs))],
+                       "translation": [{lang_a: s, lang_b: t} for s, t in pairs]}).to_parquet(
+        str(folder / subset / "train-00000-of-00001.parquet"))
+    (folder / "README.md").write_text(
+        f"---\nconfigs:\n- config_name: {subset}\n  data_files:\n  - split: train\n"
+        f"    path: {subset}/train-*\n---\n")
+    return folder
+
+
+def test_hub_datasource_through_load_dataset_offline(tmp_path):
+    repo = make_hub_repo(tmp_path / "opus_books")
+    splits = load_corpus(cfg(tmp_path, datasource=str(repo)))
+    assert (len(splits["train"]), len(splits["validation"])) == (36, 4)  # seeded 90/10
+    # a pair published the other way round ("it-en") is found too
+    repo2 = make_hub_repo(tmp_path / "reversed", subset="it-en",
+                          pairs=[(t, s) for s, t in number_pairs(20, seed=4)])
+    splits2 = load_corpus(cfg(tmp_path, datasource=str(repo2)))
+    assert splits2["train"][0]["src"].endswith(".") and " " in splits2["train"][0]["src"]
+    assert set(column(splits2["train"], "src")) <= {s for s, _ in number_pairs(20, seed=4)}
+
+
+def test_hub_errors_are_one_clear_line(tmp_path):
+    repo = make_hub_repo(tmp_path / "opus_books")
+    with pytest.raises(DataError, match=r"has no en/fr texts \(languages: en, it\)"):
+        load_corpus(Config(datasource=str(repo), lang_src="en", lang_tgt="fr"))
+    # offline (as in every test) and not cached: says so, with the local-files way out
+    with pytest.raises(DataError, match=r"'nobody/no_such_dataset' is not in the Hugging Face "
+                                        r"cache and HF_HUB_OFFLINE is set.*--data_dir DIR"):
+        load_corpus(cfg(tmp_path, datasource="nobody/no_such_dataset"))
+
+
+def test_a_hub_failure_behind_a_proxy_names_the_endpoint_and_the_proxy(tmp_path, monkeypatch):
+    """No probe of our own: the hub client's connection (which honours HTTPS_PROXY and
+    HF_ENDPOINT) decides, and its failure becomes one line naming what was tried."""
+    import datasets
+    import huggingface_hub.constants as hub
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nobody/x' on the Hub (LocalEntryNotFoundError)")
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "ENDPOINT", "https://hub.example")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    with pytest.raises(DataError, match=r"could not reach the Hugging Face hub at "
+                                        r"https://hub.example through the proxy "
+                                        r"http://proxy.example:3128 to load 'nobody/x'"):
+        load_corpus(cfg(tmp_path, datasource="nobody/x"))
+
+
+def make_columns_repo(folder, pairs, languages=("en", "de")):
+    """A folder laid out like bentrevett/multi30k: JSON lines with one field per language, one
+    default configuration, splits train / validation / test."""
+    folder.mkdir(parents=True)
+    for split, part in (("train", pairs[:30]), ("validation", pairs[30:35]),
+                        ("test", pairs[35:])):
+        (folder / f"{split}.jsonl").write_text("".join(
+            json.dumps(dict(zip(languages, p))) + "\n" for p in part), encoding="utf-8")
+    return folder
+
+
+def test_a_hub_dataset_with_one_column_per_language_loads_like_a_translation_column(tmp_path):
+    pairs = number_pairs(40, seed=5)
+    repo = make_columns_repo(tmp_path / "multi30k", pairs)
+    splits = load_corpus(cfg(tmp_path, datasource=str(repo), lang_src="en", lang_tgt="de"))
+    assert [len(splits[s]) for s in ("train", "validation", "test")] == [30, 5, 5]
+    assert column(splits["train"], "src") == [s for s, _ in pairs[:30]]
+    assert column(splits["test"], "tgt") == [t for _, t in pairs[35:]]
+    assert "held_out" not in splits  # its own validation split is used
+    # the other direction reads the same columns the other way round
+    back = load_corpus(cfg(tmp_path, datasource=str(repo), lang_src="de", lang_tgt="en"))
+    assert column(back["validation"], "src") == [t for _, t in pairs[30:35]]
+    with pytest.raises(DataError, match=r"neither a 'translation' column nor the columns 'en' "
+                                        r"and 'fr' \(columns: en, de\)"):
+        load_corpus(cfg(tmp_path, datasource=str(repo), lang_src="en", lang_tgt="fr"))
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("missing_dir", "no such folder"),
+    ("no_train", "found no training data"),
+    ("line_counts", "train.en has 3 lines but .*train.it has 2"),
+    ("bad_utf8", "train.it, line 2: not valid UTF-8"),
+    ("no_target", "has no train.it \\(training files there: train.en\\); check --lang_src"),
+    ("other_language", "has no train.it \\(training files there: train.de, train.en\\)"),
+    ("no_test_target", "test_2016.en has no matching target file"),
+    ("a_file", "is a file; give the folder"),
+])
+def test_bad_local_data_is_refused_with_a_clear_message(tmp_path, problem, message):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    if problem == "no_train":
+        write_aligned(folder, "val", number_pairs(3))
+    elif problem == "line_counts":
+        (folder / "train.en").write_text("a\nb\nc\n")
+        (folder / "train.it").write_text("a\nb\n")
+    elif problem == "bad_utf8":
+        (folder / "train.en").write_text("a\nb\n")
+        (folder / "train.it").write_bytes(b"a\n\xff\xfeb\n")
+    elif problem == "no_target":
+        (folder / "train.en").write_text("a\n")
+    elif problem == "other_language":  # issue 16, 14: it named a test file as missing
+        write_aligned(folder, "train", number_pairs(3), tgt="de")
+        write_aligned(folder, "test_2016", number_pairs(3), tgt="de")
+    elif problem == "no_test_target":
+        write_aligned(folder, "train", number_pairs(3))
+        (folder / "test_2016.en").write_text("a\n")
+    data_dir = {"missing_dir": tmp_path / "nowhere",
+                "a_file": folder / "train.en"}.get(problem, folder)
+    if problem == "a_file":
+        (folder / "train.en").write_text("a\n")
+    with pytest.raises(DataError, match=message):
+        load_corpus(cfg(tmp_path, data_dir=str(data_dir)))
+
+
+def test_empty_lines_are_skipped_and_counted(tmp_path, capsys):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "train.en").write_text("one.\n\nthree.\nfour.\n")
+    (folder / "train.it").write_text("uno.\ndue.\n \nquattro.\n")
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.5))
+    assert len(splits["train"]) + len(splits["validation"]) == 2
+    assert "skipped 2 pair(s) with an empty side" in capsys.readouterr().err

@@ -1,0 +1,254 @@
+"""The searches: cached == full re-decoding, batched == one by one, beam 1 == greedy, the length
+rules, the CPU-prepacked copy, and text in, text out."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import small, tiny_model
+
+from decoding import (
+    PackedLinear,
+    beam_search,
+    clean,
+    decoding_model,
+    greedy_decode,
+    output_limits,
+    translate_ids,
+)
+from model import build_transformer, causal_mask
+from tokenizer import EOS, PAD, SOS, UNK
+
+
+def memorized_model():
+    """A tiny model trained on 6 pairs until it reproduces them (shared by the decoder tests)."""
+    torch.manual_seed(0)
+    pairs = [([4, 5, 6], [7, 8]), ([5, 9], [10, 11, 12]), ([6, 6, 4, 13], [14, 7]),
+             ([13, 4], [15, 16, 8, 9]), ([9, 10, 11], [12]), ([7], [17, 18, 19])]
+    model = tiny_model(vocab=20, seed=0)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor([SOS] + s + [EOS]) for s, _ in pairs],
+                                          batch_first=True, padding_value=PAD)
+    dec = torch.nn.utils.rnn.pad_sequence([torch.tensor([SOS] + t) for _, t in pairs],
+                                          batch_first=True, padding_value=PAD)
+    label = torch.nn.utils.rnn.pad_sequence([torch.tensor(t + [EOS]) for _, t in pairs],
+                                            batch_first=True, padding_value=PAD)
+    src_mask = (src != PAD)[:, None, None, :]
+    tgt_mask = (dec != PAD)[:, None, None, :] & causal_mask(dec.size(1))
+    for _ in range(400):
+        logits = model(src, dec, src_mask, tgt_mask)
+        loss = F.cross_entropy(logits.view(-1, 20), label.view(-1), ignore_index=PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.01:
+            break
+    return model.eval(), pairs, src, src_mask
+
+
+@pytest.fixture(scope="module")
+def memorized():
+    return memorized_model()
+
+
+def test_a_tiny_model_memorizes_a_tiny_corpus(memorized):
+    model, pairs, src, src_mask = memorized
+    out = greedy_decode(model, src, src_mask, SOS, EOS, max_len=10)
+    assert out == [t for _, t in pairs]
+
+
+def test_cached_greedy_equals_full_redecode(memorized):
+    model, _, src, src_mask = memorized
+    untrained = tiny_model(vocab=20, seed=3)  # long, EOS-free outputs exercise the cache more
+    for m in (model, untrained):
+        cached = greedy_decode(m, src, src_mask, SOS, EOS, max_len=15, use_cache=True)
+        full = greedy_decode(m, src, src_mask, SOS, EOS, max_len=15, use_cache=False)
+        assert cached == full
+
+
+def test_batched_decoding_equals_one_by_one(memorized):
+    model, pairs, _, _ = memorized
+    srcs = [s for s, _ in pairs]
+    batched = translate_ids(model, srcs, SOS, EOS, PAD, seq_len=32, batch_size=6)
+    single = [translate_ids(model, [s], SOS, EOS, PAD, seq_len=32)[0] for s in srcs]
+    assert batched == single == [t for _, t in pairs]
+    beam_batched = translate_ids(model, srcs, SOS, EOS, PAD, seq_len=32, beam=3, batch_size=6)
+    beam_single = [translate_ids(model, [s], SOS, EOS, PAD, seq_len=32, beam=3)[0] for s in srcs]
+    assert beam_batched == beam_single
+
+
+@pytest.mark.parametrize("design", [{}, {"norm_first": False, "tie_embeddings": "all",
+                                         "shared_vocab": True},
+                                    {"norm": "rms", "ffn": "swiglu", "pos": "rope",
+                                     "n_kv_heads": 2}])
+def test_the_prepacked_decoding_copy_shares_the_weights_and_decodes_the_same(design):
+    """On CPU, translate_ids decodes with a copy whose decoder linear layers are prepacked for
+    oneDNN: every one of them packed (none silently left out), no weight copied, the model
+    itself untouched, and the same logits and outputs as the model's own layers."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch")
+    model = tiny_model(vocab=20, seed=1, **design)
+    packed = decoding_model(model, rows=8)
+    linears = [m for m in [*model.projection_layer.modules(), *model.decoder.modules()]
+               if isinstance(m, torch.nn.Linear)]
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == len(linears) > 10
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert {p.data_ptr() for p in packed.parameters()} <= {p.data_ptr() for p in
+                                                            model.parameters()}
+    src = torch.randint(4, 20, (5, 7))
+    src_mask = torch.ones(5, 1, 1, 7, dtype=torch.bool)
+    tgt = torch.randint(4, 20, (5, 6))
+    assert torch.allclose(packed(src, tgt, src_mask), model(src, tgt, src_mask), atol=1e-5)
+    whole = torch.cat([torch.full((5, 1), SOS), src, torch.full((5, 1), EOS)], dim=1)
+    assert translate_ids(model, src.tolist(), SOS, EOS, PAD, seq_len=32, min_len=3) == \
+        greedy_decode(model, whole, torch.ones(5, 1, 1, 9, dtype=torch.bool), SOS, EOS,
+                      max_len=18, banned=(PAD, SOS), min_len=3)  # unpacked; 18 = 1.2 · 7 + 10
+
+
+def test_beam_1_equals_greedy():
+    for seed in range(3):
+        model = tiny_model(vocab=20, seed=seed)
+        src = torch.randint(4, 20, (4, 6))
+        src_mask = torch.ones(4, 1, 1, 6, dtype=torch.bool)
+        limit = torch.tensor([3, 8, 12, 5])
+        greedy = greedy_decode(model, src, src_mask, SOS, EOS, limit)
+        beam = beam_search(model, src, src_mask, SOS, EOS, limit, beam=1)
+        assert [hyps[0][0] for hyps in beam] == greedy
+
+
+def test_beam_hypotheses_are_sorted_by_length_penalized_score():
+    model = tiny_model(vocab=12, seed=1)
+    src = torch.randint(4, 12, (3, 5))
+    src_mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
+    results = beam_search(model, src, src_mask, SOS, EOS, 8, beam=4, alpha=0.6, nbest=4)
+    for i, hyps in enumerate(results):
+        assert len(hyps) == 4
+        scores = [s for _, s in hyps]
+        assert scores == sorted(scores, reverse=True)
+        # Each score is the hypothesis' log-probability under the model / length penalty.
+        for tokens, score in hyps:
+            full = torch.tensor([[SOS] + tokens])
+            logits = model(src[i:i + 1], full, torch.ones(1, 1, 1, 5, dtype=torch.bool),
+                           causal_mask(full.size(1)))
+            logp = logits.log_softmax(-1)[0]
+            targets = tokens + [EOS]  # every hypothesis ends with [EOS] (forced at the limit)
+            total = sum(logp[i, t].item() for i, t in enumerate(targets))
+            length = len(targets)
+            assert score == pytest.approx(total / ((5 + length) / 6) ** 0.6, abs=1e-3)
+
+
+def test_decoding_stops_at_eos_and_at_the_maximum_length():
+    model = tiny_model(vocab=20, seed=0)
+    src = torch.randint(4, 20, (2, 5))
+    src_mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    with torch.no_grad():  # make [EOS] the only thing the model ever says
+        model.projection_layer.proj.bias.fill_(-100.0)
+        model.projection_layer.proj.bias[EOS] = 100.0
+    assert greedy_decode(model, src, src_mask, SOS, EOS, 10) == [[], []]
+    assert [h[0][0] for h in beam_search(model, src, src_mask, SOS, EOS, 10, beam=3)] == [[], []]
+    with torch.no_grad():  # now it never says [EOS]
+        model.projection_layer.proj.bias.fill_(0.0)
+        model.projection_layer.proj.bias[EOS] = -100.0
+    limit = torch.tensor([4, 7])
+    out = greedy_decode(model, src, src_mask, SOS, EOS, limit)
+    assert [len(o) for o in out] == [4, 7]
+    beams = beam_search(model, src, src_mask, SOS, EOS, limit, beam=3)
+    assert [len(h[0][0]) for h in beams] == [4, 7]
+
+
+def test_output_length_limits_and_no_empty_translation():
+    """Issue 17: fairseq's max_len_a · src_len + max_len_b bounds every output (capped by
+    seq_len); min_len bars [EOS] until that many tokens are out, so beam search never returns
+    an empty translation (it used to rank the empty hypothesis first)."""
+    lengths = torch.tensor([1, 5, 20, 200])
+    assert output_limits(lengths, 1.2, 10, seq_len=64).tolist() == [11, 16, 34, 62]
+    model = tiny_model(vocab=20, seed=0)
+    sources = [[5, 6], [7, 8, 9, 10, 11]]
+    with torch.no_grad():  # [EOS] is always the model's first choice
+        model.projection_layer.proj.bias.fill_(-100.0)
+        model.projection_layer.proj.bias[EOS] = 100.0
+    assert translate_ids(model, sources, SOS, EOS, PAD, 32, min_len=0) == [[], []]
+    for beam in (1, 4):
+        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, min_len=1)
+        assert [len(o) for o in out] == [1, 1], out
+        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, min_len=3)
+        assert [len(o) for o in out] == [3, 3], out
+    with torch.no_grad():  # now it never says [EOS]: every output runs to its limit
+        model.projection_layer.proj.bias.fill_(0.0)
+        model.projection_layer.proj.bias[EOS] = -100.0
+    for beam in (1, 4):
+        out = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, max_len_a=1.5,
+                            max_len_b=2)
+        assert [len(o) for o in out] == [5, 9], out  # floor(1.5 · 2 + 2), floor(1.5 · 5 + 2)
+
+
+def test_decoding_reports_progress_and_stops_at_the_next_batch_when_asked():
+    """Issue 17: validation decoding showed no progress and ignored the first Ctrl-C."""
+    model = tiny_model(vocab=20, seed=0)
+    sources = [[5 + i % 10] * (1 + i % 4) for i in range(10)]
+    done = []
+    translate_ids(model, sources, SOS, EOS, PAD, 32, batch_size=4, progress=done.append)
+    assert done == [4, 4, 2]
+
+    class Stop(Exception):
+        pass
+
+    def stop(n):
+        done.append(n)
+        raise Stop()
+    done.clear()
+    with pytest.raises(Stop):
+        translate_ids(model, sources, SOS, EOS, PAD, 32, batch_size=4, progress=stop)
+    assert done == [4]  # one batch, then it stopped
+
+
+OPTIONS = {
+    "default": {},
+    "paper": dict(norm_first=False, shared_vocab=True, tie_embeddings="all"),
+    "modern": dict(norm="rms", ffn="swiglu", pos="rope", n_kv_heads=2, tie_embeddings="decoder"),
+    "rope_post_gqa1": dict(pos="rope", norm_first=False, n_kv_heads=1),
+}
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_cached_decoding_and_batched_beam_hold_for_every_option(name):
+    model = small(**OPTIONS[name])
+    src = torch.randint(4, 24, (3, 7))
+    src[1, 5:] = PAD
+    src_mask = (src != PAD)[:, None, None, :]
+    cached = greedy_decode(model, src, src_mask, SOS, EOS, 12)
+    full = greedy_decode(model, src, src_mask, SOS, EOS, 12, use_cache=False)
+    assert cached == full
+    batched = beam_search(model, src, src_mask, SOS, EOS, 10, beam=3, nbest=2)
+    for i in range(3):
+        n = int(src_mask[i].sum())
+        alone = beam_search(model, src[i:i + 1, :n], src_mask[i:i + 1, ..., :n], SOS, EOS, 10,
+                            beam=3, nbest=2)
+        assert [h for h, _ in alone[0]] == [h for h, _ in batched[i]], (name, i)
+        for (_, a), (_, b) in zip(alone[0], batched[i]):
+            assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_decoders_never_emit_pad_sos_or_unk():
+    """12. Even a model that prefers them."""
+    torch.manual_seed(0)
+    model = build_transformer(20, 20, 32, 32, d_model=16, N=1, h=2, d_ff=32).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.bias[[PAD, SOS, UNK]] = 100.0  # always the top logits
+        model.projection_layer.proj.bias[EOS] = -100.0
+    sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    for beam in (1, 3):
+        outputs = translate_ids(model, sources, SOS, EOS, PAD, 32, beam=beam, max_len_a=1,
+                                max_len_b=5, unk_id=UNK)
+        assert all(out and not {PAD, SOS, UNK} & set(out) for out in outputs), (beam, outputs)
+    emitted = translate_ids(model, sources, SOS, EOS, PAD, 32, max_len_a=1,
+                            max_len_b=5)  # no unk_id
+    assert all(set(out) == {UNK} for out in emitted)  # the bias works: UNK unless banned
+
+
+def test_inference_input_keeps_text_characters():
+    """8. Zero-width (non-)joiners, no-break and thin spaces, soft hyphens are text."""
+    text = "l\u2019\u00e9t\u00e9\u00a0: \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 " \
+           "\U0001F469\u200d\U0001F4BB co\u00adoperate\u2009!"
+    assert clean(text) == text
+    assert clean(" a\tb\x07c\r\n") == "a b c"

@@ -1,0 +1,65 @@
+"""Devices and precision, and the torchrun helpers' settings."""
+
+import pytest
+import torch
+
+from config import Config
+from runtime import autocast_dtype
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_a_missing_accelerator_is_a_clear_error():
+    from config import UserError
+    from runtime import get_device
+    with pytest.raises(UserError, match="--device cuda: CUDA is not available"):
+        get_device("cuda")
+    assert get_device("cpu").type == "cpu"
+
+
+def test_auto_precision_uses_fp16_on_gpus_that_only_emulate_bf16(monkeypatch):
+    """1. T4 / V100 (compute capability 7.x): is_bf16_supported() says yes (emulation)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True:
+                        including_emulation)
+    monkeypatch.setattr(torch.version, "hip", None)
+    cuda = torch.device("cuda")
+    for capability, expected in (((7, 5), torch.float16), ((7, 0), torch.float16),
+                                 ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=capability: c)
+        assert autocast_dtype(Config(precision="auto"), cuda) == expected, capability
+    assert autocast_dtype(Config(precision="auto"), torch.device("cpu")) is None
+
+
+def test_under_torchrun_one_gpu_for_every_rank_is_refused(monkeypatch):
+    """19. --device cuda:N under torchrun put every rank on GPU N."""
+    import runtime
+    from config import UserError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(UserError, match="would put every process on one GPU"):
+        runtime.get_device("cuda:0")
+    assert runtime.get_device("cuda") == torch.device("cuda", 1)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert runtime.get_device("cuda:0") == torch.device("cuda", 0)
+
+
+def test_the_host_side_group_waits_as_long_as_the_gpu_group(monkeypatch):
+    """17. The Gloo group (flags, rank 0's data preparation and validation) had torch's
+    30-minute default timeout, not the NCCL group's hour."""
+    import datetime
+
+    import runtime
+    calls = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(runtime, "get_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(runtime.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(runtime.dist, "init_process_group",
+                        lambda backend, **kw: calls.setdefault(backend, kw))
+    monkeypatch.setattr(runtime.dist, "new_group", lambda backend, **kw: calls.setdefault(
+        backend, kw))
+    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(runtime, "_flags_group", None)
+    runtime.start_distributed("cuda")
+    assert calls["gloo"]["timeout"] == calls["nccl"]["timeout"] >= datetime.timedelta(hours=1)

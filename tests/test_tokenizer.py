@@ -1,0 +1,91 @@
+"""Tokenizers: trained on train only, saved with their recipe and reused, exact round trips,
+special tokens in text stay text."""
+
+import pytest
+from conftest import number_pairs, write_aligned
+
+from config import Config
+from corpus import DataError
+from dataset import get_ds
+from tokenizer import EOS, PAD, SOS, UNK, build_tokenizer, detokenize, get_tokenizer
+
+
+def cfg(tmp_path, corpus=None, **kw):
+    data = {"data_dir": str(corpus)} if corpus else {}
+    return Config(**{"model_folder": str(tmp_path / "weights"), "lang_src": "en",
+                     "lang_tgt": "it", "vocab_size": 300, "seq_len": 24, **data, **kw})
+
+
+def test_bpe_tokenizer_has_no_unknown_words_and_detokenizes_exactly(tmp_path):
+    tok = build_tokenizer("bpe", 300, [s for s, _ in number_pairs(50)])
+    assert [tok.token_to_id(t) for t in ("[UNK]", "[PAD]", "[SOS]", "[EOS]")] == [0, 1, 2, 3]
+    for text in ["Völlig neue Wörter, 😀 und 漢字!", "seven eight.", "tab\there"]:
+        ids = tok.encode(text).ids
+        assert 0 not in ids  # never [UNK]
+        assert tok.decode(ids) == text
+    word = build_tokenizer("word", 300, [s for s, _ in number_pairs(50)])
+    assert word.encode("seven unseenword").ids[1] == 0  # the write-ups' tokenizer: [UNK]
+
+
+def test_tokenizers_are_trained_on_train_only_saved_and_reused(tmp_path, corpus):
+    config = cfg(tmp_path, data_dir=str(corpus))
+    (corpus / "val.en").write_text("zebra xylophone quokka.\n" * 8)
+    data = get_ds(config)
+    path = tmp_path / "weights" / "tokenizer_en.json"
+    assert path.exists() and (tmp_path / "weights" / "tokenizer_it.json").exists()
+    assert "zebra" not in data.tokenizer_src.get_vocab()  # validation text never trained on
+    before = path.read_bytes()
+    again = get_tokenizer(config, "en", ["completely different text"] * 50)
+    assert path.read_bytes() == before
+    assert again.get_vocab() == data.tokenizer_src.get_vocab()
+    with pytest.raises(DataError, match="is a bpe tokenizer, but --tokenizer_type is word"):
+        get_tokenizer(cfg(tmp_path, tokenizer_type="word"), "en", [])
+
+
+def test_tokenizers_train_on_an_evenly_spaced_sample(tmp_path):
+    corpus = tmp_path / "corpus"
+    pairs = number_pairs(40, seed=1)
+    # a word found only in the odd-numbered pairs: a sample of every other pair never sees it
+    pairs = [(s + (" zebra" if i % 2 else ""), t) for i, (s, t) in enumerate(pairs)]
+    write_aligned(corpus, "train", pairs)
+    write_aligned(corpus, "val", number_pairs(4, seed=2))
+    sampled = get_ds(cfg(tmp_path / "a", corpus, tokenizer_type="word", tokenizer_sample=20))
+    assert "▁zebra" not in sampled.tokenizer_src.get_vocab()
+    everything = get_ds(cfg(tmp_path / "b", corpus, tokenizer_type="word", tokenizer_sample=0))
+    assert "▁zebra" in everything.tokenizer_src.get_vocab()
+
+
+def test_special_token_strings_in_text_are_text(tmp_path):
+    """9. "[EOS]" written in a sentence is not the end-of-sentence token."""
+    pairs = number_pairs(30)
+    for kind in ("bpe", "word"):
+        config = Config(model_folder=str(tmp_path / kind), tokenizer_type=kind, vocab_size=300)
+        get_tokenizer(config, "en", [s for s, _ in pairs] + ["[EOS] [PAD] [SOS] [UNK] one"] * 2)
+        tok = get_tokenizer(config, "en", [])  # loaded from the file
+        ids = tok.encode("one [EOS] two [PAD] [SOS]").ids
+        assert not {PAD, SOS, EOS} & set(ids), (kind, ids)
+
+
+def test_word_level_detokenizes_and_shows_unknown_words():
+    """10. Word level: "doesn't" comes back as "doesn't", and unknown words are visible."""
+    texts = ["He doesn't know (really).", "She doesn't know it, really!"] * 3
+    tok = build_tokenizer("word", 100, texts)
+    ids = tok.encode("She doesn't know (really).").ids
+    assert detokenize(tok, ids) == "She doesn't know (really)."
+    ids = tok.encode("He doesn't fly.").ids
+    assert UNK in ids and detokenize(tok, ids) == "He doesn't [UNK]."
+
+
+def test_tokenizer_files_of_another_recipe_are_refused(tmp_path):
+    """11. A model folder's tokenizers are reused only for the same type, size and language."""
+    texts = [s for s, _ in number_pairs(40)]
+    config = Config(model_folder=str(tmp_path), vocab_size=300)
+    get_tokenizer(config, "en", texts)
+    with pytest.raises(DataError, match="was trained with --vocab_size 300, not 500"):
+        get_tokenizer(Config(model_folder=str(tmp_path), vocab_size=500), "en", texts)
+    renamed = Config(model_folder=str(tmp_path), vocab_size=300,
+                     tokenizer_file=str(tmp_path / "tokenizer_en.json").replace("_en", "_{0}"))
+    (tmp_path / "tokenizer_en.json").rename(tmp_path / "tokenizer_fr.json")
+    (tmp_path / "tokenizer_en.meta.json").rename(tmp_path / "tokenizer_fr.meta.json")
+    with pytest.raises(DataError, match="was trained with --lang_src/--lang_tgt en, not fr"):
+        get_tokenizer(renamed, "fr", texts)

@@ -1,0 +1,170 @@
+"""translate.py: sentences, files and stdin, validation examples, scores, n-best, attention maps,
+and its one-line refusals."""
+
+import pytest
+import torch
+from conftest import number_pairs, run_script
+
+from checkpoint import load_checkpoint
+
+
+def test_end_to_end_train_resume_translate(trained):
+    home, result = trained
+    out = result.stdout.decode()
+    assert "validation: loss" in out and "BLEU" in out and "PREDICTED:" in out
+    weights = home / "weights"
+    assert sorted(p.name for p in weights.glob("*.pt")) == ["tmodel_00.pt", "tmodel_01.pt",
+                                                             "tmodel_best.pt"]
+    assert (weights / "tokenizer_en.json").exists() and (weights / "tokenizer_it.json").exists()
+    assert list((home / "runs" / "tmodel").glob("events.out.tfevents.*"))
+    state = load_checkpoint(weights / "tmodel_01.pt")
+    assert state["config"]["d_model"] == 32 and state["next_epoch"] == 2
+
+    # resume: the flags come back from the checkpoint; only the new epoch count is given
+    resumed = run_script("train.py", "--num_epochs", "3", cwd=home)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert "resumed from weights/tmodel_01.pt: epoch 2, batch 0" in resumed.stdout.decode()
+    assert (weights / "tmodel_02.pt").exists()
+    assert load_checkpoint(weights / "tmodel_02.pt")["global_step"] > state["global_step"]
+
+    # translate rebuilds the model from the checkpoint alone, and says which it loaded
+    t = run_script("translate.py", "one two three.", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    lines = t.stdout.decode().splitlines()
+    assert len(lines) == 1 and lines[0].strip()
+    assert "loaded weights/tmodel_02.pt (epoch 2, step" in t.stderr.decode()
+    # a sentence that is a number is a sentence (issue 16, 15)
+    t = run_script("translate.py", "2014", cwd=home)
+    assert t.returncode == 0 and "SOURCE:" not in t.stdout.decode(), t.stderr.decode()
+
+    # the TensorBoard logs hold the curves a user looks at
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(home / "runs" / "tmodel"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "validation/loss", "validation/bleu", "validation/chrf",
+            "validation/cer", "validation/wer"} <= tags
+
+
+def test_translate_reads_stdin_and_handles_odd_input(trained):
+    home, _ = trained
+    text = "one two.\n\n   \nseven \x07 eight 😀 漢字.\n" + "nine " * 40 + "\n"
+    t = run_script("translate.py", cwd=home, input=text.encode())
+    assert t.returncode == 0, t.stderr.decode()
+    lines = t.stdout.decode().split("\n")
+    assert len(lines) == 6 and lines[-1] == ""  # one output line per input line
+    assert lines[1] == "" and lines[2] == ""  # empty input -> empty output
+    assert "sentence 5 has" in t.stderr.decode() and "are translated" in t.stderr.decode()
+
+
+def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
+    home, _ = trained
+    # from another working directory: the checkpoint holds the corpus's absolute path
+    t = run_script("translate.py", "--model_folder", home / "weights", "--example", "3",
+                   cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()
+    out = t.stdout.decode()
+    src, ref = number_pairs(8, seed=2)[3]
+    assert f"SOURCE: {src}" in out and f"TARGET: {ref}" in out and "PREDICTED:" in out
+    (home / "test.en").write_text("".join(s + "\n" for s, _ in number_pairs(5, seed=3)))
+    (home / "test.it").write_text("".join(t + "\n" for _, t in number_pairs(5, seed=3)))
+    t = run_script("translate.py", "--input", "test.en", "--output", "test.hyp", "--reference",
+                   "test.it", "--beam", "2", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert len((home / "test.hyp").read_text().splitlines()) == 5
+    assert "BLEU = " in t.stderr.decode() and "nrefs:1" in t.stderr.decode()
+    assert "chrF2 = " in t.stderr.decode()
+
+
+@pytest.mark.parametrize("args, stdin, message", [
+    (["   "], None, "the sentence is empty"),
+    ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
+    (["--checkpoint", "weights/nothing.pt", "hi"], None, "checkpoint weights/nothing.pt not found"),
+    (["--model_folder", "empty", "hi"], None, "no checkpoint in empty/"),
+    (["--lr", "0.1", "hi"], None, "--lr is a training setting"),
+    (["--d_model", "64", "hi"], None, "--d_model 64 does not match"),
+    (["--input", "nowhere.txt"], None, "cannot read nowhere.txt"),
+    (["--beam", "0", "hi"], None, "must be positive"),
+    (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt"),
+    (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
+    (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
+     "corpus/val.it has 8 lines but the input has 64"),
+])
+def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
+    home, _ = trained
+    t = run_script("translate.py", *args, cwd=home, input=stdin)
+    err = t.stderr.decode()
+    if "loaded " in err:  # the line naming the checkpoint comes first
+        err = err.split("\n", 1)[1]
+    assert t.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_translate_checks_the_reference_before_decoding(trained, monkeypatch, capsys):
+    """Issue 16, 12: --reference with another line count translated everything first."""
+    import translate
+    home, _ = trained
+    monkeypatch.chdir(home)
+    monkeypatch.setattr(translate, "translate", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(translate.InputError, match="has 8 lines but the input has 64"):
+        translate.main(["--input", "corpus/train.en", "--reference", "corpus/val.it"])
+
+
+def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
+    home, _ = trained
+    import shutil
+    folder = tmp_path / "w"
+    folder.mkdir()
+    for name in ("tokenizer_en.json", "tokenizer_it.json"):
+        shutil.copy(home / "weights" / name, folder / name)
+    data = (home / "weights" / "tmodel_01.pt").read_bytes()
+    (folder / "tmodel_01.pt").write_bytes(data[:1000])
+    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    assert t.returncode == 2 and "tmodel_01.pt is truncated or corrupt" in t.stderr.decode()
+    (folder / "tmodel_01.pt").write_bytes(data)
+    (folder / "tokenizer_it.json").unlink()
+    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    assert t.returncode == 2 and "tokenizer_it.json not found" in t.stderr.decode()
+    shutil.copy(folder / "tokenizer_en.json", folder / "tokenizer_it.json")
+    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and "target vocabulary of" in err
+    # advice that loses nothing (issue 16, 13): deleting tokenizers breaks their checkpoints
+    assert "trained in (its tokenizer files lie there) as --model_folder" in err
+    assert "delete" not in err
+
+
+def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
+    home, _ = trained
+    import shutil
+
+    from checkpoint import average_checkpoints
+    for name in ("a.pt", "b.pt", "c.pt"):
+        shutil.copy(home / "weights" / "tmodel_00.pt", tmp_path / name)
+    averaged = average_checkpoints([tmp_path / n for n in ("a.pt", "b.pt", "c.pt")])
+    original = load_checkpoint(home / "weights" / "tmodel_00.pt")["model_state_dict"]
+    for k, v in original.items():
+        assert torch.equal(averaged["model_state_dict"][k], v), k
+    two = average_checkpoints([home / "weights" / "tmodel_00.pt",
+                               home / "weights" / "tmodel_01.pt"])["model_state_dict"]
+    last = load_checkpoint(home / "weights" / "tmodel_01.pt")["model_state_dict"]
+    key = "projection_layer.proj.weight"
+    torch.testing.assert_close(two[key], (original[key] + last[key]) / 2)
+    t = run_script("translate.py", "--average", "2", "one two.", cwd=home)
+    assert t.returncode == 0 and "averaged 2 checkpoints" in t.stderr.decode()
+
+
+def test_cross_attention_map(trained, tmp_path):
+    home, _ = trained
+    t = run_script("translate.py", "--attention", tmp_path / "att.png", "one two.", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert (tmp_path / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from attention_map import cross_attention
+    from checkpoint import load_translator
+    from config import Config
+    model, _, tok_src, tok_tgt = load_translator(Config(model_folder=str(home / "weights")))
+    weights, src_tokens, tgt_tokens = cross_attention(model, tok_src, tok_tgt, "one two.",
+                                                      "uno due.")
+    assert weights.shape == (1, 2, len(tgt_tokens), len(src_tokens))  # (N, h, tgt, src)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, len(tgt_tokens)))
+    assert src_tokens[0] == "[SOS]" and tgt_tokens[-1] == "[EOS]"
+    assert "".join(src_tokens[1:-1]) == "one two."

@@ -1,0 +1,150 @@
+"""Tokenizers: byte-level BPE (the default) or the write-ups' word level, trained once on a sample
+of the training split and saved in the model folder beside the checkpoints, with the recipe they
+were trained as (checked on every load).
+
+Every tokenizer has the same four special tokens at ids 0-3: [UNK], [PAD], [SOS], [EOS].
+"""
+
+import json
+import os
+from pathlib import Path
+
+from config import Config
+from corpus import DataError
+
+SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]  # ids 0, 1, 2, 3 in every tokenizer
+UNK, PAD, SOS, EOS = range(4)  # load_tokenizer refuses a file where they differ
+
+
+def tokenizer_path(config: Config, lang: str) -> Path:
+    p = Path(config.tokenizer_file.format(lang))
+    return p if p.is_absolute() else Path(config.model_folder) / p
+
+
+def build_tokenizer(kind: str, vocab_size: int, texts):
+    """bpe: byte-level BPE (every string encodes, decoding restores it exactly);
+    word: the write-ups' word-level tokenizer (words seen fewer than twice become [UNK]), with
+    word boundaries kept (Metaspace) so that decoding restores the spacing: "doesn't" comes
+    back as "doesn't", not "doesn ' t"."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    if kind == "word":
+        tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(),
+                                                     pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, min_frequency=2,
+                                            special_tokens=SPECIAL_TOKENS, show_progress=False)
+    else:
+        tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
+    return tok
+
+
+def detokenize(tok, ids) -> str:
+    """The text of token ids. Unknown words (word-level only) show as [UNK]; word-level files
+    of older versions (no decoder) join their tokens with spaces, as the write-ups did."""
+    if type(tok.model).__name__ != "WordLevel":
+        return tok.decode(ids).strip()
+    tokens = ["▁[UNK]" if i == UNK else tok.id_to_token(i) for i in ids]
+    if tok.decoder is None:
+        return " ".join(t.lstrip("▁") for t in tokens).strip()
+    return "".join(tokens).replace("▁", " ").strip()
+
+
+def _recipe_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".meta.json")  # tokenizer_en.json -> tokenizer_en.meta.json
+
+
+def tokenizer_recipe(config: Config, lang: str) -> dict:
+    """What a tokenizer file was trained as; saved beside it and checked on every load."""
+    return {"lang": lang, "tokenizer_type": config.tokenizer_type,
+            "vocab_size": config.vocab_size}
+
+
+def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
+    """A tokenizer file, refused with one line if it is not what `kind` / `recipe` say (files
+    saved before recipes were recorded are checked for their kind only)."""
+    from tokenizers import Tokenizer
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
+        if not path.exists():
+            raise DataError(f"tokenizer file {path} not found") from None
+        raise DataError(f"tokenizer file {path} is unreadable: {str(e).splitlines()[0]}") \
+            from None
+    found = "word" if type(tok.model).__name__ == "WordLevel" else "bpe"
+    if kind and found != kind:
+        raise DataError(f"tokenizer file {path} is a {found} tokenizer, but --tokenizer_type "
+                        f"is {kind}; use another --model_folder or --tokenizer_type {found}")
+    for i, special in enumerate(SPECIAL_TOKENS):
+        if tok.token_to_id(special) != i:
+            raise DataError(f"tokenizer file {path} lacks the special token {special} at id {i}")
+    saved = _recipe_path(path)
+    if recipe and saved.exists():
+        was = json.loads(saved.read_text(encoding="utf-8"))
+        for key, value in recipe.items():
+            if was.get(key) != value:
+                flag = "lang_src/--lang_tgt" if key == "lang" else key
+                raise DataError(f"tokenizer file {path} was trained with --{flag} {was.get(key)}"
+                                f", not {value}; keep that value, or train into another "
+                                f"--model_folder (these files belong to its checkpoints)")
+    tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
+    return tok
+
+
+def tokenizer_keys(config: Config):
+    """The tokenizer names of source and target: their languages, or with shared_vocab one
+    joint tokenizer for both ("en_de": tokenizer_en_de.json)."""
+    if config.shared_vocab:
+        joint = f"{config.lang_src}_{config.lang_tgt}"
+        return joint, joint
+    return config.lang_src, config.lang_tgt
+
+
+def get_tokenizer(config: Config, lang: str, texts):
+    """The tokenizer of `lang`: loaded from tokenizer_file if present (and trained as config
+    says), else trained on `texts` (training sentences; or a function returning them, called
+    only then) and saved there with its recipe."""
+    path = tokenizer_path(config, lang)
+    recipe = tokenizer_recipe(config, lang)
+    if path.exists():
+        return load_tokenizer(path, config.tokenizer_type, recipe)
+    tok = build_tokenizer(config.tokenizer_type, config.vocab_size,
+                          texts() if callable(texts) else texts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tok.save(str(tmp))
+    _recipe_path(path).write_text(json.dumps(recipe), encoding="utf-8")
+    os.replace(tmp, path)
+    return tok
+
+
+
+def sample_texts(ds, columns, n: int):
+    """About n texts of each column (all for n = 0), evenly spaced through the split, in
+    batches: what the tokenizers train on (streamed, never a list of the whole corpus)."""
+    stride = max(1, -(-len(ds) // n)) if n else 1
+    picked = ds.select(range(0, len(ds), stride)) if stride > 1 else ds
+    for batch in picked.iter(batch_size=10_000):
+        for name in columns:
+            yield batch[name]
+
+
+def get_tokenizers(config: Config, train):
+    """Source and target tokenizers (one joint one with shared_vocab), trained on a sample of
+    `train` if their files do not exist yet (`train` may be None when they do)."""
+    src_key, tgt_key = tokenizer_keys(config)
+    n = config.tokenizer_sample
+    if config.shared_vocab:  # one tokenizer, trained on both sides of the training split
+        tok = get_tokenizer(config, src_key, lambda: sample_texts(train, ["src", "tgt"], n))
+        return tok, tok
+    return (get_tokenizer(config, src_key, lambda: sample_texts(train, ["src"], n)),
+            get_tokenizer(config, tgt_key, lambda: sample_texts(train, ["tgt"], n)))
+
