@@ -17,6 +17,7 @@ from checkpoint import (
     latest_checkpoint_path,
     load_averaged,
     load_checkpoint,
+    prune_checkpoints,
     resume_state,
     rng_states,
     save_checkpoint,
@@ -196,3 +197,21 @@ def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
     save_checkpoint(tiny_state(next_epoch=1, next_batch=0, world_size=2),
                     tmp_path / "tmodel_00.pt")
     resume_state(config, set(), world_size=1)  # between epochs: any number
+
+
+def test_pruning_keeps_the_newest_epochs_and_mid_epoch_saves_and_never_the_best(tmp_path):
+    """--keep_epochs N keeps the newest N per-epoch checkpoints; --keep_last the newest
+    mid-epoch ones after the newest per-epoch one (older ones it supersedes); the best
+    checkpoint and other files are never touched."""
+    names = ["tmodel_00.pt", "tmodel_01_s0000010.pt", "tmodel_01.pt", "tmodel_02.pt",
+             "tmodel_03.pt", "tmodel_04_s0000041.pt", "tmodel_04_s0000042.pt",
+             "tmodel_04_s0000043.pt", "tmodel_best.pt", "tmodel_validation.json", "notes.pt"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=2, keep_last=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["tmodel_02.pt", "tmodel_03.pt", "tmodel_04_s0000042.pt", "tmodel_04_s0000043.pt",
+         "tmodel_best.pt", "tmodel_validation.json", "notes.pt"])
+    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=1))
+    assert {p.name for p in tmp_path.glob("tmodel_0*.pt")} == {
+        "tmodel_02.pt", "tmodel_03.pt", "tmodel_04_s0000043.pt"}  # 0: every epoch kept

@@ -85,3 +85,17 @@ def test_old_true_false_tie_embeddings_still_load():
         assert Config.from_dict(old).tie_embeddings == expected
     legacy = {k: v for k, v in old.items() if k not in ("norm", "ffn", "pos", "n_kv_heads")}
     assert Config.from_dict(legacy).pos == "sinusoidal"  # options saved before they existed
+
+
+def test_the_configuration_reference_is_generated_from_config_and_current():
+    """docs/configuration.md is `python config.py`'s output: every field with its default and
+    help, every preset; regenerate it when a field changes."""
+    from conftest import ROOT
+
+    from config import PRESETS, reference_markdown
+    text = reference_markdown()
+    for f in dataclasses.fields(Config):
+        assert f"| `--{f.name}` | `{f.default!r}` |" in text, f.name
+    assert all(f"| `{name}` |" in text for name in PRESETS)
+    assert (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8") == text, \
+        "docs/configuration.md is stale: python config.py > docs/configuration.md"

@@ -168,3 +168,30 @@ def test_cross_attention_map(trained, tmp_path):
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, len(tgt_tokens)))
     assert src_tokens[0] == "[SOS]" and tgt_tokens[-1] == "[EOS]"
     assert "".join(src_tokens[1:-1]) == "one two."
+
+
+def test_example_n_is_the_pair_training_validated_on(tmp_path):
+    """Issue 24: --example N indexed the unfiltered validation split, and --seed at translate
+    time redrew a held-out split: now it is the split training validated on (held out with the
+    checkpoint's seed, pairs longer than seq_len dropped), and --seed is a training flag."""
+    from conftest import TINY, write_aligned
+
+    from config import Config
+    from dataset import get_ds
+    pairs = number_pairs(60, seed=7)
+    pairs[::6] = [("one " * 30 + ".", "uno.")] * 10  # too long for seq_len 24: dropped
+    write_aligned(tmp_path / "c", "train", pairs)  # no validation split: 10% held out
+    t = run_script("train.py", "--data_dir", "c", *TINY, "--num_epochs", "1", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    val = get_ds(Config(data_dir=str(tmp_path / "c"), model_folder=str(tmp_path / "weights"),
+                        seq_len=24, vocab_size=300)).validation
+    assert len(val) == 4  # of the 6 held out by seed 42, the 3rd and 4th are too long
+    for n in range(3):
+        t = run_script("translate.py", "--example", n, cwd=tmp_path)
+        assert t.returncode == 0, t.stderr.decode()
+        assert f"SOURCE: {val.src_texts[n]}\n" in t.stdout.decode()
+        assert f"TARGET: {val.tgt_texts[n]}\n" in t.stdout.decode()
+    t = run_script("translate.py", "--example", len(val), cwd=tmp_path)
+    assert t.returncode == 2 and f"(0 to {len(val) - 1})" in t.stderr.decode()
+    t = run_script("translate.py", "--example", 0, "--seed", "7", cwd=tmp_path)
+    assert t.returncode == 2 and "--seed is a training setting" in t.stderr.decode()
