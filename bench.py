@@ -140,6 +140,7 @@ def time_train_loop(config: Config, data, steps: int) -> float:
             if len(seconds) > steps:
                 break
         run.writer.close()
+        run.lock.release()
     return sum(tokens[1:]) / sum(seconds[1:])
 
 

@@ -35,6 +35,7 @@ import json
 import os
 import pickle
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -147,6 +148,59 @@ def check_writable(folder):
         raise CheckpointError(f"--model_folder {folder} is not writable: {e.strerror}") from None
 
 
+# ---- one writer per folder ----------------------------------------------------------------------
+
+LOCK_NAME = ".train.lock"
+
+
+class FolderLock:
+    """The one training run that writes into a model folder: an exclusive advisory lock
+    (flock) on `.train.lock` in it, taken by rank 0 for the life of the run. The kernel drops
+    the lock when its process ends, however it ends (SIGKILL included), so a dead run's lock is
+    free again; the file says who holds it, for the refusal. translate.py and export.py only
+    read, and take no lock. Where flock does not exist (Windows), there is no lock."""
+
+    def __init__(self, folder):
+        self.path = Path(folder) / LOCK_NAME
+        self.file = None
+
+    def acquire(self):
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        while self.file is None:
+            f = open(self.path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                f.close()
+                raise CheckpointError(f"{self.path.parent} is in use by another training run "
+                                      f"({holder}); let it finish or stop it, or train into "
+                                      f"another --model_folder") from None
+            try:  # the holder may have released (removed) the file between our open and lock
+                if os.fstat(f.fileno()).st_ino == os.stat(self.path).st_ino:
+                    self.file = f
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}, started "
+                        f"{time.strftime('%Y-%m-%d %H:%M')}: {' '.join(sys.argv)}")
+        self.file.flush()
+        return self
+
+    def release(self):
+        if self.file is not None:
+            self.path.unlink(missing_ok=True)  # still held: a process waiting opens a new file
+            self.file.close()  # and this drops the lock
+            self.file = None
+
+
 # ---- saving and loading -------------------------------------------------------------------------
 
 def save_checkpoint(state: dict, path: Path):
@@ -199,33 +253,45 @@ def best_checkpoint(run, step: int, epoch: int, validation: dict) -> dict:
             "corpus": run.data.corpus, "validation": validation}
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path, mmap: bool = False) -> dict:
     """Loads with weights_only=True: only tensors and plain values, so a crafted file cannot run
-    code. Raises CheckpointError naming the file for anything unusable."""
+    code. `mmap`: the tensors stay in the file, read only when used (averaging reads the
+    weights and never the optimizer's moments). Raises CheckpointError with one short line
+    naming the file for anything unusable."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with open(path, "rb") as f:
+            head = f.read(4)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except PermissionError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
     except pickle.UnpicklingError as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        unsafe = next((line for line in lines if "global" in line.lower()), None)
-        if unsafe:  # a class or function reference: code that would run on load
-            raise CheckpointError(f"checkpoint {path} refused: it holds more than tensors and "
-                                  f"plain values ({unsafe})") from None
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt "
-                              f"({lines[0] if lines else 'unreadable'})") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first})") from None
+        unsafe = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if unsafe or "global" in str(e).lower():  # a class or function: code that would run
+            what = f" ({unsafe.group(1)})" if unsafe else ""
+            raise CheckpointError(f"checkpoint {path} refused: it holds a pickled object{what}, "
+                                  f"which could run code when loaded; a checkpoint of this "
+                                  f"project holds tensors and plain values only") from None
+        raise CheckpointError(unreadable(path, head)) from None
+    except (RuntimeError, EOFError, OSError, ValueError):
+        raise CheckpointError(unreadable(path, head)) from None
     if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
-        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project "
-                              f"(expected keys {', '.join(CHECKPOINT_KEYS)})")
+        raise CheckpointError(f"{path} is not a checkpoint of this project (it lacks "
+                              f"{', '.join(CHECKPOINT_KEYS)})")
     if not isinstance(state["config"], dict):
         raise CheckpointError(f"checkpoint {path} has no config dict")
     return state
+
+
+def unreadable(path: Path, head: bytes) -> str:
+    """What to say of a file torch cannot load: a damaged checkpoint, or no checkpoint."""
+    if head.startswith(b"PK"):  # a zip archive, torch's format: cut short or damaged
+        return (f"checkpoint {path} is truncated or damaged (an interrupted copy?); use "
+                f"another, such as an earlier epoch with --preload NN")
+    kind = "a JSON file" if head[:1] in (b"{", b"[") else "not a PyTorch checkpoint"
+    return f"{path} is {kind}, not a checkpoint: give a tmodel_*.pt file"
 
 
 def check_vocab(state: dict, path: Path, src_vocab_size: int, tgt_vocab_size: int):
@@ -288,23 +354,31 @@ def load_model_weights(model, state: dict, path: Path):
 
 def average_checkpoints(paths):
     """The element-wise mean of the model weights of several checkpoints (the paper averages
-    the last 5). Returns the newest checkpoint's state with averaged weights."""
-    states = [load_checkpoint(p) for p in paths]
-    newest = states[-1]
-    keys = newest["model_state_dict"].keys()
-    for p, s in zip(paths, states):
-        if s["model_state_dict"].keys() != keys or any(
-                s["model_state_dict"][k].shape != newest["model_state_dict"][k].shape
-                for k in keys):
-            raise CheckpointError(f"cannot average {p} with {paths[-1]}: different architectures")
-    averaged = {}
-    for k in keys:
-        tensors = [s["model_state_dict"][k] for s in states]
-        if tensors[0].is_floating_point():
-            averaged[k] = torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
+    the last 5), as a running sum in float64: one checkpoint is read at a time, memory-mapped,
+    so the peak is the sum (twice the float32 weights) and one checkpoint's weights; the
+    optimizer's moments are never read. Returns the newest checkpoint's config and position
+    with the averaged weights."""
+    total, first = None, None
+    for path in paths:
+        state = load_checkpoint(path, mmap=True)
+        weights = state["model_state_dict"]
+        if total is None:
+            total, first = {k: v.double() if v.is_floating_point() else v.clone()
+                            for k, v in weights.items()}, path
+        elif weights.keys() != total.keys() or any(
+                weights[k].shape != total[k].shape for k in total):
+            raise CheckpointError(f"cannot average {path} with {first}: different architectures")
         else:
-            averaged[k] = tensors[-1]
-    return {**newest, "model_state_dict": averaged}
+            for k, v in weights.items():
+                total[k] = total[k].add_(v) if v.is_floating_point() else v.clone()
+        if path != paths[-1]:
+            del state, weights  # before the next file is read
+    dtypes = {k: v.dtype for k, v in weights.items()}
+    averaged = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
+                for k, v in total.items()}
+    keep = {k: v for k, v in state.items() if k in ("format", "config", "epoch",
+                                                     "global_step", "corpus", "next_epoch")}
+    return {**keep, "model_state_dict": averaged}
 
 
 def load_averaged(config: Config, path: Path, average: int):
@@ -313,7 +387,7 @@ def load_averaged(config: Config, path: Path, average: int):
     part: they are not the end of an epoch, and they overlap the per-epoch ones)."""
     if average <= 1:
         return load_checkpoint(path), [path]
-    state = load_checkpoint(path)
+    state = load_checkpoint(path, mmap=True)
     last = state.get("next_epoch", state["epoch"] + 1) - 1  # the last epoch `path` finished
     paths = [p for p, epoch, step in list_checkpoints(config) if step is None and epoch <= last]
     paths = paths[-average:]
@@ -365,16 +439,23 @@ BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
 
 
 def refuse_to_overwrite(config: Config):
-    """--preload none starts afresh: refused in a folder holding a run's files, which it would
-    overwrite (checkpoints, the best checkpoint, the validation history, test results)."""
+    """A fresh start writes a new best checkpoint, validation history and test results: refused
+    in a folder that holds a run's files (--preload none there, or --preload latest where the
+    checkpoints were deleted but the best checkpoint or the history remain)."""
     found = [p.name for p, _, _ in list_checkpoints(config)[-1:]]
     found += [p.name for p in (best_checkpoint_path(config), history_path(config),
                                Path(config.model_folder) / "results.json") if p.exists()]
-    if found:
+    if not found:
+        return
+    if config.preload == "none":
         raise CheckpointError(
             f"{config.model_folder} already holds a run ({', '.join(found)}); --preload none "
             f"would overwrite it: resume with --preload latest or train into another "
             f"--model_folder")
+    raise CheckpointError(
+        f"{config.model_folder} holds a run's files ({', '.join(found)}) but no checkpoint to "
+        f"resume from; a fresh start would overwrite them: train into another --model_folder, "
+        f"or move them away")
 
 
 def resume_state(config: Config, given: set, world_size: int = 1):
@@ -386,8 +467,7 @@ def resume_state(config: Config, given: set, world_size: int = 1):
                               "the weights only); resume training with latest or an epoch")
     path = resolve_preload(config)
     if path is None:
-        if config.preload == "none":
-            refuse_to_overwrite(config)
+        refuse_to_overwrite(config)
         return None, config
     state = load_checkpoint(path)
     saved = Config.from_dict(state["config"])

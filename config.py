@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -303,15 +304,22 @@ def fail(prog: str, message: str, quiet: bool = False):
 
 
 def run_main(prog: str, main, aborted: str = "aborted"):
-    """Runs a script's `main`: a UserError becomes one line and exit 2, Ctrl-C exit 130."""
+    """Runs a script's `main`: a UserError becomes one line and exit 2, Ctrl-C one line and
+    exit 130, wherever it lands (also while an error unwinds, as when a torchrun process's
+    collective fails because another process was interrupted first). Under torchrun only
+    rank 0 says "aborted"."""
     try:
-        return main()
-    except UserError as e:
-        fail(prog, str(e))
-    except ReportedElsewhere:
-        sys.exit(2)
+        try:
+            return main()
+        except UserError as e:
+            fail(prog, str(e))
+        except ReportedElsewhere:
+            sys.exit(2)
     except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: {aborted}\n")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
+        if os.environ.get("RANK", "0") == "0":
+            newline = "\n" if sys.stderr.isatty() else ""  # below a progress bar, not on it
+            sys.stderr.write(f"{newline}{prog}: {aborted}\n")
         sys.exit(130)
 
 

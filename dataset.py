@@ -23,7 +23,8 @@ from tqdm import tqdm
 from config import Config
 from corpus import DataError, column, corpus_source, digest, load_corpus, note, quiet_datasets
 from runtime import is_main
-from tokenizer import EOS, PAD, SOS, get_tokenizers, tokenizer_keys, tokenizer_path
+from tokenizer import (EOS, PAD, SOS, get_tokenizers, recipe_path, tokenizer_keys,
+                       tokenizer_path)
 
 # ---- the dataset and its batches ----------------------------------------------------------------
 
@@ -287,7 +288,7 @@ def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq
     tmp.mkdir(parents=True)
     vocab = max(tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     dtype = np.uint16 if vocab <= 1 << 16 else np.int32
-    lengths, total = {"src": [], "tgt": []}, 0
+    lengths, total, shortest = {"src": [], "tgt": []}, 0, None
     bar = tqdm(total=len(splits["train"]), desc="encoding", unit=" pairs", unit_scale=True,
                disable=None)  # shown on a terminal only
     with open(tmp / "train.src.bin", "wb") as fs, open(tmp / "train.tgt.bin", "wb") as ft:
@@ -296,6 +297,8 @@ def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq
             src, tgt, keep = encode_pairs(batch["src"], batch["tgt"], tokenizer_src,
                                           tokenizer_tgt, seq_len)
             total += len(src)
+            needs = [max(len(a), len(b)) + 2 for a, b in zip(src, tgt)]  # with [SOS], [EOS]
+            shortest = min(needs + ([shortest] if shortest else [])) if needs else shortest
             for side, ids, f in (("src", src, fs), ("tgt", tgt, ft)):
                 kept = [ids[i] for i in keep]
                 n = np.fromiter(map(len, kept), np.int64, len(kept))
@@ -303,6 +306,10 @@ def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq
                                     int(n.sum())).tobytes())
                 lengths[side].append(n)
     bar.close()
+    if total and not sum(len(n) for n in lengths["src"]):  # refused before anything is kept
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(f"no training pair fits --seq_len {seq_len}: the shortest needs "
+                        f"{shortest} tokens with [SOS] and [EOS]")
     for side in ("src", "tgt"):
         n = np.concatenate(lengths[side])
         np.save(tmp / f"train.{side}.offsets.npy", np.concatenate([[0], np.cumsum(n)]))
@@ -349,6 +356,27 @@ def load_prepared(folder: Path, key: str, verify: bool = True, parts: dict = Non
     return BilingualDataset(*sides), validation, meta
 
 
+def prepare_once(config: Config, folder: Path):
+    """Trains the tokenizers (where their files do not exist) and prepares the training split:
+    (tokenizer_src, tokenizer_tgt, what the prepared data depends on). A failure removes the
+    tokenizer files it made: a refused start leaves the folder as it found it."""
+    full = load_corpus(config)
+    note(f"preparing the data in {folder} (once: later starts load it)")
+    made = [p for key in dict.fromkeys(tokenizer_keys(config))
+            for p in (tokenizer_path(config, key), recipe_path(tokenizer_path(config, key)))
+            if not p.exists()]
+    try:
+        tokenizer_src, tokenizer_tgt = get_tokenizers(config, full["train"])
+        parts = prepared_parts(config, full["fingerprint"], tokenizer_src, tokenizer_tgt,
+                               bool(full.get("held_out")))
+        prepare(folder, parts, full, tokenizer_src, tokenizer_tgt, config.seq_len)
+    except BaseException:
+        for p in made:
+            p.unlink(missing_ok=True)
+        raise
+    return tokenizer_src, tokenizer_tgt, parts
+
+
 def get_ds(config: Config, key: str = None, check_corpus=None) -> Data:
     """The tokenizers and the prepared training data: made once (tokenizers trained on a sample
     of train, the training split encoded to memory-mapped arrays), then loaded in seconds by
@@ -379,13 +407,7 @@ def get_ds(config: Config, key: str = None, check_corpus=None) -> Data:
                         f"rank 0 made them. Under torchrun on several machines, --model_folder "
                         f"must be one folder all of them see (a shared filesystem)")
     if prepared is None:
-        full = load_corpus(config)
-        note(f"preparing the data in {folder} (once: later starts load it)")
-        tokenizer_src, tokenizer_tgt = get_tokenizers(config, full["train"])
-        parts = prepared_parts(config, full["fingerprint"], tokenizer_src, tokenizer_tgt,
-                               bool(full.get("held_out")))
-        prepare(folder, parts, full, tokenizer_src, tokenizer_tgt, config.seq_len)
-        del full
+        tokenizer_src, tokenizer_tgt, parts = prepare_once(config, folder)
         # its checksums were just taken
         prepared = load_prepared(folder, prepared_key(parts), verify=False)
     train, val_texts, meta = prepared

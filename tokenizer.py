@@ -58,7 +58,7 @@ def detokenize(tok, ids) -> str:
     return "".join(tokens).replace("▁", " ").strip()
 
 
-def _recipe_path(path: Path) -> Path:
+def recipe_path(path: Path) -> Path:
     return path.with_name(path.stem + ".meta.json")  # tokenizer_en.json -> tokenizer_en.meta.json
 
 
@@ -86,7 +86,7 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
     for i, special in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(special) != i:
             raise DataError(f"tokenizer file {path} lacks the special token {special} at id {i}")
-    saved = _recipe_path(path)
+    saved = recipe_path(path)
     if recipe and saved.exists():
         was = json.loads(saved.read_text(encoding="utf-8"))
         for key, value in recipe.items():
@@ -121,7 +121,7 @@ def get_tokenizer(config: Config, lang: str, texts):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tok.save(str(tmp))
-    _recipe_path(path).write_text(json.dumps(recipe), encoding="utf-8")
+    recipe_path(path).write_text(json.dumps(recipe), encoding="utf-8")
     os.replace(tmp, path)
     return tok
 

@@ -29,8 +29,9 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path, build_model,
-                        check_corpus, check_resume_data, check_writable, epoch_checkpoint_path,
+from checkpoint import (CheckpointError, FolderLock, best_checkpoint, best_checkpoint_path,
+                        build_model, check_corpus, check_resume_data, check_writable,
+                        epoch_checkpoint_path,
                         latest_checkpoint_path, load_checkpoint, load_model_weights,
                         prune_checkpoints, read_history, restore_rng, restore_training,
                         resume_state, rng_states, save_checkpoint, set_aside_later,
@@ -127,6 +128,7 @@ class Run:
     loader: DataLoader  # the training batches, made once (its workers persist)
     batches_per_epoch: int
     schedule_steps: int  # the run length the learning-rate schedule is laid out for
+    lock: FolderLock  # rank 0's hold on the model folder: one writer (released at the end)
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
     world_size: int = 1
     writer: object = field(default_factory=NoWriter)  # TensorBoard (rank 0, opened in the loop)
@@ -154,7 +156,7 @@ class Progress:
     signal: str = None  # the name of a SIGINT/SIGTERM received
 
 
-def set_up(config: Config, given: set):
+def set_up(config: Config, given: set, lock: FolderLock = None):
     """(run, progress): the data, the model and its optimizer, restored from the checkpoint
     --preload names. Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers
     and prepares the data); every rank then builds the same model, and
@@ -162,33 +164,39 @@ def set_up(config: Config, given: set):
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
-    with main_first() as shared:  # rank 0's `shared` reaches the others
-        resume, config = resume_state(config, given, world)
-        if rank == 0:
-            check_writable(config.model_folder)
-        check = (lambda corpus: check_corpus(resume[1], resume[0], corpus)) \
-            if resume and rank == 0 else None  # (path, state): before any data is prepared
-        data = get_ds(config, shared.get("data_key"), check)
-        shared["data_key"] = data.key
+    lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
+    try:
+        with main_first() as shared:  # rank 0's `shared` reaches the others
+            resume, config = resume_state(config, given, world)
+            if rank == 0:
+                check_writable(config.model_folder)
+                lock.acquire()
+            check = (lambda corpus: check_corpus(resume[1], resume[0], corpus)) \
+                if resume and rank == 0 else None  # (path, state): before any preparing
+            data = get_ds(config, shared.get("data_key"), check)
+            shared["data_key"] = data.key
+            if resume:
+                check_resume_data(resume[1], resume[0], config, data)
+                if rank == 0 and config.preload not in ("latest", "none"):
+                    set_aside_later(config, resume[0])
+        if config.data_dir:  # a checkpoint's corpus is found from any working directory
+            config.data_dir = data.corpus["source"]
+        run = build_run(config, data, rank, world, lock)
+        progress = Progress(bad_steps=torch.zeros((), device=run.device))
         if resume:
-            check_resume_data(resume[1], resume[0], config, data)
-            if rank == 0 and config.preload not in ("latest", "none"):
-                set_aside_later(config, resume[0])
-    if config.data_dir:  # a checkpoint's corpus is found from any working directory
-        config.data_dir = data.corpus["source"]
-    run = build_run(config, data, rank, world)
-    progress = Progress(bad_steps=torch.zeros((), device=run.device))
-    if resume:
-        restore(run, progress, *resume)
-    if world > 1:  # averages the gradients over the ranks during backward
-        run.step_model = DistributedDataParallel(
-            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
-    if config.compile:
-        run.step_model = torch.compile(run.step_model, dynamic=True)
+            restore(run, progress, *resume)
+        if world > 1:  # averages the gradients over the ranks during backward
+            run.step_model = DistributedDataParallel(
+                run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+        if config.compile:
+            run.step_model = torch.compile(run.step_model, dynamic=True)
+    except BaseException:
+        lock.release()
+        raise
     return run, progress
 
 
-def build_run(config: Config, data: Data, rank: int, world: int) -> Run:
+def build_run(config: Config, data: Data, rank: int, world: int, lock: FolderLock) -> Run:
     """The device, the model (seeded: the same on every rank), Adam, the loss and the batches."""
     device = setup_device(config.device)
     amp_dtype = autocast_dtype(config, device)
@@ -212,7 +220,7 @@ def build_run(config: Config, data: Data, rank: int, world: int) -> Run:
     run = Run(config, device, data, model, model, make_optimizer(model, config.peak_lr()),
               torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
               autocast(device, amp_dtype), make_loss(config), sampler, loader,
-              len(sampler.batches(0)), 0, rank, world)
+              len(sampler.batches(0)), 0, lock, rank, world)
     run.schedule_steps = run.total_steps
     return run
 
@@ -376,13 +384,22 @@ def save(run: Run, progress: Progress, next_epoch: int, next_batch: int, path: P
     prune_checkpoints(run.config)
 
 
-def catch_stop_signals(progress: Progress):
-    """Ctrl-C / SIGTERM: finish the current step, save, exit. A second Ctrl-C stops at once
-    (the checkpoints already written stay intact: saves are atomic)."""
+def abort(signum=None, frame=None):
+    """Stops at once (KeyboardInterrupt), and lets no later signal cut short the clean-up on
+    the way out (releasing the folder, closing the process group): under torchrun a Ctrl-C
+    reaches each process twice, from the terminal and from torchrun."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def catch_stop_signals(progress: Progress = None):
+    """Ctrl-C / SIGTERM while training: finish the current step, save, exit; a second one
+    aborts (the checkpoints already written stay intact: saves are atomic). Without
+    `progress` (while setting up, before any step): abort at once."""
     def handle(signum, frame):
-        if progress.signal:
-            tqdm.write("")  # the "aborted" line goes below the progress bar, not onto it
-            raise KeyboardInterrupt
+        if progress is None or progress.signal:
+            abort()
         progress.signal = signal.Signals(signum).name
         tqdm.write(f"{progress.signal}: stopping after this step or decoding batch (press "
                    f"Ctrl-C again to abort)")
@@ -659,21 +676,26 @@ def train_model(config: Config, given: set = frozenset()):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
     ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
     and scores the test split at the end."""
-    run, progress = set_up(config, given)
-    idle = nothing_to_do(run, progress)
-    if idle:
-        print(idle)
-        return
-    run.writer = SummaryWriter(run.config.experiment_name) if run.rank == 0 else NoWriter()
-    catch_stop_signals(progress)
-    stop = Stop.NONE
-    while progress.epoch < run.config.num_epochs and not stop:
-        stop = train_epoch(run, progress)
-        if stop is not Stop.SIGNAL:
-            stop = end_epoch(run, progress, stop)
-    if run.rank == 0 and stop is not Stop.SIGNAL:
-        score_test_sets(run, progress)
-    run.writer.close()
+    catch_stop_signals()  # while setting up: a signal aborts, once
+    lock = FolderLock(config.model_folder)
+    try:
+        run, progress = set_up(config, given, lock)
+        idle = nothing_to_do(run, progress)
+        if idle:
+            print(idle)
+            return
+        run.writer = SummaryWriter(run.config.experiment_name) if run.rank == 0 else NoWriter()
+        catch_stop_signals(progress)
+        stop = Stop.NONE
+        while progress.epoch < run.config.num_epochs and not stop:
+            stop = train_epoch(run, progress)
+            if stop is not Stop.SIGNAL:
+                stop = end_epoch(run, progress, stop)
+        if run.rank == 0 and stop is not Stop.SIGNAL:
+            score_test_sets(run, progress)
+        run.writer.close()
+    finally:
+        lock.release()
 
 
 @contextmanager
@@ -696,10 +718,13 @@ def main(argv=None):
     parser = ArgumentParser(description="Train a Transformer for translation. Every flag "
                                         "defaults to config.py; on resume, to the checkpoint's.")
     config, given = parse_config(argv, parser)
-    try:
+
+    def train_here():
         with removed_if_left_empty(config.model_folder):
-            run_main("train.py", lambda: train_model(config, given),
-                     aborted="aborted; the checkpoints already saved are intact")
+            train_model(config, given)
+    try:
+        run_main("train.py", train_here, aborted="aborted; the checkpoints already saved are "
+                                                 "intact")
     finally:
         stop_distributed()
 

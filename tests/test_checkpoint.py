@@ -53,8 +53,10 @@ class Exploit:
 def test_a_checkpoint_holding_a_pickled_object_is_refused(tmp_path, capsys):
     path = tmp_path / "evil.pt"
     torch.save(small_state(extra=Exploit()), path)
-    with pytest.raises(CheckpointError, match=r"evil.pt refused: it holds more than tensors"):
+    with pytest.raises(CheckpointError, match=r"evil.pt refused: it holds a pickled object "
+                                              r"\(print\), which could run code") as e:
         load_checkpoint(path)
+    assert "weights_only" not in str(e.value)  # never torch's advice to turn the guard off
     assert "this must never run" not in capsys.readouterr().out
     path2 = tmp_path / "pickle.pt"
     path2.write_bytes(pickle.dumps({"model_state_dict": Exploit()}))
@@ -63,16 +65,25 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused(tmp_path, capsys):
 
 
 def test_truncated_corrupt_foreign_and_mismatched_checkpoints_are_refused(tmp_path):
+    """Each in one short line that says what the file is and what to do (issue 24: a
+    truncated file gave a 426-character line of torch's internals)."""
     good = tmp_path / "good.pt"
     save_checkpoint(small_state(), good)
     data = good.read_bytes()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    (tmp_path / "tokenizer_en.json").write_text('{"version": "1.0"}')
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
-    with pytest.raises(CheckpointError, match="truncated.pt is truncated or corrupt"):
-        load_checkpoint(tmp_path / "truncated.pt")
-    with pytest.raises(CheckpointError, match="garbage.pt is truncated or corrupt"):
-        load_checkpoint(tmp_path / "garbage.pt")
+    for name, message in (
+            ("truncated.pt", "truncated.pt is truncated or damaged (an interrupted copy?); use "
+                             "another, such as an earlier epoch with --preload NN"),
+            ("garbage.pt", "garbage.pt is not a PyTorch checkpoint, not a checkpoint"),
+            ("tokenizer_en.json", "tokenizer_en.json is a JSON file, not a checkpoint: give a "
+                                  "tmodel_*.pt file")):
+        with pytest.raises(CheckpointError) as e:
+            load_checkpoint(tmp_path / name)
+        assert message in str(e.value) and len(str(e.value)) < 200 + len(str(tmp_path))
+        assert "\n" not in str(e.value) and "miniz" not in str(e.value)
     with pytest.raises(CheckpointError, match="foreign.pt is not a checkpoint of this project"):
         load_checkpoint(tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="missing.pt not found"):
@@ -181,6 +192,13 @@ def test_preload_none_never_overwrites_a_best_checkpoint_or_history(tmp_path, na
         path.write_text("[]")
     with pytest.raises(CheckpointError, match=f"holds a run \\({path.name}\\); --preload none"):
         resume_state(config, {"preload"})
+    # Issue 24: with the numbered checkpoints deleted, --preload latest started afresh and
+    # overwrote the best checkpoint and the history: refused too
+    latest = Config(model_folder=str(tmp_path))
+    with pytest.raises(CheckpointError, match=f"holds a run's files \\({path.name}\\) but no "
+                                              f"checkpoint to resume from"):
+        resume_state(latest, set())
+    assert resume_state(Config(model_folder=str(tmp_path / "new")), set())[0] is None
 
 
 def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
@@ -215,3 +233,34 @@ def test_pruning_keeps_the_newest_epochs_and_mid_epoch_saves_and_never_the_best(
     prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=1))
     assert {p.name for p in tmp_path.glob("tmodel_0*.pt")} == {
         "tmodel_02.pt", "tmodel_03.pt", "tmodel_04_s0000043.pt"}  # 0: every epoch kept
+
+
+def test_averaging_holds_one_checkpoint_at_a_time_and_gives_the_mean(tmp_path, monkeypatch):
+    """Issue 24: --average N loaded all N checkpoints, Adam moments included, before averaging
+    (about 13 GB for paper_big and N = 5). Now a running sum: at most one checkpoint is held
+    while the next is read, and the result is the mean."""
+    import checkpoint
+    states = []
+    for epoch in range(4):
+        torch.manual_seed(epoch)
+        state = state_at(epoch, optimizer_state_dict={"moments": torch.randn(1000)})
+        states.append(state)
+        save_checkpoint(state, tmp_path / f"tmodel_{epoch:02d}.pt")
+    alive, peak = [0], [0]
+
+    class Held:  # lives exactly as long as the state it is put in
+        def __init__(self):
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+
+        def __del__(self):
+            alive[0] -= 1
+    real = checkpoint.load_checkpoint
+    monkeypatch.setattr(checkpoint, "load_checkpoint",
+                        lambda path, mmap=False: {**real(path, mmap), "held": Held()})
+    averaged = checkpoint.average_checkpoints([tmp_path / f"tmodel_{e:02d}.pt" for e in range(4)])
+    assert peak[0] == 1
+    assert "optimizer_state_dict" not in averaged and averaged["epoch"] == 3
+    for k, v in averaged["model_state_dict"].items():
+        mean = torch.stack([s["model_state_dict"][k].double() for s in states]).mean(0)
+        torch.testing.assert_close(v, mean.to(v.dtype)), k

@@ -12,6 +12,7 @@ from conftest import number_pairs, write_aligned
 import corpus as corpus_module
 import dataset
 from config import Config
+from corpus import DataError
 from dataset import (
     BilingualDataset,
     Collator,
@@ -193,3 +194,15 @@ def test_other_ranks_load_rank_0s_data_and_never_prepare_their_own(tmp_path, cor
         get_ds(config)
     again = get_ds(config, made.key)
     assert again.key == made.key and len(again.train) == 64
+
+
+def test_a_seq_len_no_pair_fits_is_refused_leaving_no_files(tmp_path, corpus):
+    """Issue 24: --seq_len 5 trained the tokenizers and prepared the corpus, then refused,
+    leaving prepared/ behind. Now the refusal comes before anything is kept, and the files
+    the start made are removed: the folder is as it was."""
+    config = cfg(tmp_path, corpus, seq_len=4)
+    with pytest.raises(DataError, match=r"no training pair fits --seq_len 4: the shortest "
+                                        r"needs \d+ tokens with \[SOS\] and \[EOS\]"):
+        get_ds(config)
+    folder = tmp_path / "weights"
+    assert not folder.exists() or not any(folder.iterdir()), list(folder.iterdir())

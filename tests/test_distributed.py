@@ -119,6 +119,38 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
     assert len(list((tmp_path / "runs" / "w").glob("events.out.tfevents.*"))) == 2  # one a run
 
 
+@pytest.mark.parametrize("delay", [0.0, 0.2])
+def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay):
+    """Issue 24: Ctrl-C while torchrun's processes were still starting (after "resumed from",
+    while DDP was being set up) printed a [rank0] traceback of a Gloo "Connection closed by
+    peer" and a KeyboardInterrupt after the one-line "aborted"."""
+    write_aligned(tmp_path / "corpus", "train", number_pairs(160, seed=5))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
+    flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "60", "--model_folder", "w",
+             "--experiment_name", "runs/w", "--val_examples", "0"]
+    first = torchrun(ROOT / "train.py", *flags, "--num_epochs", "1", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr.decode()[-3000:]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node=2", str(ROOT / "train.py"), *flags,
+                             "--num_epochs", "3"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # Ctrl-C reaches the whole group
+    out = b""
+    for line in proc.stdout:
+        out += line
+        if b"resumed from" in line:
+            time.sleep(delay)
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    out = (out + proc.communicate(timeout=60)[0]).decode()
+    ours = [line for line in out.splitlines() if line.startswith("train.py:")]
+    assert ours == ["train.py: aborted; the checkpoints already saved are intact"], out
+    assert "[rank" not in out and "KeyboardInterrupt" not in out, out
+    lock = tmp_path / "w" / ".train.lock"
+    assert not lock.exists(), (lock.read_text(), out)
+
+
 def test_a_bad_flag_under_torchrun_is_reported_by_rank_0_alone(monkeypatch, capsys):
     from config import parse_config
     monkeypatch.setattr("time.sleep", lambda s: None)  # the pause that lets rank 0 speak first

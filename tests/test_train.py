@@ -635,6 +635,7 @@ def test_compile_trains_the_same_step_as_eager(tmp_path):
                                       "--attention_dropout", "0", "--activation_dropout", "0",
                                       "--compile", str(compile_)])
         run, _ = train.set_up(config, given)
+        run.lock.release()
         assert (run.step_model is not run.model) == compile_
         batch = next(iter(run.loader))
         loss, _ = train_step(run.step_model, [batch], run.loss_fn, PAD, run.device, run.amp)
@@ -652,6 +653,7 @@ def test_test_scoring_leaves_the_runs_weights_as_they_were(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     config, given = parse_config(["--data_dir", "c", *TINY])
     run, progress = train.set_up(config, given)
+    run.lock.release()
     save_checkpoint(train.best_checkpoint(run, 0, 0, {}), tmp_path / "weights" / "tmodel_best.pt")
     with torch.no_grad():
         for p in run.model.parameters():
@@ -661,3 +663,51 @@ def test_test_scoring_leaves_the_runs_weights_as_they_were(tmp_path, monkeypatch
     assert (tmp_path / "weights" / "results.json").exists()
     for k, v in run.model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_a_second_training_in_a_folder_in_use_is_refused_and_a_killed_runs_lock_is_not(
+        kill_corpus):
+    """Issue 24: nothing stopped a second train.py from writing the same checkpoints, best
+    model and history as one already running. The folder is locked for the life of a run;
+    readers (translate.py) still work; a run killed with SIGKILL leaves no lock behind."""
+    home = kill_corpus
+    args = ["--data_dir", "corpus", *TINY, "--max_tokens", "60", "--num_epochs", "50",
+            "--model_folder", "busy", "--experiment_name", "runs/busy"]
+    first = popen_train(home, args)
+    try:
+        deadline = time.time() + 120
+        while not (home / "busy" / "tmodel_00.pt").exists() and time.time() < deadline:
+            time.sleep(0.02)
+        second = run_script("train.py", *args, cwd=home)
+        err = second.stderr.decode()
+        assert second.returncode == 2 and err.count("\n") == 1, err
+        assert f"busy is in use by another training run (pid {first.pid} on " in err, err
+        assert "let it finish or stop it, or train into another --model_folder" in err
+        read = run_script("translate.py", "--model_folder", "busy", "one two.", cwd=home)
+        assert read.returncode == 0 and read.stdout.strip(), read.stderr.decode()
+    finally:
+        first.kill()  # SIGKILL: no handler runs, no file is cleaned up
+        first.communicate()
+    assert (home / "busy" / ".train.lock").exists()  # left behind, its lock dropped
+    resumed = run_script("train.py", *args, "--num_epochs", "1", cwd=home)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    assert "all 1 epochs are trained" in resumed.stdout.decode()
+    assert not (home / "busy" / ".train.lock").exists()  # released when the run ended
+
+
+def test_a_start_never_overwrites_a_best_checkpoint_whose_epochs_were_deleted(tmp_path,
+                                                                             train_here):
+    """Issue 24: with tmodel_NN.pt deleted, --preload latest started afresh and replaced
+    tmodel_best.pt and the validation history with a new epoch 0."""
+    corpus(tmp_path / "c")
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
+    assert code == 0, err
+    folder = tmp_path / "weights"
+    kept = {p.name: p.read_bytes() for p in
+            (folder / "tmodel_best.pt", folder / "tmodel_validation.json")}
+    for p in folder.glob("tmodel_0*.pt"):
+        p.unlink()
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
+    assert code == 2 and "holds a run's files (tmodel_best.pt, tmodel_validation.json) but no " \
+        "checkpoint to resume from" in err, err
+    assert {name: (folder / name).read_bytes() for name in kept} == kept

@@ -119,7 +119,7 @@ def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
     data = (home / "weights" / "tmodel_01.pt").read_bytes()
     (folder / "tmodel_01.pt").write_bytes(data[:1000])
     t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
-    assert t.returncode == 2 and "tmodel_01.pt is truncated or corrupt" in t.stderr.decode()
+    assert t.returncode == 2 and "tmodel_01.pt is truncated or damaged" in t.stderr.decode()
     (folder / "tmodel_01.pt").write_bytes(data)
     (folder / "tokenizer_it.json").unlink()
     t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
