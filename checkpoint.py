@@ -35,6 +35,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import socket
 import sys
 import time
@@ -403,15 +404,30 @@ def read_history(config: Config, up_to_step: int = None) -> list:
     path = history_path(config)
     if not path.exists():
         return []
-    history = json.loads(path.read_text(encoding="utf-8"))
-    return [h for h in history if up_to_step is None or h["step"] <= up_to_step]
+    try:
+        history = json.loads(path.read_text(encoding="utf-8"))
+        return [h for h in history if up_to_step is None or h["step"] <= up_to_step]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{path} is unreadable ({type(e).__name__}); it is the validation "
+                              f"history the best checkpoint is chosen by: mend it or move it "
+                              f"away, then resume") from None
+
+
+def write_text_atomic(path: Path, text: str):
+    """A temporary file beside `path`, then renamed over it: never a half-written file. A
+    full disk is one line, and `path` keeps what it held."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not write {path}: {e.strerror or e}; the files already "
+                              f"saved are untouched") from None
 
 
 def write_history(config: Config, history: list):
-    path = history_path(config)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(history, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(history_path(config), json.dumps(history, indent=1))
 
 
 # ---- random state -------------------------------------------------------------------------------
@@ -551,19 +567,24 @@ def restore_rng(state: dict, rank: int, world_size: int, device, seed: int):
 
 def set_aside_later(config: Config, path: Path):
     """Training on from an earlier epoch (--preload N) starts a new line of training: the
-    checkpoints saved after `path` belong to the abandoned line. They are moved, never
-    deleted, into a subfolder, so that pruning and --preload latest see the new line only."""
+    checkpoints saved after `path`, a best checkpoint and test results from after it belong to
+    the abandoned line. They are moved, never deleted, into a subfolder (with a copy of the
+    validation history, whose later entries the new line drops), so that pruning and
+    --preload latest see the new line only."""
     found = [p for p, _, _ in list_checkpoints(config)]
     later = found[found.index(path) + 1:] if path in found else []
     best = best_checkpoint_path(config)
-    if best.exists() and load_checkpoint(best)["epoch"] > int(config.preload):
+    if best.exists() and load_checkpoint(best, mmap=True)["epoch"] > int(config.preload):
         later.append(best)
     if not later:
         return
     folder = Path(config.model_folder) / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir()
-    for p in later:
+    results = Path(config.model_folder) / "results.json"
+    for p in later + ([results] if results.exists() else []):
         os.replace(p, folder / p.name)
+    if history_path(config).exists():
+        shutil.copy2(history_path(config), folder / history_path(config).name)
     print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
           f"({', '.join(p.name for p in later)}) to {folder}; training goes on from {path.name}")
 

@@ -370,9 +370,13 @@ def prepare_once(config: Config, folder: Path):
         parts = prepared_parts(config, full["fingerprint"], tokenizer_src, tokenizer_tgt,
                                bool(full.get("held_out")))
         prepare(folder, parts, full, tokenizer_src, tokenizer_tgt, config.seq_len)
-    except BaseException:
+    except BaseException as e:
         for p in made:
             p.unlink(missing_ok=True)
+        shutil.rmtree(folder.with_name(folder.name + ".tmp"), ignore_errors=True)
+        if isinstance(e, OSError):  # a full disk, a folder that became unwritable
+            raise DataError(f"could not write {e.filename or folder}: {e.strerror or e}; the "
+                            f"files already there are untouched") from None
         raise
     return tokenizer_src, tokenizer_tgt, parts
 

@@ -35,7 +35,8 @@ from checkpoint import (CheckpointError, FolderLock, best_checkpoint, best_check
                         latest_checkpoint_path, load_checkpoint, load_model_weights,
                         prune_checkpoints, read_history, restore_rng, restore_training,
                         resume_state, rng_states, save_checkpoint, set_aside_later,
-                        step_checkpoint_path, training_checkpoint, write_history)
+                        step_checkpoint_path, training_checkpoint, write_history,
+                        write_text_atomic)
 from config import ArgumentParser, Config, parse_config, run_main
 from dataset import Collator, Data, TokenBatchSampler, get_ds, real_tokens
 from decoding import decoding_limits, translate, translate_ids
@@ -593,7 +594,7 @@ def score_test_sets(run: Run, progress: Progress):
             run.writer.add_scalar(f"test/{metric}_{name}", scores[metric], progress.step)
         tqdm.write(f"test ({len(hyps)} sentences, best checkpoint, {name}):\n{scores['report']}")
     out = Path(config.model_folder) / "results.json"
-    out.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    write_text_atomic(out, json.dumps(results, indent=1))
     tqdm.write(f"wrote {out}")
 
 

@@ -264,3 +264,25 @@ def test_averaging_holds_one_checkpoint_at_a_time_and_gives_the_mean(tmp_path, m
     for k, v in averaged["model_state_dict"].items():
         mean = torch.stack([s["model_state_dict"][k].double() for s in states]).mean(0)
         torch.testing.assert_close(v, mean.to(v.dtype)), k
+
+
+def test_a_damaged_history_or_a_full_disk_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
+    """Issue 24, the rest of its kind: the validation history was read and written without a
+    guard (a traceback on a damaged file or a full disk)."""
+    from checkpoint import read_history, write_history
+    config = Config(model_folder=str(tmp_path))
+    write_history(config, [{"step": 1, "bleu": 2.0, "loss": 3.0}])
+    before = history_path(config).read_text()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(type(tmp_path), "write_text", disk_full)
+    with pytest.raises(CheckpointError, match="could not write .*tmodel_validation.json: No "
+                                              "space left on device; the files already saved"):
+        write_history(config, [])
+    monkeypatch.undo()
+    assert history_path(config).read_text() == before and not list(tmp_path.glob(".*tmp"))
+    history_path(config).write_text('[{"step": 1, "bl')
+    with pytest.raises(CheckpointError, match="tmodel_validation.json is unreadable "
+                                              r"\(JSONDecodeError\); it is the validation"):
+        read_history(config)

@@ -206,3 +206,17 @@ def test_a_seq_len_no_pair_fits_is_refused_leaving_no_files(tmp_path, corpus):
         get_ds(config)
     folder = tmp_path / "weights"
     assert not folder.exists() or not any(folder.iterdir()), list(folder.iterdir())
+
+
+def test_a_full_disk_while_preparing_is_one_line_and_leaves_no_files(tmp_path, corpus,
+                                                                      monkeypatch):
+    """Issue 24, the rest of its kind: a full disk while the training split was being
+    encoded ended in a traceback, leaving prepared.tmp/ and the new tokenizers behind."""
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "save", disk_full)
+    with pytest.raises(DataError, match="No space left on device; the files already there "
+                                        "are untouched"):
+        get_ds(cfg(tmp_path, corpus))
+    folder = tmp_path / "weights"
+    assert not folder.exists() or not any(folder.iterdir()), list(folder.iterdir())

@@ -439,6 +439,8 @@ def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained
     import shutil
     shutil.copytree(home / "weights", tmp_path / "w")
     step = load_checkpoint(tmp_path / "w" / "tmodel_00.pt")["global_step"]
+    old_history = (tmp_path / "w" / "tmodel_validation.json").read_text()
+    (tmp_path / "w" / "results.json").write_text("{}")  # the abandoned line's test scores
     t = run_script("train.py", "--model_folder", tmp_path / "w", "--preload", "00",
                    "--save_every", "1", "--max_steps", step + 2,
                    "--experiment_name", tmp_path / "runs", cwd=home)
@@ -447,6 +449,10 @@ def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained
     assert names == {"tmodel_00.pt", f"tmodel_01_s{step + 1:07d}.pt",
                      f"tmodel_01_s{step + 2:07d}.pt"}  # kept: nothing later supersedes them
     assert len(list((tmp_path / "w").glob("superseded_*/tmodel_01.pt"))) == 1  # moved, kept
+    # issue 24: its test scores moved with it, and its whole validation history copied
+    aside = next((tmp_path / "w").glob("superseded_*"))
+    assert (aside / "results.json").read_text() == "{}"
+    assert (aside / "tmodel_validation.json").read_text() == old_history
     assert "later checkpoint(s)" in t.stdout.decode()
     history = json.loads((tmp_path / "w" / "tmodel_validation.json").read_text())
     assert [h["step"] for h in history] == [step, step + 2]  # epoch 01's validation left out
