@@ -231,9 +231,10 @@ CHECKPOINT_KEYS = ("model_state_dict", "config", "epoch", "global_step")
 
 
 def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch: int,
-                        rng: list) -> dict:
+                        rng: list, provenance: dict = None) -> dict:
     """The checkpoint of a training run (train.Run) at optimizer step `step` in `epoch`, that
-    continues at (next_epoch, next_batch); `rng`: every rank's random state, in rank order."""
+    continues at (next_epoch, next_batch); `rng`: every rank's random state, in rank order;
+    `provenance`: the commands that made the run and its training time (the model card)."""
     return {
         "format": FORMAT, "model_state_dict": run.model.state_dict(),
         "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
@@ -242,7 +243,7 @@ def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch:
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "next_epoch": next_epoch, "next_batch": next_batch, "world_size": run.world_size,
         **rng[0], "rank_rng_states": rng if run.world_size > 1 else None,
-        "schedule_steps": run.schedule_steps,
+        "schedule_steps": run.schedule_steps, "provenance": provenance or {},
     }
 
 

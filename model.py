@@ -56,7 +56,8 @@ class PositionalEncoding(nn.Module):
 
 
 class EmbeddingDropout(nn.Module):
-    """With rotary positions the embeddings carry no position: only the dropout of 5.4."""
+    """An addition (with rotary positions): the embeddings carry no position, so this is only
+    section 5.4's dropout on them, and the check that a sequence fits seq_len."""
 
     def __init__(self, seq_len: int, dropout: float):
         super().__init__()
@@ -71,9 +72,9 @@ class EmbeddingDropout(nn.Module):
 
 
 class RotaryPositionalEmbedding(nn.Module):
-    """RoPE (Su et al., 2021): each pair of query/key features (i, i + d_k/2) is rotated by the
-    angle pos · 10000^(-2i/d_k), so q_m · k_n depends on m - n only: relative positions,
-    inside self-attention, at any offset of cached decoding."""
+    """An addition, RoPE (Su et al., 2021): each pair of query/key features (i, i + d_k/2) is
+    rotated by the angle pos · 10000^(-2i/d_k), so q_m · k_n depends on m - n only: relative
+    positions, inside self-attention, at any offset of cached decoding."""
 
     def __init__(self, d_k: int, seq_len: int, base: float = 10000.0):
         super().__init__()
@@ -91,7 +92,7 @@ class RotaryPositionalEmbedding(nn.Module):
 
 
 class LayerNormalization(nn.Module):
-    """Layer normalization (Ba et al., 2016) with a learnable gain and bias per feature."""
+    """Section 3.1's LayerNorm (Ba et al., 2016), with a learnable gain and bias per feature."""
 
     def __init__(self, features: int, eps: float = 1e-6):
         super().__init__()
@@ -124,8 +125,8 @@ class FeedForwardBlock(nn.Module):
 
 
 class RMSNormalization(nn.Module):
-    """RMSNorm (Zhang and Sennrich, 2019): x / sqrt(mean(x²) + eps) · gain; no centring, no
-    bias. Computed in float32 for stability under bf16."""
+    """An addition, RMSNorm (Zhang and Sennrich, 2019): x / sqrt(mean(x²) + eps) · gain; no
+    centring, no bias. Computed in float32 for stability under bf16."""
 
     def __init__(self, features: int, eps: float = 1e-6):
         super().__init__()
@@ -138,9 +139,9 @@ class RMSNormalization(nn.Module):
 
 
 class SwiGLUFeedForwardBlock(nn.Module):
-    """SwiGLU (Shazeer, 2020): FFN(x) = W2 (SiLU(x W1) ⊙ x W3). Three matrices instead of two,
-    so the hidden width is 2/3 of d_ff (rounded up to a multiple of 8): the same parameters
-    and FLOPs as the ReLU block of that d_ff."""
+    """An addition, SwiGLU (Shazeer, 2020): FFN(x) = W2 (SiLU(x W1) ⊙ x W3). Three matrices
+    instead of two, so the hidden width is 2/3 of d_ff (rounded up to a multiple of 8): the
+    same parameters and FLOPs as the ReLU block of that d_ff."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
@@ -272,8 +273,8 @@ class MultiHeadAttentionBlock(nn.Module):
 
 
 class ResidualConnection(nn.Module):
-    """Section 5.4. Pre-norm (the write-ups): x + Dropout(Sublayer(Norm(x))). Post-norm (the
-    paper's "Add & Norm"): Norm(x + Dropout(Sublayer(x)))."""
+    """Sections 3.1 and 5.4, the paper's "Add & Norm" (post-norm): Norm(x + Dropout(Sublayer(x))).
+    An addition, pre-norm (the write-ups', the default): x + Dropout(Sublayer(Norm(x)))."""
 
     def __init__(self, features: int, dropout: float, norm: str = "layer",
                  norm_first: bool = True):

@@ -15,6 +15,7 @@ import enum
 import json
 import math
 import os
+import platform
 import signal
 import sys
 import time
@@ -41,6 +42,7 @@ from config import ArgumentParser, Config, parse_config, run_main
 from dataset import Collator, Data, TokenBatchSampler, get_ds, real_tokens
 from decoding import decoding_limits, translate, translate_ids
 from metrics import score
+from model_card import write_card
 from runtime import (autocast, autocast_dtype, gather_to_main, main_first, max_over_ranks,
                      setup_device, start_distributed, stop_distributed, sum_over_ranks)
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
@@ -130,6 +132,7 @@ class Run:
     batches_per_epoch: int
     schedule_steps: int  # the run length the learning-rate schedule is laid out for
     lock: FolderLock  # rank 0's hold on the model folder: one writer (released at the end)
+    precision: str  # fp32, or the autocast dtype
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
     world_size: int = 1
     writer: object = field(default_factory=NoWriter)  # TensorBoard (rank 0, opened in the loop)
@@ -155,6 +158,14 @@ class Progress:
     bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
     loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
     signal: str = None  # the name of a SIGINT/SIGTERM received
+    commands: list = field(default_factory=list)  # the command of every start of the run
+    seconds_before: float = 0.0  # training time of the earlier starts (validations included)
+    started: float = field(default_factory=time.time)  # when this start began training
+
+    def provenance(self) -> dict:
+        """What a checkpoint keeps of how the run was made, for its model card."""
+        return {"commands": self.commands,
+                "seconds": self.seconds_before + time.time() - self.started}
 
 
 def set_up(config: Config, given: set, lock: FolderLock = None):
@@ -221,7 +232,9 @@ def build_run(config: Config, data: Data, rank: int, world: int, lock: FolderLoc
     run = Run(config, device, data, model, model, make_optimizer(model, config.peak_lr()),
               torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
               autocast(device, amp_dtype), make_loss(config), sampler, loader,
-              len(sampler.batches(0)), 0, lock, rank, world)
+              len(sampler.batches(0)), 0, lock,
+              str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32",
+              rank, world)
     run.schedule_steps = run.total_steps
     return run
 
@@ -234,6 +247,9 @@ def restore(run: Run, progress: Progress, path: Path, state: dict):
     progress.epoch, progress.batch = state["next_epoch"], state["next_batch"]
     progress.step = state["global_step"]
     progress.history = read_history(run.config, up_to_step=progress.step)
+    made = state.get("provenance") or {}
+    progress.commands, progress.seconds_before = list(made.get("commands", [])), \
+        made.get("seconds", 0.0)
     saved_steps = state.get("schedule_steps", run.total_steps)
     run.schedule_steps = saved_steps  # the warm-up and decay go on as laid out
     if run.config.lr_schedule == "cosine" and saved_steps != run.total_steps:
@@ -381,7 +397,7 @@ def save(run: Run, progress: Progress, next_epoch: int, next_batch: int, path: P
     if run.rank:
         return
     save_checkpoint(training_checkpoint(run, progress.step, progress.epoch, next_epoch,
-                                        next_batch, ranks), path)
+                                        next_batch, ranks, progress.provenance()), path)
     prune_checkpoints(run.config)
 
 
@@ -568,11 +584,13 @@ def keep_best(run: Run, progress: Progress, metrics: dict) -> Stop:
 def score_test_sets(run: Run, progress: Progress):
     """Translates the corpus's test split with the best checkpoint (loaded into a model of its
     own: the run's weights are left as they are), greedy and beam 4, and prints, logs and
-    writes (results.json in the model folder) sacreBLEU BLEU and chrF."""
+    writes (results.json in the model folder) sacreBLEU BLEU and chrF. Returns the results and
+    a few (source, reference, greedy translation) samples; (None, []) without a test split or
+    when a stop signal interrupts."""
     config, test, data = run.config, run.data.test, run.data
     path = best_checkpoint_path(config)
     if test is None or not path.exists():
-        return
+        return None, []
     best = build_model(config, data.tokenizer_src.get_vocab_size(),
                        data.tokenizer_tgt.get_vocab_size())
     load_model_weights(best, load_checkpoint(path), path)
@@ -587,7 +605,9 @@ def score_test_sets(run: Run, progress: Progress):
         except StopRequested:
             tqdm.write(f"test scoring stopped by {progress.signal}: no results.json written "
                        f"(translate.py --preload best --input ... --reference ... scores it)")
-            return
+            return None, []
+        if beam == 1:
+            samples = list(zip(test[0][:3], test[1][:3], hyps[:3]))
         scores = score(hyps, test[1], error_rates=False)
         results["scores"][name] = scores
         for metric in ("bleu", "chrf"):
@@ -596,6 +616,25 @@ def score_test_sets(run: Run, progress: Progress):
     out = Path(config.model_folder) / "results.json"
     write_text_atomic(out, json.dumps(results, indent=1))
     tqdm.write(f"wrote {out}")
+    return results, samples
+
+
+def write_model_card(run: Run, progress: Progress, results: dict, samples: list):
+    """MODEL_CARD.md and its validation curve in the model folder of a finished run."""
+    data, config = run.data, run.config
+    sizes = (f"{len(data.train):,} training pairs, {len(data.validation):,} validation pairs"
+             + (f", {len(data.test[0]):,} test pairs" if data.test else "")
+             + (" (validation held out of the training split)" if data.held_out else ""))
+    threads = f", {torch.get_num_threads()} threads" if run.device.type == "cpu" else ""
+    card = {"folder": config.model_folder, "config": config, "commands": progress.commands,
+            "corpus": data.corpus["source"], "sizes": sizes,
+            "vocab": (data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()),
+            "parameters": sum(p.numel() for p in run.model.parameters()),
+            "steps": progress.step, "epochs": progress.epoch + (progress.batch > 0),
+            "seconds": progress.provenance()["seconds"], "precision": run.precision,
+            "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",
+            "history": progress.history, "results": results, "samples": samples}
+    tqdm.write(f"wrote {write_card(card, write_text_atomic)}")
 
 
 # ---- the loop -----------------------------------------------------------------------------------
@@ -673,10 +712,11 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
     return stop
 
 
-def train_model(config: Config, given: set = frozenset()):
+def train_model(config: Config, given: set = frozenset(), argv=None):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
     ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
-    and scores the test split at the end."""
+    scores the test split at the end, and a finished run writes its model card. `argv`: the
+    command line given (the card's record of how the run was made)."""
     catch_stop_signals()  # while setting up: a signal aborts, once
     lock = FolderLock(config.model_folder)
     try:
@@ -687,13 +727,17 @@ def train_model(config: Config, given: set = frozenset()):
             return
         run.writer = SummaryWriter(run.config.experiment_name) if run.rank == 0 else NoWriter()
         catch_stop_signals(progress)
-        stop = Stop.NONE
+        script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
+        progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
+        progress.started, stop = time.time(), Stop.NONE
         while progress.epoch < run.config.num_epochs and not stop:
             stop = train_epoch(run, progress)
             if stop is not Stop.SIGNAL:
                 stop = end_epoch(run, progress, stop)
         if run.rank == 0 and stop is not Stop.SIGNAL:
-            score_test_sets(run, progress)
+            results, samples = score_test_sets(run, progress)
+            if not progress.signal:  # a finished run: its model card
+                write_model_card(run, progress, results, samples)
         run.writer.close()
     finally:
         lock.release()
@@ -722,7 +766,7 @@ def main(argv=None):
 
     def train_here():
         with removed_if_left_empty(config.model_folder):
-            train_model(config, given)
+            train_model(config, given, argv)
     try:
         run_main("train.py", train_here, aborted="aborted; the checkpoints already saved are "
                                                  "intact")

@@ -403,6 +403,7 @@ def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out.decode()[-2000:]
     assert "stopped by SIGINT" in out.decode() and "Resume with" in out.decode()
+    assert not (home / "interrupted" / "MODEL_CARD.md").exists()  # not a finished run
     # stdout and stderr share one pipe: after the stop message, no progress bar is redrawn
     tail = out.decode().split("stopped by SIGINT")[1]
     assert "%|" not in tail, tail
@@ -579,26 +580,26 @@ def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_featu
     assert (tmp_path / "att.png").exists()
 
 
-def test_a_mid_epoch_resume_with_accumulation_trains_the_same_updates(kill_corpus):
+def test_a_mid_epoch_resume_with_accumulation_trains_the_same_updates(tmp_path):
     """A run stopped mid-epoch at --max_steps with --accum_steps 2, then resumed, ends with the
     weights of one never stopped: the resume starts at the group the stop left off at."""
-    home = kill_corpus
-    args = ["--data_dir", "corpus", *TINY, "--max_tokens", "60", "--num_epochs", "1",
+    home = corpus(tmp_path, seed=5, n=120)
+    args = ["--data_dir", ".", *TINY, "--max_tokens", "60", "--num_epochs", "1",
             "--accum_steps", "2", "--val_max_sentences", "1",
             "--warmup", "4"]  # given: the schedule does not depend on the run's length
     straight = run_script("train.py", *args, "--model_folder", "acc_straight",
                           "--experiment_name", "runs/acc_straight", cwd=home)
     assert straight.returncode == 0, straight.stderr.decode()[-2000:]
     folder = ["--model_folder", "acc_stopped", "--experiment_name", "runs/acc_stopped"]
-    stopped = run_script("train.py", *args, *folder, "--max_steps", "7", cwd=home)
-    assert "reached --max_steps 7 in epoch 0 after batch 14 of" in stopped.stdout.decode(), \
+    stopped = run_script("train.py", *args, *folder, "--max_steps", "5", cwd=home)
+    assert "reached --max_steps 5 in epoch 0 after batch 10 of" in stopped.stdout.decode(), \
         stopped.stdout.decode()[-2000:]
     resumed = run_script("train.py", *folder, "--max_steps", "0", cwd=home)
-    assert "resumed from acc_stopped/tmodel_00_s0000007.pt: epoch 0, batch 14, step 7" in \
+    assert "resumed from acc_stopped/tmodel_00_s0000005.pt: epoch 0, batch 10, step 5" in \
         resumed.stdout.decode(), resumed.stdout.decode()[-2000:] + resumed.stderr.decode()
     a = load_checkpoint(home / "acc_straight" / "tmodel_00.pt")
     b = load_checkpoint(home / "acc_stopped" / "tmodel_00.pt")
-    assert a["global_step"] == b["global_step"]
+    assert a["global_step"] == b["global_step"] > 5
     for k, v in a["model_state_dict"].items():
         assert torch.equal(v, b["model_state_dict"][k]), k
 
@@ -717,3 +718,31 @@ def test_a_start_never_overwrites_a_best_checkpoint_whose_epochs_were_deleted(tm
     assert code == 2 and "holds a run's files (tmodel_best.pt, tmodel_validation.json) but no " \
         "checkpoint to resume from" in err, err
     assert {name: (folder / name).read_bytes() for name in kept} == kept
+
+
+def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here):
+    """Issue 25: every finished run writes MODEL_CARD.md and its validation curve: the
+    commands of every start, the data and its sizes, steps and time, device and precision, the
+    test scores with sacreBLEU's signatures (those of results.json), samples, how to use it."""
+    corpus(tmp_path / "c")
+    write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1")
+    assert code == 0, err
+    code, _, err = train_here("--num_epochs", "2")
+    assert code == 0, err
+    folder = tmp_path / "weights"
+    card = (folder / "MODEL_CARD.md").read_text(encoding="utf-8")
+    results = json.loads((folder / "results.json").read_text())
+    commands = card.split("## Made by")[1].split("```")[1].strip().splitlines()
+    assert [c.split("train.py ", 1)[1] for c in commands] == [
+        " ".join(["--data_dir", "c", *TINY, "--num_epochs", "1"]), "--num_epochs 2"]
+    assert "40 training pairs, 4 validation pairs, 4 test pairs" in card
+    steps = load_checkpoint(folder / "tmodel_01.pt")["global_step"]
+    assert f"- {steps} optimizer steps in 2 epoch(s)" in card and "precision fp32" in card
+    for name, s in results["scores"].items():
+        assert f"| {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['bleu_lc']:.2f} |" in card
+    assert "BLEU: nrefs:1|case:mixed" in card and "chrF2: nrefs:1" in card
+    test_sources = [src for src, _ in number_pairs(4, seed=9)]
+    assert card.count("- source: ") == 3 and f"- source: {test_sources[0]}" in card
+    assert "python translate.py --model_folder weights --preload best" in card
+    assert (folder / "validation_curve.png").read_bytes()[:4] == b"\x89PNG"

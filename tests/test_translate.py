@@ -170,13 +170,14 @@ def test_cross_attention_map(trained, tmp_path):
     assert "".join(src_tokens[1:-1]) == "one two."
 
 
-def test_example_n_is_the_pair_training_validated_on(tmp_path):
+def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, capsys):
     """Issue 24: --example N indexed the unfiltered validation split, and --seed at translate
     time redrew a held-out split: now it is the split training validated on (held out with the
     checkpoint's seed, pairs longer than seq_len dropped), and --seed is a training flag."""
     from conftest import TINY, write_aligned
 
-    from config import Config
+    import translate
+    from config import Config, run_main
     from dataset import get_ds
     pairs = number_pairs(60, seed=7)
     pairs[::6] = [("one " * 30 + ".", "uno.")] * 10  # too long for seq_len 24: dropped
@@ -186,12 +187,14 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path):
     val = get_ds(Config(data_dir=str(tmp_path / "c"), model_folder=str(tmp_path / "weights"),
                         seq_len=24, vocab_size=300)).validation
     assert len(val) == 4  # of the 6 held out by seed 42, the 3rd and 4th are too long
-    for n in range(3):
-        t = run_script("translate.py", "--example", n, cwd=tmp_path)
-        assert t.returncode == 0, t.stderr.decode()
-        assert f"SOURCE: {val.src_texts[n]}\n" in t.stdout.decode()
-        assert f"TARGET: {val.tgt_texts[n]}\n" in t.stdout.decode()
-    t = run_script("translate.py", "--example", len(val), cwd=tmp_path)
-    assert t.returncode == 2 and f"(0 to {len(val) - 1})" in t.stderr.decode()
-    t = run_script("translate.py", "--example", 0, "--seed", "7", cwd=tmp_path)
-    assert t.returncode == 2 and "--seed is a training setting" in t.stderr.decode()
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    for n in (0, 2, 3):
+        translate.main(["--example", str(n)])
+        out = capsys.readouterr().out
+        assert f"SOURCE: {val.src_texts[n]}\n" in out and f"TARGET: {val.tgt_texts[n]}\n" in out
+    for args, message in ((["--example", "4"], "(0 to 3)"),
+                          (["--example", "0", "--seed", "7"], "--seed is a training setting")):
+        with pytest.raises(SystemExit) as e:
+            run_main("translate.py", lambda a=args: translate.main(a))
+        assert e.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,128 @@
+"""The model card a finished training run leaves in its --model_folder (MODEL_CARD.md, with
+its validation curve as validation_curve.png beside it): what the model is, what made it, on
+what data, how long, how good (sacreBLEU with signatures), a few translations, and how to use
+it, so that a model handed to someone else says what it is."""
+
+import platform
+from pathlib import Path
+
+import torch
+
+from config import Config
+
+CARD_NAME = "MODEL_CARD.md"
+CURVE_NAME = "validation_curve.png"
+
+
+def design(config: Config) -> str:
+    """The architecture in words."""
+    parts = ["pre-norm" if config.norm_first else "post-norm (the paper's)",
+             "RMSNorm" if config.norm == "rms" else "LayerNorm",
+             "SwiGLU" if config.ffn == "swiglu" else "ReLU feed-forward",
+             "rotary positions" if config.pos == "rope" else "sinusoidal positions"]
+    if config.n_kv_heads and config.n_kv_heads != config.h:
+        parts.append(f"{config.h} query heads sharing {config.n_kv_heads} key/value heads")
+    return ", ".join(parts)
+
+
+def plot_curve(history: list, path: Path) -> bool:
+    """Validation BLEU (and loss) against optimizer steps, as a PNG; False without
+    matplotlib or without validations."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    if not history:
+        return False
+    steps = [h["step"] for h in history]
+    fig, bleu_axis = plt.subplots(figsize=(6, 3.5))
+    bleu_axis.plot(steps, [h["bleu"] for h in history], "o-", color="tab:blue")
+    bleu_axis.set_xlabel("optimizer step")
+    bleu_axis.set_ylabel("validation BLEU (greedy)", color="tab:blue")
+    loss_axis = bleu_axis.twinx()
+    loss_axis.plot(steps, [h["loss"] for h in history], "s--", color="tab:orange")
+    loss_axis.set_ylabel("validation loss", color="tab:orange")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def scores_section(results: dict) -> list:
+    if not results:
+        return ["The corpus has no test split: no test score. Score a test set with",
+                "`python translate.py --preload best --input SRC --reference REF`.", ""]
+    lines = [f"{results['sentences']} test sentences, the best checkpoint by validation BLEU:",
+             "", "| decoding | BLEU | chrF | BLEU lowercased |", "|---|---|---|---|"]
+    for name, s in results["scores"].items():
+        lines.append(f"| {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['bleu_lc']:.2f} |")
+    signatures = results["scores"][next(iter(results["scores"]))]["report"].splitlines()
+    lines += ["", "sacreBLEU signatures:", "", "```"]
+    lines += [f"{line.split(' =')[0]}: {line[line.rindex('(') + 1:-1]}"
+              for line in signatures] + ["```", ""]
+    return lines
+
+
+def training_section(card: dict) -> list:
+    config, history = card["config"], card["history"]
+    best = max(history, key=lambda h: (h["bleu"], -h["loss"])) if history else None
+    lines = [f"- {card['steps']} optimizer steps in {card['epochs']} epoch(s), "
+             f"{card['seconds'] / 60:.1f} minutes of training (validations included)",
+             f"- device: {card['device']}, precision {card['precision']}; torch "
+             f"{torch.__version__}, Python {platform.python_version()}",
+             f"- Adam (0.9, 0.98, 1e-9), {config.lr_schedule} schedule, peak learning rate "
+             f"{config.peak_lr():.2g}, label smoothing {config.label_smoothing}, batches of "
+             + (f"{config.max_tokens} padded tokens" if config.max_tokens else
+                f"{config.batch_size} sentences")]
+    if best:
+        lines.append(f"- best validation: BLEU {best['bleu']:.2f}, loss {best['loss']:.3f} at "
+                     f"step {best['step']} (epoch {best['epoch']})")
+    return lines + [""]
+
+
+def card_text(card: dict) -> str:
+    """The Markdown of the card. `card`: config, commands, corpus, sizes, parameters, steps,
+    epochs, seconds, device, precision, history, results (or None), samples, curve."""
+    config, folder = card["config"], card["folder"]
+    vocab = (f"one joint BPE vocabulary of {card['vocab'][0]:,}" if config.shared_vocab else
+             f"{config.tokenizer_type} vocabularies of {card['vocab'][0]:,} "
+             f"({config.lang_src}) and {card['vocab'][1]:,} ({config.lang_tgt})")
+    lines = [f"# {folder}: a Transformer for {config.lang_src}→{config.lang_tgt} translation",
+             "", f"Trained with this repository's `train.py`. {card['parameters'] / 1e6:.1f}M "
+             f"parameters: {config.d_model}/{config.N} layers/{config.h} heads/feed-forward "
+             f"{config.d_ff}, {design(config)}; {vocab}; embeddings tied: "
+             f"{config.tie_embeddings}; dropout {config.dropout} (attention "
+             f"{config.attention_dropout}, activation {config.activation_dropout}).", "",
+             "## Made by", "", "```"] + card["commands"] + ["```", "", "## Data", "",
+             f"{card['corpus']}: {card['sizes']}. Pairs longer than {config.seq_len} tokens "
+             f"were left out of training.", "", "## Training", ""]
+    lines += training_section(card)
+    if card["curve"]:
+        lines += [f"![validation BLEU and loss]({CURVE_NAME})", ""]
+    lines += ["## Scores", ""] + scores_section(card["results"])
+    if card["samples"]:
+        lines += ["## Sample translations (test split, greedy)", ""]
+        for source, reference, output in card["samples"]:
+            lines += [f"- source: {source}", f"  - reference: {reference}",
+                      f"  - this model: {output}"]
+        lines.append("")
+    lines += ["## Use", "", "```bash",
+              f"python translate.py --model_folder {folder} --preload best \"A sentence.\"",
+              f"python translate.py --model_folder {folder} --preload best --beam 4 "
+              f"--input test.{config.lang_src}",
+              f"python export.py --model_folder {folder} --preload best --output "
+              f"exported/{Path(folder).name}   # CTranslate2", "```", ""]
+    return "\n".join(lines)
+
+
+def write_card(card: dict, write_text) -> Path:
+    """Writes MODEL_CARD.md (through `write_text`, an atomic writer) and its curve into the
+    model folder; returns the card's path."""
+    folder = Path(card["folder"])
+    card["curve"] = plot_curve(card["history"], folder / CURVE_NAME)
+    path = folder / CARD_NAME
+    write_text(path, card_text(card))
+    return path
+
