@@ -8,7 +8,8 @@ Both models train (forward, loss, backward, Adam) on the same length-bucketed ba
 Then, as the baseline, this repo's model on the write-ups' pipeline (8 sentences padded to
 seq_len 350), and finally the whole train.py loop (data, loss, logging) for --train_steps steps.
 Throughput counts real (non-padding) source + target tokens. On CUDA it also prints the model
-FLOPs utilization (MFU) of the bf16 step.
+FLOPs utilization (MFU) of the bf16 step. With --precision bf16 (or fp16), this repo's model
+is also timed in fp32 (the same weights, interleaved step by step), and the ratio printed.
 """
 
 import dataclasses
@@ -24,9 +25,9 @@ import torch.nn as nn
 from checkpoint import build_model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
-from tokenizer import PAD
 from model import PositionalEncoding, swiglu_width
 from runtime import autocast, autocast_dtype, setup_device
+from tokenizer import PAD
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
                    set_up, train_step)
 
@@ -195,9 +196,11 @@ def main(argv=None):
     print(f"shape: {shape}; batches of <= {config.max_tokens} tokens; "
           f"{args.warmup_steps} warm-up + {args.steps} timed steps each")
 
-    step_ours, step_theirs, flops = compare(config, data, device, args)
+    step_ours, step_theirs, step_fp32, flops = compare(config, data, device, args)
     rows = [("this repo (token batches)", step_ours),
             ("torch.nn.Transformer (same batches)", step_theirs)]
+    if step_fp32:
+        rows.append(("this repo in fp32 (same batches)", step_fp32))
     baseline = time_baseline(config, data, device, args) if args.baseline_steps else None
     if baseline:
         rows.append((f"baseline: {args.baseline_batch_size} sentences padded to "
@@ -214,9 +217,16 @@ def compare(config: Config, data, device, args):
     torch.manual_seed(config.seed)
     theirs = TorchTransformer(src_vocab, tgt_vocab, config.seq_len, config.d_model, config.N,
                               config.h, config.d_ff, config.dropout).to(device).train()
+    fp32 = None
+    if autocast_dtype(config, device) is not None:  # the same weights, trained in fp32
+        fp32 = build_model(config, src_vocab, tgt_vocab).to(device).train()
+        fp32.load_state_dict(ours.state_dict())
     if config.compile:
         ours, theirs = torch.compile(ours, dynamic=True), torch.compile(theirs, dynamic=True)
+        fp32 = torch.compile(fp32, dynamic=True) if fp32 is not None else None
     step_ours, step_theirs = Step(ours, config, device), Step(theirs, config, device)
+    step_fp32 = None if fp32 is None else \
+        Step(fp32, dataclasses.replace(config, precision="fp32"), device)
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
                                 seed=config.seed)
     batches = [Collator()([data.train[i] for i in b])
@@ -226,7 +236,7 @@ def compare(config: Config, data, device, args):
         timed = n >= args.warmup_steps
         # alternate which model goes first, so neither always runs on a warmer cache
         pair = (step_ours, step_theirs) if n % 2 == 0 else (step_theirs, step_ours)
-        for step in pair:
+        for step in pair + ((step_fp32,) if step_fp32 else ()):
             step(batch, record=timed)
         if timed:
             flops.append(model_flops(config, batch, tgt_vocab))
@@ -237,7 +247,7 @@ def compare(config: Config, data, device, args):
         print("attention kernels of one training step of this repo's model:")
         for name, count in sorted(attention_kernels(step_ours, batches[-1]).items()):
             print(f"  {count:4d} x {name}")
-    return step_ours, step_theirs, flops
+    return step_ours, step_theirs, step_fp32, flops
 
 
 def time_baseline(config: Config, data, device, args):
@@ -262,7 +272,9 @@ def time_baseline(config: Config, data, device, args):
 
 def report(rows, loop, flops, device, args):
     step_ours, step_theirs = rows[0][1], rows[1][1]
-    baseline = rows[2][1] if len(rows) > 2 else None
+    named = dict(rows)
+    baseline = next((step for name, step in rows if name.startswith("baseline")), None)
+    fp32 = named.get("this repo in fp32 (same batches)")
     print()
     print(f"{'':40} {'real tokens/s':>14} {'s/step':>8}")
     for name, step in rows:
@@ -272,6 +284,9 @@ def report(rows, loop, flops, device, args):
     print()
     print(f"ours / nn.Transformer:              "
           f"{step_ours.tokens_per_s() / step_theirs.tokens_per_s():.2f}x   (target >= 1.0)")
+    if fp32 is not None:
+        print(f"ours mixed precision / ours fp32:   "
+              f"{step_ours.tokens_per_s() / fp32.tokens_per_s():.2f}x")
     if baseline is not None:
         print(f"ours / pad-to-{args.baseline_seq_len} baseline:        "
               f"{step_ours.tokens_per_s() / baseline.tokens_per_s():.1f}x")

@@ -58,3 +58,19 @@ def test_the_picture_counts_training_minutes_without_the_pause_before_a_resume(t
         writer.add_scalar(tag, value, step, walltime=t0 + 60 * minute)
     writer.close()
     assert curve(tmp_path, gap_minutes=10) == [(2.0, 10.0), (3.0, 20.0)]
+
+
+def test_bench_times_mixed_precision_against_fp32_in_the_same_run(trained):
+    """Issue 25: `python bench.py --precision bf16` prints its ratio to fp32, measured in the
+    same run on the same batches (this repo's model in both, the same weights)."""
+    home, _ = trained
+    t = run_script("bench.py", "--data_dir", "corpus", "--lang_tgt", "it", "--d_model", "32",
+                   "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
+                   "--max_tokens", "200", "--seq_len", "24", "--steps", "2",
+                   "--warmup_steps", "1", "--baseline_steps", "0", "--train_steps", "0",
+                   "--precision", "bf16", cwd=home)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "precision: torch.bfloat16" in out and "this repo in fp32 (same batches)" in out
+    ratio = out.split("ours mixed precision / ours fp32:")[1].split("x")[0]
+    assert float(ratio) > 0, out
