@@ -8,8 +8,9 @@ Both models train (forward, loss, backward, Adam) on the same length-bucketed ba
 Then, as the baseline, this repo's model on the write-ups' pipeline (8 sentences padded to
 seq_len 350), and finally the whole train.py loop (data, loss, logging) for --train_steps steps.
 Throughput counts real (non-padding) source + target tokens. On CUDA it also prints the model
-FLOPs utilization (MFU) of the bf16 step. With --precision bf16 (or fp16), this repo's model
-is also timed in fp32 (the same weights, interleaved step by step), and the ratio printed.
+FLOPs utilization (MFU) of the bf16 step. With --precision bf16 (or fp16) or --compile, this
+repo's model is also timed as it runs by default, in fp32 and eager (the same weights,
+interleaved step by step), and the ratio printed; with --compile, so is the compile time.
 """
 
 import dataclasses
@@ -200,7 +201,7 @@ def main(argv=None):
     rows = [("this repo (token batches)", step_ours),
             ("torch.nn.Transformer (same batches)", step_theirs)]
     if step_fp32:
-        rows.append(("this repo in fp32 (same batches)", step_fp32))
+        rows.append(("this repo, fp32 eager (same batches)", step_fp32))
     baseline = time_baseline(config, data, device, args) if args.baseline_steps else None
     if baseline:
         rows.append((f"baseline: {args.baseline_batch_size} sentences padded to "
@@ -217,16 +218,15 @@ def compare(config: Config, data, device, args):
     torch.manual_seed(config.seed)
     theirs = TorchTransformer(src_vocab, tgt_vocab, config.seq_len, config.d_model, config.N,
                               config.h, config.d_ff, config.dropout).to(device).train()
-    fp32 = None
-    if autocast_dtype(config, device) is not None:  # the same weights, trained in fp32
-        fp32 = build_model(config, src_vocab, tgt_vocab).to(device).train()
-        fp32.load_state_dict(ours.state_dict())
+    plain = None  # the same weights, as train.py runs them by default: fp32, eager
+    if autocast_dtype(config, device) is not None or config.compile:
+        plain = build_model(config, src_vocab, tgt_vocab).to(device).train()
+        plain.load_state_dict(ours.state_dict())
     if config.compile:
         ours, theirs = torch.compile(ours, dynamic=True), torch.compile(theirs, dynamic=True)
-        fp32 = torch.compile(fp32, dynamic=True) if fp32 is not None else None
     step_ours, step_theirs = Step(ours, config, device), Step(theirs, config, device)
-    step_fp32 = None if fp32 is None else \
-        Step(fp32, dataclasses.replace(config, precision="fp32"), device)
+    step_fp32 = None if plain is None else \
+        Step(plain, dataclasses.replace(config, precision="fp32", compile=False), device)
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
                                 seed=config.seed)
     batches = [Collator()([data.train[i] for i in b])
@@ -237,7 +237,11 @@ def compare(config: Config, data, device, args):
         # alternate which model goes first, so neither always runs on a warmer cache
         pair = (step_ours, step_theirs) if n % 2 == 0 else (step_theirs, step_ours)
         for step in pair + ((step_fp32,) if step_fp32 else ()):
+            started = time.perf_counter()
             step(batch, record=timed)
+            if n == 0 and config.compile and step is not step_fp32:
+                print(f"  first step of {'ours' if step is step_ours else 'nn.Transformer'}, "
+                      f"compiling: {time.perf_counter() - started:.1f}s", flush=True)
         if timed:
             flops.append(model_flops(config, batch, tgt_vocab))
         times = f"ours {step_ours.times[-1]:.2f}s, nn.Transformer {step_theirs.times[-1]:.2f}s" \
@@ -274,7 +278,7 @@ def report(rows, loop, flops, device, args):
     step_ours, step_theirs = rows[0][1], rows[1][1]
     named = dict(rows)
     baseline = next((step for name, step in rows if name.startswith("baseline")), None)
-    fp32 = named.get("this repo in fp32 (same batches)")
+    fp32 = named.get("this repo, fp32 eager (same batches)")
     print()
     print(f"{'':40} {'real tokens/s':>14} {'s/step':>8}")
     for name, step in rows:
@@ -285,7 +289,7 @@ def report(rows, loop, flops, device, args):
     print(f"ours / nn.Transformer:              "
           f"{step_ours.tokens_per_s() / step_theirs.tokens_per_s():.2f}x   (target >= 1.0)")
     if fp32 is not None:
-        print(f"ours mixed precision / ours fp32:   "
+        print(f"ours as configured / fp32 eager:    "
               f"{step_ours.tokens_per_s() / fp32.tokens_per_s():.2f}x")
     if baseline is not None:
         print(f"ours / pad-to-{args.baseline_seq_len} baseline:        "
