@@ -746,3 +746,25 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
     assert card.count("- source: ") == 3 and f"- source: {test_sources[0]}" in card
     assert "python translate.py --model_folder weights --preload best" in card
     assert (folder / "validation_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_tokens_per_second_counts_training_time_only(tmp_path, train_here, monkeypatch):
+    """Issue 24: the tok_s of the progress bar and train/tok_s counted the time of the
+    --eval_every validations within the epoch. Here each validation takes 1,000 s of a clock
+    moved forward: the throughput logged after it must not fall."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    corpus(tmp_path / "c")
+    offset, real_time, real_validate = [0.0], train.time.time, train.validate
+
+    def slow_validate(run, progress):
+        offset[0] += 1000.0
+        return real_validate(run, progress)
+    monkeypatch.setattr(train.time, "time", lambda: real_time() + offset[0])
+    monkeypatch.setattr(train, "validate", slow_validate)
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1", "--eval_every", "1",
+                              "--log_every", "1", "--val_max_sentences", "1")
+    assert code == 0 and offset[0] >= 2000, err
+    acc = EventAccumulator(str(tmp_path / "runs" / "tmodel"))
+    acc.Reload()
+    rates = [e.value for e in acc.Scalars("train/tok_s")]
+    assert len(rates) >= 2 and min(rates) > 100, rates  # with the pause counted: about 0.2
