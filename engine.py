@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import TRANSLATE_FIELDS, merge_config, with_tokenizers
-from config import Config, UserError
+from checkpoint import merge_config, with_tokenizers
+from config import TRANSLATE_FIELDS, Config, UserError
 from decoding import output_limits
 from tokenizer import SPECIAL_TOKENS, tokenizer_keys, tokenizer_path
 
