@@ -98,10 +98,6 @@ def latest_checkpoint_path(config: Config):
     return found[-1][0] if found else None
 
 
-def epoch_checkpoints(config: Config):
-    return [p for p, _, step in list_checkpoints(config) if step is None]
-
-
 def resolve_preload(config: Config):
     """The checkpoint `--preload` names, or None for a fresh start or an empty folder."""
     if config.preload == "none":
