@@ -166,7 +166,10 @@ def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main(argv=None):
+def parse(argv=None):
+    """(args, config) of the command line: the benchmark's own defaults (Multi30k en-de in
+    data/multi30k, 4,000-token batches, seq_len 128, dropout 0.1) under a --preset's values,
+    under the flags given."""
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="timed steps per model")
     parser.add_argument("--warmup_steps", type=int, default=2, help="untimed steps first")
@@ -178,15 +181,20 @@ def main(argv=None):
                         help="timed steps of the whole train.py loop after an untimed one "
                         "(0 = skip)")
     add_config_arguments(parser)
-    parser.set_defaults(data_dir="data/multi30k", lang_src="en", lang_tgt="de",
-                        max_tokens=4000, seq_len=128, dropout=0.1)
     args = parser.parse_args(argv)
-    config, _ = config_from_args(args)
+    config, _ = config_from_args(args, base=Config(data_dir="data/multi30k", lang_src="en",
+                                                   lang_tgt="de", max_tokens=4000, seq_len=128,
+                                                   dropout=0.1))
     if config.model_folder == "weights":  # tokenizers of the benchmark corpus, kept apart
         config.model_folder = f"weights/bench_{config.lang_src}_{config.lang_tgt}"
     problem = config.validate()
     if problem:
         parser.error(problem)
+    return args, config
+
+
+def main(argv=None):
+    args, config = parse(argv)
     data = get_ds(config)
     device = setup_device(config.device)
     shape = f"d_model {config.d_model}, N {config.N}, h {config.h}, d_ff {config.d_ff}"

@@ -74,3 +74,19 @@ def test_bench_times_mixed_precision_against_fp32_in_the_same_run(trained):
     assert "precision: torch.bfloat16" in out and "this repo, fp32 eager (same batches)" in out
     ratio = out.split("ours as configured / fp32 eager:")[1].split("x")[0]
     assert float(ratio) > 0, out
+
+
+def test_bench_takes_a_presets_values_and_the_flags_given_over_them():
+    """bench.py's own defaults (4,000-token batches, dropout 0.1) overrode a --preset's, so
+    `bench.py --preset multi30k_modern` timed another model than the preset trains."""
+    from bench import parse
+    from config import PRESETS
+    preset = PRESETS["multi30k_modern"]
+    _, config = parse(["--preset", "multi30k_modern"])
+    for name in ("max_tokens", "dropout", "d_model", "N", "seq_len"):
+        assert getattr(config, name) == preset[name], name
+    assert config.data_dir == "data/multi30k"  # the benchmark's default, which no preset sets
+    _, config = parse(["--preset", "multi30k_modern", "--max_tokens", "1000"])
+    assert config.max_tokens == 1000
+    _, config = parse([])
+    assert (config.max_tokens, config.dropout, config.seq_len) == (4000, 0.1, 128)
