@@ -101,13 +101,19 @@ def test_bf16_autocast_step_matches_fp32_closely():
     ds = BilingualDataset([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]], ["", ""], ["", ""])
     batch = Collator(pad_id=1)([ds[0], ds[1]])
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=1, reduction="sum")
-    losses = []
+    losses, grads = [], []
     for amp in (nullcontext, lambda: torch.autocast("cpu", dtype=torch.bfloat16)):
         torch.manual_seed(1)
         model = build_transformer(30, 30, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=0.0)
         losses.append(float(train_step(model, [batch], loss_fn, 1, "cpu", amp)[0]))
         assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))  # (n_params,)
+    assert losses[1] != losses[0]  # bf16 did run: its rounding shows
     assert losses[1] == pytest.approx(losses[0], rel=0.05)
+    # the same update direction, to bf16's precision (8 bits of mantissa)
+    assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99
+    assert (grads[1].norm() / grads[0].norm()).item() == pytest.approx(1.0, abs=0.05)
 
 
 def test_under_fp16_every_rank_skips_an_update_any_rank_found_non_finite(monkeypatch):
