@@ -506,25 +506,25 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
         assert all(line in hyp.stderr.decode() for line in report.splitlines()), report
 
 
-def test_patience_stops_training_and_says_so(tmp_path):
+def test_patience_stops_training_and_says_so(tmp_path, train_here):
     write_aligned(tmp_path / "corpus", "train", number_pairs(40, seed=1))
     write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=2))
     args = ["--data_dir", "corpus", *TINY, "--num_epochs", "6", "--patience", "2"]
     args[args.index("--lr") + 1] = "1e-12"  # nothing changes: no validation is ever better
-    t = run_script("train.py", *args, cwd=tmp_path)
-    assert t.returncode == 0, t.stderr.decode()[-2000:]
-    assert "(--patience 2): training stops" in t.stdout.decode()
+    code, out, err = train_here(*args)
+    assert code == 0, err[-2000:]
+    assert "(--patience 2): training stops" in out
     assert sorted(p.name for p in (tmp_path / "weights").glob("tmodel_0*.pt")) == [
         "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
     assert load_checkpoint(tmp_path / "weights" / "tmodel_best.pt")["epoch"] == 0
 
 
-def test_eval_every_validates_at_its_steps_and_at_the_end_of_each_epoch(tmp_path):
+def test_eval_every_validates_at_its_steps_and_at_the_end_of_each_epoch(tmp_path, train_here):
     write_aligned(tmp_path / "corpus", "train", number_pairs(40, seed=1))
     write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=2))
-    t = run_script("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
-                   "--eval_every", "2", "--val_examples", "0", cwd=tmp_path)
-    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    code, _, err = train_here("--data_dir", "corpus", *TINY, "--num_epochs", "2",
+                              "--eval_every", "2", "--val_examples", "0")
+    assert code == 0, err[-2000:]
     per_epoch = load_checkpoint(tmp_path / "weights" / "tmodel_00.pt")["global_step"]
     history = json.loads((tmp_path / "weights" / "tmodel_validation.json").read_text())
     expected = sorted({s for s in range(2, 2 * per_epoch, 2) if s != per_epoch}
@@ -586,23 +586,22 @@ def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_featu
     assert (tmp_path / "att.png").exists()
 
 
-def test_a_mid_epoch_resume_with_accumulation_trains_the_same_updates(tmp_path):
+def test_a_mid_epoch_resume_with_accumulation_trains_the_same_updates(tmp_path, train_here):
     """A run stopped mid-epoch at --max_steps with --accum_steps 2, then resumed, ends with the
     weights of one never stopped: the resume starts at the group the stop left off at."""
     home = corpus(tmp_path, seed=5, n=120)
     args = ["--data_dir", ".", *TINY, "--max_tokens", "60", "--num_epochs", "1",
             "--accum_steps", "2", "--val_max_sentences", "1",
             "--warmup", "4"]  # given: the schedule does not depend on the run's length
-    straight = run_script("train.py", *args, "--model_folder", "acc_straight",
-                          "--experiment_name", "runs/acc_straight", cwd=home)
-    assert straight.returncode == 0, straight.stderr.decode()[-2000:]
+    code, _, err = train_here(*args, "--model_folder", "acc_straight",
+                              "--experiment_name", "runs/acc_straight")
+    assert code == 0, err[-2000:]
     folder = ["--model_folder", "acc_stopped", "--experiment_name", "runs/acc_stopped"]
-    stopped = run_script("train.py", *args, *folder, "--max_steps", "5", cwd=home)
-    assert "reached --max_steps 5 in epoch 0 after batch 10 of" in stopped.stdout.decode(), \
-        stopped.stdout.decode()[-2000:]
-    resumed = run_script("train.py", *folder, "--max_steps", "0", cwd=home)
-    assert "resumed from acc_stopped/tmodel_00_s0000005.pt: epoch 0, batch 10, step 5" in \
-        resumed.stdout.decode(), resumed.stdout.decode()[-2000:] + resumed.stderr.decode()
+    _, out, _ = train_here(*args, *folder, "--max_steps", "5")
+    assert "reached --max_steps 5 in epoch 0 after batch 10 of" in out, out[-2000:]
+    _, out, err = train_here(*folder, "--max_steps", "0")
+    assert "resumed from acc_stopped/tmodel_00_s0000005.pt: epoch 0, batch 10, step 5" in out, \
+        out[-2000:] + err
     a = load_checkpoint(home / "acc_straight" / "tmodel_00.pt")
     b = load_checkpoint(home / "acc_stopped" / "tmodel_00.pt")
     assert a["global_step"] == b["global_step"] > 5
