@@ -46,6 +46,29 @@ class BilingualDataset(TorchDataset):
             return np.maximum(self.src_ids.lengths() + 2, self.tgt_ids.lengths() + 1)
         return [max(len(s) + 2, len(t) + 1) for s, t in zip(self.src_ids, self.tgt_ids)]
 
+    def __getitems__(self, indices):
+        """A batch at once (the DataLoader calls this in place of __getitem__ for each index):
+        from prepared data, the batch itself, padded in a few array operations (item by item
+        it took 70 ms for 25,000 tokens, as long as an H100's training step of the base model;
+        the collator passes it on as it is); from lists, the items."""
+        if not isinstance(self.src_ids, TokenArray):
+            return [self[i] for i in indices]
+        indices = np.asarray(indices, dtype=np.int64)
+        src, src_len = self.src_ids.padded(indices)  # (batch, max_src), (batch,)
+        tgt, tgt_len = self.tgt_ids.padded(indices)  # (batch, max_tgt), (batch,)
+        rows = np.arange(len(indices))
+        sos = np.full((len(indices), 1), SOS, dtype=np.int64)  # (batch, 1)
+        pad = np.full((len(indices), 1), PAD, dtype=np.int64)  # (batch, 1)
+        enc = np.concatenate([sos, src, pad], axis=1)  # (batch, max_src + 2)
+        enc[rows, src_len + 1] = EOS
+        label = np.concatenate([tgt, pad], axis=1)  # (batch, max_tgt + 1)
+        label[rows, tgt_len] = EOS
+        enc = torch.from_numpy(enc)
+        return {"encoder_input": enc,
+                "decoder_input": torch.from_numpy(np.concatenate([sos, tgt], axis=1)),
+                "label": torch.from_numpy(label),
+                "encoder_mask": (enc != PAD)[:, None, None, :]}  # (batch, 1, 1, src_len)
+
     def __getitem__(self, i):
         src = torch.as_tensor(np.asarray(self.src_ids[i], dtype=np.int64))  # (src_len - 2,)
         tgt = torch.as_tensor(np.asarray(self.tgt_ids[i], dtype=np.int64))  # (tgt_len - 1,)
@@ -86,6 +109,16 @@ class TokenArray:
     def lengths(self):
         return np.diff(self.offsets)
 
+    def padded(self, indices: np.ndarray):
+        """The sequences `indices`, right-padded with PAD into one int64 array, and their
+        lengths: one gather from the flat ids, no loop over the sequences."""
+        starts = self.offsets[indices]  # (batch,)
+        lengths = self.offsets[indices + 1] - starts  # (batch,)
+        columns = np.arange(lengths.max(initial=0))  # (max_len,)
+        real = columns < lengths[:, None]  # (batch, max_len)
+        at = np.where(real, starts[:, None] + columns, 0)  # (batch, max_len)
+        return np.where(real, self.ids[at], PAD).astype(np.int64), lengths
+
 
 def real_tokens(batch) -> int:
     """Non-padding source and target tokens of a batch: what throughput counts."""
@@ -103,6 +136,8 @@ class Collator:
         self.pad_id = pad_id
 
     def __call__(self, items):
+        if isinstance(items, dict):  # a batch BilingualDataset.__getitems__ has padded
+            return items
         pad = torch.nn.utils.rnn.pad_sequence
         enc = pad([it["encoder_input"] for it in items], batch_first=True,
                   padding_value=self.pad_id)  # (batch, src_len)

@@ -69,6 +69,30 @@ def test_collate_pads_to_the_longest_and_builds_the_masks():
     assert set(batch) == {"encoder_input", "decoder_input", "label", "encoder_mask"}
 
 
+def test_prepared_data_pads_a_whole_batch_at_once_as_the_collator_does():
+    """The DataLoader's fast path (BilingualDataset.__getitems__ on memory-mapped ids) gives
+    the collator's batches exactly, shuffled indices, an empty sequence and one pair alone
+    included; from lists it gives the items."""
+    g = np.random.default_rng(0)
+    src = [g.integers(4, 300, g.integers(0, 9)).tolist() for _ in range(50)] + [[]]
+    tgt = [g.integers(4, 300, g.integers(1, 12)).tolist() for _ in range(51)]
+    def flat(seqs):
+        return TokenArray(np.array([t for s in seqs for t in s], dtype=np.uint16),
+                          np.cumsum([0] + [len(s) for s in seqs]))
+    lists, prepared = BilingualDataset(src, tgt), BilingualDataset(flat(src), flat(tgt))
+    loader = torch.utils.data.DataLoader(prepared, batch_sampler=[[7, 50, 3, 41, 0], [50],
+                                                                  list(range(51))[::-1]],
+                                         collate_fn=Collator())
+    for indices, batch in zip(loader.batch_sampler, loader, strict=True):
+        assert isinstance(prepared.__getitems__(indices), dict)
+        expected = Collator()([lists[i] for i in indices])
+        assert batch.keys() == expected.keys()
+        for key in batch:
+            assert batch[key].dtype == expected[key].dtype
+            assert torch.equal(batch[key], expected[key]), key
+    assert isinstance(lists.__getitems__([0, 1]), list)
+
+
 def cfg(tmp_path, corpus, **kw):
     kw = {"vocab_size": 300, "seq_len": 24, **kw}
     return Config(model_folder=str(tmp_path / "weights"), data_dir=str(corpus), lang_src="en",
