@@ -122,7 +122,10 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
 def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay=0.2):
     """Issue 24: Ctrl-C while torchrun's processes were still starting (after "resumed from",
     while DDP was being set up) printed a [rank0] traceback of a Gloo "Connection closed by
-    peer" and a KeyboardInterrupt after the one-line "aborted"."""
+    peer" and a KeyboardInterrupt after the one-line "aborted". The signal lands in the set-up
+    almost always; on a busy machine it can land after it, in the first steps, and then the run
+    stops there as after any Ctrl-C: one clean line either way. The run is long enough that the
+    signal never comes after its end."""
     write_aligned(tmp_path / "corpus", "train", number_pairs(160, seed=5))
     write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "60", "--model_folder", "w",
@@ -132,7 +135,7 @@ def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay=0.2):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc_per_node=2", str(ROOT / "train.py"), *flags,
-                             "--num_epochs", "3"], cwd=tmp_path, env=env,
+                             "--num_epochs", "100"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # Ctrl-C reaches the whole group
     out = b""
@@ -144,7 +147,9 @@ def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay=0.2):
             break
     out = (out + proc.communicate(timeout=60)[0]).decode()
     ours = [line for line in out.splitlines() if line.startswith("train.py:")]
-    assert ours == ["train.py: aborted; the checkpoints already saved are intact"], out
+    stopped = [line for line in out.splitlines() if line.startswith("stopped by SIGINT")]
+    assert (ours == ["train.py: aborted; the checkpoints already saved are intact"]
+            and not stopped) or (ours == [] and len(stopped) == 1), out
     assert "[rank" not in out and "KeyboardInterrupt" not in out, out
     lock = tmp_path / "w" / ".train.lock"
     assert not lock.exists(), (lock.read_text(), out)
