@@ -10,6 +10,7 @@ from conftest import small, tiny_model
 
 from config import Config
 from model import (
+    Dropout,
     LayerNormalization,
     MultiHeadAttentionBlock,
     PositionalEncoding,
@@ -272,6 +273,27 @@ def test_each_dropout_rate_reaches_its_place(rates, random):
     # checkpoints of earlier versions had one rate for all three
     old = Config.from_dict({"dropout": 0.3})
     assert (old.attention_dropout, old.activation_dropout) == (0.3, 0.3)
+
+
+def test_dropout_drops_p_of_every_lane_scales_the_rest_and_reuses_its_mask_backward():
+    """Issue 25: the CPU mask takes four 16-bit numbers from each 64-bit draw; each of the four
+    lanes must drop p of its elements (a draw without its sign bit would keep every fourth
+    element), the kept ones scaled by 1/(1 - p), and the gradient must pass the same mask."""
+    torch.manual_seed(0)
+    dropout = Dropout(0.1).train()
+    x = torch.ones(1000, 1000, requires_grad=True)
+    y = dropout(x)
+    dropped = (y == 0).float().view(-1, 4).mean(dim=0)  # the fraction dropped in each lane
+    torch.testing.assert_close(dropped, torch.full((4,), 0.1), atol=0.002, rtol=0)
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 65536 / (65536 - 6554)))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    assert not torch.equal(dropout(x), y)  # a new mask each call
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x), y)  # drawn from torch's generator: seeded runs repeat
+    assert dropout(x.detach().bfloat16()).dtype == torch.bfloat16
+    assert torch.equal(dropout.eval()(x), x)
 
 
 def test_a_scaled_embedding_has_unit_size_beside_the_positions():
