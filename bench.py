@@ -22,6 +22,7 @@ import warnings
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from checkpoint import build_model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
@@ -53,7 +54,9 @@ class TorchTransformer(nn.Module):
                                               batch_first=True, norm_first=True)
         self.proj = nn.Linear(d_model, tgt_vocab)
 
-    def forward(self, src, tgt, src_mask, tgt_mask=None):
+    def forward(self, src, tgt, src_mask, tgt_mask=None, label=None, loss=None):
+        """Logits, or with `label` and `loss` (train.py's) the summed loss as a textbook model
+        computes it: all the logits, then nn.functional.cross_entropy."""
         src_pad = ~src_mask[:, 0, 0, :]  # (batch, src_len), True at padding
         # Like this repo's model: the decoder is causal only (right padding needs no mask).
         causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device,
@@ -62,7 +65,12 @@ class TorchTransformer(nn.Module):
                                self.pos(self.tgt_embed(tgt) * math.sqrt(self.d_model)),
                                tgt_mask=causal, src_key_padding_mask=src_pad,
                                memory_key_padding_mask=src_pad, tgt_is_causal=True)
-        return self.proj(out)  # (batch, tgt_len, tgt_vocab)
+        logits = self.proj(out)  # (batch, tgt_len, tgt_vocab)
+        if loss is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), label.view(-1),
+                               ignore_index=loss.ignore_index,
+                               label_smoothing=loss.label_smoothing, reduction="sum")
 
 
 def model_flops(config: Config, batch, tgt_vocab: int) -> float:

@@ -412,8 +412,9 @@ class Decoder(nn.Module):
 
 
 class ProjectionLayer(nn.Module):
-    """Section 3.4: the linear layer before the softmax. Returns logits; the loss and the
-    decoders apply (log-)softmax once, themselves."""
+    """Section 3.4: the linear layer before the softmax. Returns logits; the decoders apply
+    log-softmax themselves, and training's loss (LabelSmoothedCrossEntropy) takes this layer
+    and does the projection itself, a block of positions at a time."""
 
     def __init__(self, d_model: int, vocab_size: int):
         super().__init__()
@@ -422,6 +423,83 @@ class ProjectionLayer(nn.Module):
     def forward(self, x):
         # (batch, seq_len, d_model) -> (batch, seq_len, vocab_size)
         return self.proj(x)
+
+
+class LabelSmoothedCrossEntropy(nn.Module):
+    """Section 5.4, label smoothing: the cross-entropy of the softmax of the projection
+    (section 3.4) against (1 - ε) · one-hot(label) + ε / vocab, summed over the positions whose
+    label is not `ignore_index` (padding): what nn.CrossEntropyLoss(ignore_index=...,
+    label_smoothing=ε, reduction="sum") gives on the logits.
+
+    An addition in how it is computed: projection and loss together, a block of positions at a
+    time, so the logits (positions × vocabulary: 22M numbers for 2,200 target tokens over 10k)
+    are never held whole. The loss is the graph's last step, so each block's gradients, softmax
+    minus target distribution, go through the projection's matmuls in the same pass, while the
+    block is in cache (CPU: 1.7x the separate projection and loss, docs/performance.md), and
+    backward only scales them. On a GPU the gain is memory: no logits and no logits' gradient."""
+
+    def __init__(self, label_smoothing: float = 0.0, ignore_index: int = -100,
+                 block_rows: int = 0):
+        super().__init__()
+        self.label_smoothing, self.ignore_index = label_smoothing, ignore_index
+        self.block_rows = block_rows  # 0: about 16 MB of float32 logits on CPU, 256 MB on a GPU
+
+    def forward(self, x, projection: ProjectionLayer, label):
+        """x: (batch, tgt_len, d_model), the decoder's output; label: (batch, tgt_len)."""
+        linear = projection.proj
+        x = x.reshape(-1, x.size(-1))  # (positions, d_model)
+        rows = self.block_rows or max(
+            1, (1 << (22 if x.device.type == "cpu" else 26)) // linear.out_features)
+        gradients = torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad)
+        return ProjectedCrossEntropy.apply(x, linear.weight, linear.bias, label.reshape(-1),
+                                           self.label_smoothing, self.ignore_index, rows,
+                                           gradients)
+
+
+class ProjectedCrossEntropy(torch.autograd.Function):
+    """LabelSmoothedCrossEntropy's computation. With z the logits of a position, y its label,
+    ε the smoothing and V the vocabulary: loss = logsumexp(z) - (1 - ε) z_y - ε/V Σ_j z_j, and
+    its gradient dloss/dz = softmax(z) - (1 - ε) one-hot(y) - ε/V."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, label, eps: float, ignore_index: int, rows: int,
+                gradients: bool):
+        vocab = weight.size(0)
+        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        grad_x = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if gradients else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if gradients else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if gradients and bias is not None \
+            else None
+        for start in range(0, x.size(0), rows):
+            xb, yb = x[start:start + rows], label[start:start + rows]  # (n, d_model), (n,)
+            z = F.linear(xb, weight, bias).float()  # (n, vocab)
+            z_label = z.gather(1, yb.unsqueeze(1)).squeeze(1)  # (n,)
+            z_sum = z.sum(dim=1)  # (n,)
+            z_max = z.amax(dim=1, keepdim=True)  # (n, 1)
+            z.sub_(z_max).exp_()  # exp(z - max), in place: (n, vocab)
+            exp_sum = z.sum(dim=1)  # (n,)
+            logsumexp = z_max.squeeze(1) + exp_sum.log()  # (n,)
+            real = (yb != ignore_index).float()  # (n,), 0 at padding
+            total += ((logsumexp - (1 - eps) * z_label - eps / vocab * z_sum) * real).sum()
+            if not gradients:
+                continue
+            z.mul_((real / exp_sum).unsqueeze(1))  # softmax(z), 0 at padding
+            z.sub_((eps / vocab) * real.unsqueeze(1))
+            z.scatter_add_(1, yb.unsqueeze(1), -(1 - eps) * real.unsqueeze(1))  # dloss/dz
+            g = z.to(x.dtype)
+            grad_x[start:start + rows] = g @ weight  # (n, d_model)
+            grad_w += g.t() @ xb  # (vocab, d_model)
+            if grad_b is not None:
+                grad_b += z.sum(dim=0)  # (vocab,)
+        ctx.save_for_backward(grad_x, grad_w, grad_b)
+        ctx.dtypes = x.dtype, weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grad_x, grad_w, grad_b = ctx.saved_tensors
+        return ((grad_x * grad_total).to(ctx.dtypes[0]), (grad_w * grad_total).to(ctx.dtypes[1]),
+                None if grad_b is None else grad_b * grad_total, None, None, None, None, None)
 
 
 
@@ -465,9 +543,12 @@ class Transformer(nn.Module):
     def project(self, x):
         return self.projection_layer(x)
 
-    def forward(self, src, tgt, src_mask, tgt_mask=None):
-        """Teacher-forced logits: (batch, tgt_len, tgt_vocab_size); tgt_mask None: causal."""
-        return self.project(self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask))
+    def forward(self, src, tgt, src_mask, tgt_mask=None, label=None,
+                loss: LabelSmoothedCrossEntropy = None):
+        """Teacher-forced logits: (batch, tgt_len, tgt_vocab_size); tgt_mask None: causal. With
+        `label` (batch, tgt_len) and `loss`, the summed loss instead (the logits never whole)."""
+        x = self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)  # (b, len, d)
+        return self.project(x) if loss is None else loss(x, self.projection_layer, label)
 
 
 

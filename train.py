@@ -42,6 +42,7 @@ from config import ArgumentParser, Config, parse_config, run_main
 from dataset import Collator, Data, TokenBatchSampler, get_ds, real_tokens
 from decoding import decoding_limits, translate, translate_ids
 from metrics import score
+from model import LabelSmoothedCrossEntropy
 from model_card import write_card
 from runtime import (autocast, autocast_dtype, gather_to_main, main_first, max_over_ranks,
                      setup_device, start_distributed, stop_distributed, sum_over_ranks)
@@ -94,8 +95,7 @@ def make_optimizer(model, lr: float):
 
 def make_loss(config: Config):
     """Cross-entropy with label smoothing (section 5.4), summed over the non-padding tokens."""
-    return nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=config.label_smoothing,
-                               reduction="sum")
+    return LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD)
 
 
 # ---- the run: what is fixed at start, and its progress -------------------------------------------
@@ -307,13 +307,12 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
     for i, b in enumerate(group):
         last = i == len(group) - 1
         with nullcontext() if last or no_sync is None else no_sync():
-            with amp():
-                logits = model(b["encoder_input"].to(device, non_blocking=True),
-                               b["decoder_input"].to(device, non_blocking=True),
-                               b["encoder_mask"].to(device, non_blocking=True))  # causal decoder
-            label = b["label"].to(device, non_blocking=True)  # (batch, tgt_len)
-            # (batch * tgt_len, vocab) against (batch * tgt_len,)
-            loss = loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)) / n_tokens
+            with amp():  # the summed loss over the batch's target tokens; causal decoder
+                loss = model(b["encoder_input"].to(device, non_blocking=True),
+                             b["decoder_input"].to(device, non_blocking=True),
+                             b["encoder_mask"].to(device, non_blocking=True),
+                             label=b["label"].to(device, non_blocking=True), loss=loss_fn)
+            loss = loss / n_tokens
             # DDP averages the ranks' gradients: times world_size makes it their sum
             scaled = loss * world_size
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -502,12 +501,12 @@ def validation_loss(run: Run) -> float:
                                 shuffle=False)
     loss_sum, tokens = 0.0, 0
     for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator()):
-        with run.amp():
-            logits = run.model(batch["encoder_input"].to(device),
-                               batch["decoder_input"].to(device),
-                               batch["encoder_mask"].to(device))  # (batch, tgt_len, vocab)
         label = batch["label"].to(device)  # (batch, tgt_len)
-        loss_sum += run.loss_fn(logits.float().view(-1, logits.size(-1)), label.view(-1)).item()
+        with run.amp():
+            loss_sum += run.model(batch["encoder_input"].to(device),
+                                  batch["decoder_input"].to(device),
+                                  batch["encoder_mask"].to(device), label=label,
+                                  loss=run.loss_fn).item()
         tokens += (label != PAD).sum().item()
     return loss_sum / max(tokens, 1)
 

@@ -11,6 +11,7 @@ from conftest import small, tiny_model
 from config import Config
 from model import (
     Dropout,
+    LabelSmoothedCrossEntropy,
     LayerNormalization,
     MultiHeadAttentionBlock,
     PositionalEncoding,
@@ -294,6 +295,41 @@ def test_dropout_drops_p_of_every_lane_scales_the_rest_and_reuses_its_mask_backw
     assert torch.equal(dropout(x), y)  # drawn from torch's generator: seeded runs repeat
     assert dropout(x.detach().bfloat16()).dtype == torch.bfloat16
     assert torch.equal(dropout.eval()(x), x)
+
+
+@pytest.mark.parametrize("smoothing, autocast", [(0.1, False), (0.0, False), (0.1, True)])
+def test_blockwise_loss_and_gradients_equal_torch_cross_entropy_on_the_logits(smoothing,
+                                                                               autocast):
+    """Issue 25: the projection and the label-smoothed loss computed a few positions at a time,
+    gradients in the forward pass, give nn.CrossEntropyLoss's loss and gradients on the whole
+    logits: padding ignored, blocks of 3 rows over 14 positions (the last one short), bias
+    included; under bf16 autocast within bf16's rounding."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 16, requires_grad=True)
+    projection = build_transformer(40, 40, 8, 8, d_model=16, N=1, h=2, d_ff=32).projection_layer
+    label = torch.randint(1, 40, (2, 7))
+    label[1, 4:] = PAD
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    results = []
+    for blockwise in (False, True):
+        with amp:
+            if blockwise:
+                loss = LabelSmoothedCrossEntropy(smoothing, PAD, block_rows=3)(x, projection, label)
+            else:
+                loss = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=smoothing,
+                                                 reduction="sum")(
+                    projection(x).float().view(-1, 40), label.view(-1))
+        (loss * 0.5).backward()  # an upstream gradient other than 1
+        params = [x, projection.proj.weight, projection.proj.bias]
+        results.append([loss.detach()] + [p.grad.clone() for p in params])
+        for p in params:
+            p.grad = None
+    tolerance = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-5, rtol=1e-5)
+    for torch_value, blockwise_value in zip(*results):
+        torch.testing.assert_close(blockwise_value, torch_value, **tolerance)
+    with torch.no_grad():  # no gradients to compute: the loss alone
+        loss = LabelSmoothedCrossEntropy(smoothing, PAD, block_rows=3)(x, projection, label)
+    torch.testing.assert_close(loss, results[0][0], **tolerance)
 
 
 def test_a_scaled_embedding_has_unit_size_beside_the_positions():
