@@ -469,7 +469,7 @@ class ProjectedCrossEntropy(torch.autograd.Function):
                 gradients: bool):
         vocab = weight.size(0)
         total = torch.zeros((), dtype=torch.float32, device=x.device)
-        grad_x = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if gradients else None
+        grad_x = torch.empty(x.shape, dtype=torch.float32, device=x.device) if gradients else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if gradients else None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if gradients and bias is not None \
             else None
