@@ -444,11 +444,17 @@ class LabelSmoothedCrossEntropy(nn.Module):
         self.label_smoothing, self.ignore_index = label_smoothing, ignore_index
         self.block_rows = block_rows  # 0: about 16 MB of float32 logits on CPU, 256 MB on a GPU
 
-    # Left out of torch.compile's graph: its loop over blocks would be traced, and traced again
-    # for each new number of positions; eager, it is one graph break at the model's end.
-    @torch.compiler.disable
     def forward(self, x, projection: ProjectionLayer, label):
         """x: (batch, tgt_len, d_model), the decoder's output; label: (batch, tgt_len)."""
+        if torch.compiler.is_compiling():
+            # Left out of torch.compile's graph: its loop over blocks would be traced, and traced
+            # again for each new number of positions; eager, it is a graph break at the model's
+            # end. Marked here, not with a decorator: that would import torch._dynamo (2 s) at
+            # every start of every script, compiled or not.
+            return torch.compiler.disable(self.blockwise)(x, projection, label)
+        return self.blockwise(x, projection, label)
+
+    def blockwise(self, x, projection: ProjectionLayer, label):
         linear = projection.proj
         x = x.reshape(-1, x.size(-1))  # (positions, d_model)
         rows = self.block_rows or max(

@@ -1,8 +1,12 @@
 """Shared fixtures. Every test runs offline: the Hugging Face hub is never contacted."""
 
 import atexit
+import contextlib
+import importlib
+import io
 import os
 import random
+import signal
 import shutil
 import subprocess
 import sys
@@ -20,6 +24,7 @@ atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from config import run_main  # noqa: E402
 from model import build_transformer  # noqa: E402
 
 EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -57,10 +62,39 @@ TINY = ["--d_model", "32", "--N", "1", "--h", "2", "--d_ff", "64", "--seq_len", 
 
 
 def run_script(script: str, *args, cwd: Path, input: bytes = None, timeout: int = 120):
-    """Runs train.py / translate.py in a subprocess; returns the CompletedProcess."""
+    """Runs train.py / translate.py in a subprocess; returns the CompletedProcess. For what
+    only a process shows (signals, a fresh interpreter, its exit); run_here otherwise."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
     return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=cwd,
                           input=input, capture_output=True, timeout=timeout, env=env)
+
+
+def run_here(script: str, *args, cwd: Path, input: bytes = None):
+    """What run_script returns, with the script's main run in this process, as its
+    `__main__` block would (run_main: a user's error is one line and exit 2): no interpreter
+    start-up (3-5 s of imports a run). Working folder, argv, stdin and the signal handlers the
+    script sets are put back after it."""
+    module = importlib.import_module(Path(script).stem)
+    argv = [str(a) for a in args]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved = (os.getcwd(), sys.argv, sys.stdin,
+             {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
+    os.chdir(cwd)
+    sys.argv = [str(ROOT / script), *argv]
+    if input is not None:
+        sys.stdin = io.TextIOWrapper(io.BytesIO(input), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            run_main(script, lambda: module.main(argv))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        os.chdir(saved[0])
+        sys.argv, sys.stdin = saved[1], saved[2]
+        for s, handler in saved[3].items():
+            signal.signal(s, handler)
+    return subprocess.CompletedProcess([script, *argv], code, out.getvalue().encode(),
+                                       err.getvalue().encode())
 
 
 @pytest.fixture(scope="session")
@@ -69,8 +103,8 @@ def trained(tmp_path_factory):
     home = tmp_path_factory.mktemp("run")
     write_aligned(home / "corpus", "train", number_pairs(64, seed=1))
     write_aligned(home / "corpus", "val", number_pairs(8, seed=2))
-    result = run_script("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
-                        cwd=home)
+    result = run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
+                      cwd=home)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     return home, result
 

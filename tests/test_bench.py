@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import run_here
 
 from config import Config
 
@@ -32,8 +32,8 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
     float32 greedy equal to ours, and the ratio taken pass by pass."""
     pytest.importorskip("ctranslate2")
     home, _ = trained
-    t = run_script("bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
-                   "--split", "val", "--sentences", "5", "--repeats", "2", "--threads", "1",
+    t = run_here("bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
+                 "--split", "val", "--sentences", "5", "--repeats", "2", "--threads", "1",
                    "--beam", "3", cwd=home)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
@@ -64,8 +64,8 @@ def test_bench_times_mixed_precision_against_fp32_in_the_same_run(trained):
     """Issue 25: `python bench.py --precision bf16` prints its ratio to fp32, measured in the
     same run on the same batches (this repo's model in both, the same weights)."""
     home, _ = trained
-    t = run_script("bench.py", "--data_dir", "corpus", "--lang_tgt", "it", "--d_model", "32",
-                   "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
+    t = run_here("bench.py", "--data_dir", "corpus", "--lang_tgt", "it", "--d_model", "32",
+                 "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
                    "--max_tokens", "200", "--seq_len", "24", "--steps", "2",
                    "--warmup_steps", "1", "--baseline_steps", "0", "--train_steps", "0",
                    "--precision", "bf16", cwd=home)

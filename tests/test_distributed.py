@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, number_pairs, write_aligned
+from conftest import ROOT, TINY, number_pairs, run_here, write_aligned
 
 from bench_data import children
 from dataset import Collator, TokenBatchSampler, split_for_ranks
@@ -105,8 +105,7 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
     assert len(state["rank_rng_states"]) == 2
 
     # issue 16, 2: one process cannot go on with the rest of an epoch shared out by two
-    alone = subprocess.run([sys.executable, ROOT / "train.py", *flags, "--max_steps", "0"],
-                           cwd=tmp_path, capture_output=True)
+    alone = run_here("train.py", *flags, "--max_steps", "0", cwd=tmp_path)
     assert alone.returncode == 2 and "saved mid-epoch by 2 process(es) and this run has 1" \
         in alone.stderr.decode(), alone.stderr.decode()[-3000:]
     second = torchrun(ROOT / "train.py", *flags, "--max_steps", "0", cwd=tmp_path)
@@ -130,7 +129,8 @@ def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay=0.2):
     write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "60", "--model_folder", "w",
              "--experiment_name", "runs/w", "--val_examples", "0"]
-    first = torchrun(ROOT / "train.py", *flags, "--num_epochs", "1", cwd=tmp_path)
+    # epoch 0 in one process (here), to resume from: the signal comes after "resumed from"
+    first = run_here("train.py", *flags, "--num_epochs", "1", cwd=tmp_path)
     assert first.returncode == 0, first.stderr.decode()[-3000:]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",

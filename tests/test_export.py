@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import number_pairs, run_script, write_aligned
+from conftest import number_pairs, run_here, write_aligned
 
 from checkpoint import build_model
 from config import Config
@@ -109,20 +109,20 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
     """Issue 17: train, export, translate with CTranslate2 as the README says."""
     pytest.importorskip("ctranslate2")
     home, _ = trained
-    t = run_script("export.py", "--output", tmp_path / "ct2", "--preload", "01", cwd=home)
+    t = run_here("export.py", "--output", tmp_path / "ct2", "--preload", "01", cwd=home)
     assert t.returncode == 0 and "translate.py --ctranslate2" in t.stderr.decode(), \
         t.stderr.decode()
     files = ["corpus/val.en", "--reference", "corpus/val.it"]
-    ours = run_script("translate.py", "--preload", "01", "--input", *files, cwd=home)
-    theirs = run_script("translate.py", "--ctranslate2", tmp_path / "ct2", "--threads", "1",
-                        "--input", *files, cwd=home)
+    ours = run_here("translate.py", "--preload", "01", "--input", *files, cwd=home)
+    theirs = run_here("translate.py", "--ctranslate2", tmp_path / "ct2", "--threads", "1",
+                      "--input", *files, cwd=home)
     assert theirs.returncode == 0, theirs.stderr.decode()
     # one line each (split on newlines only: a byte-level token may decode to \x85 or \u2028)
     a, b = ours.stdout.decode().split("\n"), theirs.stdout.decode().split("\n")
     assert len(a) == len(b) == 9 and sum(x == y for x, y in zip(a, b)) >= 8, (a, b)
     assert "BLEU = " in theirs.stderr.decode() and "tmodel_01.pt" in theirs.stderr.decode()
-    t = run_script("translate.py", "--ctranslate2", tmp_path / "ct2", "--beam", "3",
-                   "--nbest", "2", "one two.", cwd=home)
+    t = run_here("translate.py", "--ctranslate2", tmp_path / "ct2", "--beam", "3",
+                 "--nbest", "2", "one two.", cwd=home)
     assert t.returncode == 0 and [line.split("\t")[0] for line in
                                   t.stdout.decode().splitlines()] == ["0", "0"]
 

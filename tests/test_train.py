@@ -1,8 +1,6 @@
 """train.py: the schedule, the step, resuming exactly, stopping (signals, max_steps, patience),
 validation and test scoring, end to end."""
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -14,7 +12,7 @@ import types
 
 import pytest
 import torch
-from conftest import ROOT, TINY, number_pairs, run_script, write_aligned
+from conftest import ROOT, TINY, number_pairs, run_here, run_script, write_aligned
 
 import train
 from checkpoint import (
@@ -134,22 +132,13 @@ def test_under_fp16_every_rank_skips_an_update_any_rank_found_non_finite(monkeyp
 
 @pytest.fixture
 def train_here(tmp_path, monkeypatch):
-    """Runs train.py's main in this process, in tmp_path (no interpreter start-up per run):
-    returns (exit code, stdout, stderr). The signal handlers it sets are put back."""
+    """Runs train.py's main in this process, in tmp_path (conftest.run_here): returns
+    (exit code, stdout, stderr)."""
     monkeypatch.chdir(tmp_path)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def run(*args):
-        out, err, code = io.StringIO(), io.StringIO(), 0
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                train.main([str(a) for a in args])
-            except SystemExit as e:
-                code = e.code
-            finally:
-                for s, h in handlers.items():
-                    signal.signal(s, h)
-        return code, out.getvalue(), err.getvalue()
+        t = run_here("train.py", *args, cwd=tmp_path)
+        return t.returncode, t.stdout.decode(), t.stderr.decode()
     return run
 
 
@@ -329,7 +318,8 @@ def test_train_bad_input_is_one_line_and_exit_2(trained, tmp_path, problem, mess
         (home / "bad" / "train.en").write_text("a\nb\nc\n")
         (home / "bad" / "train.it").write_text("a\nb\n")
     before = {p: p.stat().st_mtime_ns for p in (home / "weights").iterdir()}
-    t = run_script("train.py", *args, cwd=home)
+    # in this process but one: a fresh interpreter's start (its imports, the hub's settings)
+    t = (run_script if problem == "hub" else run_here)("train.py", *args, cwd=home)
     err = t.stderr.decode()
     assert t.returncode == 2 and message in err and err.strip().count("\n") == 0, err
     assert {p: p.stat().st_mtime_ns for p in (home / "weights").iterdir()} == before
@@ -365,7 +355,7 @@ def step_checkpoints(folder):
 
 def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_corpus):
     home = kill_corpus
-    reference = run_script("train.py", *train_args("straight"), cwd=home, timeout=240)
+    reference = run_here("train.py", *train_args("straight"), cwd=home)
     assert reference.returncode == 0, reference.stderr.decode()[-2000:]
 
     folder = home / "killed"
@@ -385,7 +375,7 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_c
         for p in folder.glob("*.pt"):  # whatever instant it died at, every file loads
             load_checkpoint(p)
     assert kills >= 1
-    final = run_script("train.py", *train_args("killed"), cwd=home, timeout=240)
+    final = run_here("train.py", *train_args("killed"), cwd=home)
     assert final.returncode == 0, final.stderr.decode()[-2000:]
     a = load_checkpoint(home / "straight" / "tmodel_01.pt")
     b = load_checkpoint(folder / "tmodel_01.pt")
@@ -417,10 +407,10 @@ def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
     assert len(saved) == 1
     state = load_checkpoint(saved[0])
     args[args.index("--num_epochs") + 1] = str(state["epoch"] + 1)
-    other = run_script("train.py", *args, "--max_tokens", "80", cwd=home)
+    other = run_here("train.py", *args, "--max_tokens", "80", cwd=home)
     assert other.returncode == 2 and "saved mid-epoch with --max_tokens 60" in \
         other.stderr.decode()
-    resumed = run_script("train.py", *args, cwd=home)
+    resumed = run_here("train.py", *args, cwd=home)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     assert (f"epoch {state['next_epoch']}, batch {state['next_batch']}, step "
             f"{state['global_step']}") in resumed.stdout.decode()
@@ -429,7 +419,7 @@ def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
 def test_non_finite_updates_are_skipped_then_training_stops_without_saving_them(kill_corpus):
     home = kill_corpus
     args = train_args("diverged") + ["--lr", "1e30", "--clip_grad", "0", "--max_bad_steps", "3"]
-    t = run_script("train.py", *args, cwd=home)
+    t = run_here("train.py", *args, cwd=home)
     err = t.stderr.decode()
     assert t.returncode == 2, err[-2000:]
     assert "update skipped (1 in a row)" in err + t.stdout.decode()
@@ -448,8 +438,8 @@ def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained
     step = load_checkpoint(tmp_path / "w" / "tmodel_00.pt")["global_step"]
     old_history = (tmp_path / "w" / "tmodel_validation.json").read_text()
     (tmp_path / "w" / "results.json").write_text("{}")  # the abandoned line's test scores
-    t = run_script("train.py", "--model_folder", tmp_path / "w", "--preload", "00",
-                   "--save_every", "1", "--max_steps", step + 2,
+    t = run_here("train.py", "--model_folder", tmp_path / "w", "--preload", "00",
+                 "--save_every", "1", "--max_steps", step + 2,
                    "--experiment_name", tmp_path / "runs", cwd=home)
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     names = {p.name for p in (tmp_path / "w").glob("tmodel_0*.pt")}
@@ -476,10 +466,10 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
     write_aligned(tmp_path / "corpus", "train", number_pairs(200, seed=1))
     write_aligned(tmp_path / "corpus", "val", number_pairs(20, seed=2))
     write_aligned(tmp_path / "corpus", "test", number_pairs(10, seed=3))
-    t = run_script("train.py", "--data_dir", "corpus", "--d_model", "64", "--N", "1", "--h", "2",
-                   "--d_ff", "128", "--seq_len", "24", "--tokenizer_type", "word",
-                   "--max_tokens", "300", "--num_epochs", "2", "--val_examples", "0",
-                   cwd=tmp_path, timeout=240)
+    t = run_here("train.py", "--data_dir", "corpus", "--d_model", "64", "--N", "1", "--h", "2",
+                 "--d_ff", "128", "--seq_len", "24", "--tokenizer_type", "word",
+                 "--max_tokens", "300", "--num_epochs", "2", "--val_examples", "0",
+                 cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     history = json.loads((tmp_path / "weights" / "tmodel_validation.json").read_text())
     assert len(history) == 2
@@ -499,8 +489,8 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
     # the test scores are the best checkpoint's: translate.py with it gives the same, greedy
     # and beam 4, cased and lowercased (the literature's Multi30k figures are lowercased)
     for name, beam in (("greedy", "1"), ("beam4", "4")):
-        hyp = run_script("translate.py", "--preload", "best", "--beam", beam, "--input",
-                         "corpus/test.en", "--reference", "corpus/test.it", cwd=tmp_path)
+        hyp = run_here("translate.py", "--preload", "best", "--beam", beam, "--input",
+                       "corpus/test.en", "--reference", "corpus/test.it", cwd=tmp_path)
         report = results["scores"][name]["report"]
         assert hyp.returncode == 0 and "case:lc" in report, hyp.stderr.decode()
         assert all(line in hyp.stderr.decode() for line in report.splitlines()), report
@@ -570,8 +560,8 @@ def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_featu
     matrices, through train.py and translate.py (beam, averaging, attention map)."""
     write_aligned(tmp_path / "corpus", "train", number_pairs(64, seed=1))
     write_aligned(tmp_path / "corpus", "val", number_pairs(8, seed=2))
-    t = run_script("train.py", "--preset", "modern_small", "--data_dir", "corpus", *TINY,
-                   "--n_kv_heads", "1", "--shared_vocab", "true", "--tie_embeddings", "all",
+    t = run_here("train.py", "--preset", "modern_small", "--data_dir", "corpus", *TINY,
+                 "--n_kv_heads", "1", "--shared_vocab", "true", "--tie_embeddings", "all",
                    "--num_epochs", "2", cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     weights = tmp_path / "weights"
@@ -580,8 +570,8 @@ def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_featu
     config = load_checkpoint(weights / "tmodel_01.pt")["config"]
     assert (config["pos"], config["norm"], config["ffn"], config["tie_embeddings"]) == (
         "rope", "rms", "swiglu", "all")
-    t = run_script("translate.py", "--beam", "2", "--average", "2", "--attention",
-                   tmp_path / "att.png", "one two.", cwd=tmp_path)
+    t = run_here("translate.py", "--beam", "2", "--average", "2", "--attention",
+                 tmp_path / "att.png", "one two.", cwd=tmp_path)
     assert t.returncode == 0 and len(t.stdout.decode().split("\n")) == 2, t.stderr.decode()
     assert (tmp_path / "att.png").exists()
 
@@ -690,18 +680,18 @@ def test_a_second_training_in_a_folder_in_use_is_refused_and_a_killed_runs_lock_
         deadline = time.time() + 120
         while not (home / "busy" / "tmodel_00.pt").exists() and time.time() < deadline:
             time.sleep(0.02)
-        second = run_script("train.py", *args, cwd=home)
+        second = run_here("train.py", *args, cwd=home)
         err = second.stderr.decode()
         assert second.returncode == 2 and err.count("\n") == 1, err
         assert f"busy is in use by another training run (pid {first.pid} on " in err, err
         assert "let it finish or stop it, or train into another --model_folder" in err
-        read = run_script("translate.py", "--model_folder", "busy", "one two.", cwd=home)
+        read = run_here("translate.py", "--model_folder", "busy", "one two.", cwd=home)
         assert read.returncode == 0 and read.stdout.strip(), read.stderr.decode()
     finally:
         first.kill()  # SIGKILL: no handler runs, no file is cleaned up
         first.communicate()
     assert (home / "busy" / ".train.lock").exists()  # left behind, its lock dropped
-    resumed = run_script("train.py", *args, "--num_epochs", "1", cwd=home)
+    resumed = run_here("train.py", *args, "--num_epochs", "1", cwd=home)
     assert resumed.returncode == 0, resumed.stderr.decode()
     assert "all 1 epochs are trained" in resumed.stdout.decode()
     assert not (home / "busy" / ".train.lock").exists()  # released when the run ended

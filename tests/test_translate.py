@@ -3,7 +3,7 @@ and its one-line refusals."""
 
 import pytest
 import torch
-from conftest import number_pairs, run_script
+from conftest import number_pairs, run_here, run_script
 
 from checkpoint import load_checkpoint
 
@@ -21,7 +21,7 @@ def test_end_to_end_train_resume_translate(trained):
     assert state["config"]["d_model"] == 32 and state["next_epoch"] == 2
 
     # resume: the flags come back from the checkpoint; only the new epoch count is given
-    resumed = run_script("train.py", "--num_epochs", "3", cwd=home)
+    resumed = run_here("train.py", "--num_epochs", "3", cwd=home)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     assert "resumed from weights/tmodel_01.pt: epoch 2, batch 0" in resumed.stdout.decode()
     assert (weights / "tmodel_02.pt").exists()
@@ -34,7 +34,7 @@ def test_end_to_end_train_resume_translate(trained):
     assert len(lines) == 1 and lines[0].strip()
     assert "loaded weights/tmodel_02.pt (epoch 2, step" in t.stderr.decode()
     # a sentence that is a number is a sentence (issue 16, 15)
-    t = run_script("translate.py", "2014", cwd=home)
+    t = run_here("translate.py", "2014", cwd=home)
     assert t.returncode == 0 and "SOURCE:" not in t.stdout.decode(), t.stderr.decode()
 
     # the TensorBoard logs hold the curves a user looks at
@@ -49,7 +49,7 @@ def test_end_to_end_train_resume_translate(trained):
 def test_translate_reads_stdin_and_handles_odd_input(trained):
     home, _ = trained
     text = "one two.\n\n   \nseven \x07 eight 😀 漢字.\n" + "nine " * 40 + "\n"
-    t = run_script("translate.py", cwd=home, input=text.encode())
+    t = run_here("translate.py", cwd=home, input=text.encode())
     assert t.returncode == 0, t.stderr.decode()
     lines = t.stdout.decode().split("\n")
     assert len(lines) == 6 and lines[-1] == ""  # one output line per input line
@@ -60,16 +60,16 @@ def test_translate_reads_stdin_and_handles_odd_input(trained):
 def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     home, _ = trained
     # from another working directory: the checkpoint holds the corpus's absolute path
-    t = run_script("translate.py", "--model_folder", home / "weights", "--example", "3",
-                   cwd=tmp_path)
+    t = run_here("translate.py", "--model_folder", home / "weights", "--example", "3",
+                 cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()
     out = t.stdout.decode()
     src, ref = number_pairs(8, seed=2)[3]
     assert f"SOURCE: {src}" in out and f"TARGET: {ref}" in out and "PREDICTED:" in out
     (home / "test.en").write_text("".join(s + "\n" for s, _ in number_pairs(5, seed=3)))
     (home / "test.it").write_text("".join(t + "\n" for _, t in number_pairs(5, seed=3)))
-    t = run_script("translate.py", "--input", "test.en", "--output", "test.hyp", "--reference",
-                   "test.it", "--beam", "2", cwd=home)
+    t = run_here("translate.py", "--input", "test.en", "--output", "test.hyp", "--reference",
+                 "test.it", "--beam", "2", cwd=home)
     assert t.returncode == 0, t.stderr.decode()
     assert len((home / "test.hyp").read_text().splitlines()) == 5
     assert "BLEU = " in t.stderr.decode() and "nrefs:1" in t.stderr.decode()
@@ -126,14 +126,14 @@ def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
         shutil.copy(home / "weights" / name, folder / name)
     data = (home / "weights" / "tmodel_01.pt").read_bytes()
     (folder / "tmodel_01.pt").write_bytes(data[:1000])
-    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    t = run_here("translate.py", "--model_folder", folder, "hi", cwd=home)
     assert t.returncode == 2 and "tmodel_01.pt is truncated or damaged" in t.stderr.decode()
     (folder / "tmodel_01.pt").write_bytes(data)
     (folder / "tokenizer_it.json").unlink()
-    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    t = run_here("translate.py", "--model_folder", folder, "hi", cwd=home)
     assert t.returncode == 2 and "tokenizer_it.json not found" in t.stderr.decode()
     shutil.copy(folder / "tokenizer_en.json", folder / "tokenizer_it.json")
-    t = run_script("translate.py", "--model_folder", folder, "hi", cwd=home)
+    t = run_here("translate.py", "--model_folder", folder, "hi", cwd=home)
     err = t.stderr.decode()
     assert t.returncode == 2 and "target vocabulary of" in err
     # advice that loses nothing (issue 16, 13): deleting tokenizers breaks their checkpoints
@@ -157,13 +157,13 @@ def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
     last = load_checkpoint(home / "weights" / "tmodel_01.pt")["model_state_dict"]
     key = "projection_layer.proj.weight"
     torch.testing.assert_close(two[key], (original[key] + last[key]) / 2)
-    t = run_script("translate.py", "--average", "2", "one two.", cwd=home)
+    t = run_here("translate.py", "--average", "2", "one two.", cwd=home)
     assert t.returncode == 0 and "averaged 2 checkpoints" in t.stderr.decode()
 
 
 def test_cross_attention_map(trained, tmp_path):
     home, _ = trained
-    t = run_script("translate.py", "--attention", tmp_path / "att.png", "one two.", cwd=home)
+    t = run_here("translate.py", "--attention", tmp_path / "att.png", "one two.", cwd=home)
     assert t.returncode == 0, t.stderr.decode()
     assert (tmp_path / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from attention_map import cross_attention
@@ -190,7 +190,7 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
     pairs = number_pairs(60, seed=7)
     pairs[::6] = [("one " * 30 + ".", "uno.")] * 10  # too long for seq_len 24: dropped
     write_aligned(tmp_path / "c", "train", pairs)  # no validation split: 10% held out
-    t = run_script("train.py", "--data_dir", "c", *TINY, "--num_epochs", "1", cwd=tmp_path)
+    t = run_here("train.py", "--data_dir", "c", *TINY, "--num_epochs", "1", cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     val = get_ds(Config(data_dir=str(tmp_path / "c"), model_folder=str(tmp_path / "weights"),
                         seq_len=24, vocab_size=300)).validation
