@@ -72,13 +72,15 @@ def run_script(script: str, *args, cwd: Path, input: bytes = None, timeout: int 
 def run_here(script: str, *args, cwd: Path, input: bytes = None):
     """What run_script returns, with the script's main run in this process, as its
     `__main__` block would (run_main: a user's error is one line and exit 2): no interpreter
-    start-up (3-5 s of imports a run). Working folder, argv, stdin and the signal handlers the
-    script sets are put back after it."""
+    start-up (3-5 s of imports a run). Working folder, argv, stdin, the signal handlers, torch's
+    thread count (`--threads`) and random state are put back after it, as a process's end
+    would."""
     module = importlib.import_module(Path(script).stem)
     argv = [str(a) for a in args]
     out, err, code = io.StringIO(), io.StringIO(), 0
     saved = (os.getcwd(), sys.argv, sys.stdin,
-             {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)})
+             {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)},
+             torch.get_num_threads(), torch.get_rng_state())
     os.chdir(cwd)
     sys.argv = [str(ROOT / script), *argv]
     if input is not None:
@@ -93,6 +95,8 @@ def run_here(script: str, *args, cwd: Path, input: bytes = None):
         sys.argv, sys.stdin = saved[1], saved[2]
         for s, handler in saved[3].items():
             signal.signal(s, handler)
+        torch.set_num_threads(saved[4])
+        torch.set_rng_state(saved[5])
     return subprocess.CompletedProcess([script, *argv], code, out.getvalue().encode(),
                                        err.getvalue().encode())
 
