@@ -90,21 +90,13 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
      "corpus/val.it has 8 lines but the input has 64"),
 ])
-def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message, monkeypatch,
-                                                    capsys):
-    import io
-
-    import translate
-    from config import run_main
+def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
     home, _ = trained
-    monkeypatch.chdir(home)
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin or b"")))
-    with pytest.raises(SystemExit) as e:
-        run_main("translate.py", lambda: translate.main(args))
-    err = capsys.readouterr().err
+    t = run_here("translate.py", *args, cwd=home, input=stdin or b"")
+    err = t.stderr.decode()
     if "loaded " in err:  # the line naming the checkpoint comes first
         err = err.split("\n", 1)[1]
-    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert t.returncode == 2 and message in err and err.count("\n") == 1, err
 
 
 def test_translate_checks_the_reference_before_decoding(trained, monkeypatch, capsys):
