@@ -131,11 +131,9 @@ def test_under_fp16_every_rank_skips_an_update_any_rank_found_non_finite(monkeyp
 
 
 @pytest.fixture
-def train_here(tmp_path, monkeypatch):
+def train_here(tmp_path):
     """Runs train.py's main in this process, in tmp_path (conftest.run_here): returns
     (exit code, stdout, stderr)."""
-    monkeypatch.chdir(tmp_path)
-
     def run(*args):
         t = run_here("train.py", *args, cwd=tmp_path)
         return t.returncode, t.stdout.decode(), t.stderr.decode()
