@@ -42,7 +42,7 @@ class TorchTransformer(nn.Module):
     """torch.nn.Transformer with the same embeddings, positional encoding, pre-norm layers and
     projection as this repo's model: the reference for speed."""
 
-    def __init__(self, src_vocab, tgt_vocab, seq_len, d_model, N, h, d_ff, dropout):
+    def __init__(self, src_vocab, tgt_vocab, seq_len, d_model, N, N_dec, h, d_ff, dropout):
         super().__init__()
         self.d_model = d_model
         self.src_embed = nn.Embedding(src_vocab, d_model)
@@ -50,7 +50,7 @@ class TorchTransformer(nn.Module):
         self.pos = PositionalEncoding(d_model, seq_len, dropout)
         with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." (inference only)
             warnings.simplefilter("ignore", UserWarning)
-            self.transformer = nn.Transformer(d_model, h, N, N, d_ff, dropout,
+            self.transformer = nn.Transformer(d_model, h, N, N_dec, d_ff, dropout,
                                               batch_first=True, norm_first=True)
         self.proj = nn.Linear(d_model, tgt_vocab)
 
@@ -86,7 +86,7 @@ def model_flops(config: Config, batch, tgt_vocab: int) -> float:
     enc = s * (attn + ffn) + 2 * s * s * d  # projections, FFN, attention scores
     dec = t * (attn + ffn) + 2 * t * t * d + t * 2 * d * d + s * 2 * d * kv \
         + 2 * t * s * d  # self-attention, FFN, cross-attention (K/V of the memory)
-    forward = 2 * b * (config.N * (enc + dec) + t * d * tgt_vocab)
+    forward = 2 * b * (config.N * enc + config.decoder_layers() * dec + t * d * tgt_vocab)
     return 3 * forward
 
 
@@ -205,7 +205,8 @@ def main(argv=None):
     args, config = parse(argv)
     data = get_ds(config)
     device = setup_device(config.device)
-    shape = f"d_model {config.d_model}, N {config.N}, h {config.h}, d_ff {config.d_ff}"
+    shape = (f"d_model {config.d_model}, N {config.N}/{config.decoder_layers()} (encoder/"
+             f"decoder), h {config.h}, d_ff {config.d_ff}")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{torch.get_num_threads()} threads"
     print(f"device: {device} ({where}), torch {torch.__version__}, "
@@ -233,7 +234,8 @@ def compare(config: Config, data, device, args):
     ours = build_model(config, src_vocab, tgt_vocab).to(device).train()
     torch.manual_seed(config.seed)
     theirs = TorchTransformer(src_vocab, tgt_vocab, config.seq_len, config.d_model, config.N,
-                              config.h, config.d_ff, config.dropout).to(device).train()
+                              config.decoder_layers(), config.h, config.d_ff,
+                              config.dropout).to(device).train()
     plain = None  # the same weights, as train.py runs them by default: fp32, eager
     if autocast_dtype(config, device) is not None or config.compile:
         plain = build_model(config, src_vocab, tgt_vocab).to(device).train()

@@ -329,7 +329,8 @@ def merge_config(saved: Config, current: Config, given: set, path, overrides: se
 def build_model(config: Config, src_vocab_size: int, tgt_vocab_size: int):
     """The Transformer that `config` describes (what a checkpoint's config rebuilds)."""
     return build_transformer(src_vocab_size, tgt_vocab_size, config.seq_len, config.seq_len,
-                             d_model=config.d_model, N=config.N, h=config.h,
+                             d_model=config.d_model, N=config.N,
+                             N_dec=config.decoder_layers(), h=config.h,
                              dropout=config.dropout, d_ff=config.d_ff,
                              attention_dropout=config.attention_dropout,
                              activation_dropout=config.activation_dropout,

@@ -58,7 +58,9 @@ class Config:
                                           "trained on, evenly spaced through the corpus (0 = all)")
     # ---- model ------------------------------------------------------------------------------
     d_model: int = _f(512, "model width", group="model")
-    N: int = _f(6, "encoder and decoder layers", group="model")
+    N: int = _f(6, "encoder layers, and decoder layers unless --N_dec", group="model")
+    N_dec: int = _f(0, "decoder layers (0 = N); fewer than the encoder's make a step and "
+                       "decoding faster (Kasai et al., 2021)", group="model")
     h: int = _f(8, "attention heads", group="model")
     d_ff: int = _f(2048, "feed-forward inner width", group="model")
     dropout: float = _f(0.1, "dropout of each sublayer's output and of the embeddings plus "
@@ -137,6 +139,10 @@ class Config:
                         "each epoch's end); on a GPU the only steps that wait for it")
 
     # ---- derived helpers --------------------------------------------------------------------
+    def decoder_layers(self) -> int:
+        """The decoder's depth: --N_dec, or with --N_dec 0 (the default) --N, as in the paper."""
+        return self.N_dec or self.N
+
     def peak_lr(self) -> float:
         """--lr, or with --lr 0 (the default) one chosen by model width, LR_AT_512 · 512 /
         d_model: Adam's learning rate inversely proportional to the width, as muP (Yang et al.,
@@ -153,7 +159,7 @@ class Config:
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
                      "clip_grad", "patience", "eval_every", "tokenizer_sample", "max_len_a",
-                     "max_len_b", "min_len"]:
+                     "max_len_b", "min_len", "N_dec"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
         if self.max_len_a + self.max_len_b < max(self.min_len, 1):

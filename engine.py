@@ -99,7 +99,8 @@ def build_spec(model, config, tokenizer_src, tokenizer_tgt):
     if rope:  # every feature of each head, the two halves rotated together (not interleaved)
         options.update(rotary_dim=0, rotary_interleave=False, rotary_base=10000)
     encoder = transformer_spec.TransformerEncoderSpec(config.N, config.h, **options)
-    decoder = transformer_spec.TransformerDecoderSpec(config.N, config.h, **options)
+    decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers(), config.h,
+                                                      **options)
     encoder.embeddings[0].weight = numpy(model.src_embed.embedding.weight)
     decoder.embeddings.weight = numpy(model.tgt_embed.embedding.weight)
     encoder.scale_embeddings = decoder.scale_embeddings = True  # · sqrt(d_model), section 3.4

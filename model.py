@@ -567,8 +567,12 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
                       norm_first: bool = True, norm: str = "layer", ffn: str = "relu",
                       pos: str = "sinusoidal", n_kv_heads: int = None,
                       shared_vocab: bool = False, attention_dropout: float = None,
-                      activation_dropout: float = None) -> Transformer:
+                      activation_dropout: float = None, N_dec: int = None) -> Transformer:
     """The Transformer of the paper (with pre-norm by default, as in the write-ups).
+
+    N: the encoder's layers, and the decoder's unless N_dec (None = N, as in the paper): a deep
+    encoder with a shallow decoder trains and translates faster (Kasai et al., 2021: the
+    decoder's layers cost more, and decoding runs them once per output token).
 
     dropout: the paper's residual dropout (each sublayer's output, and the sum of embeddings
     and positions, section 5.4); attention_dropout: on the attention weights; activation_dropout:
@@ -611,7 +615,7 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
                       for _ in range(N)]
     decoder_blocks = [DecoderBlock(d_model, attention(rotary), attention(), feed_forward(),
                                    **layer)  # self-attention (rotary), cross-attention
-                      for _ in range(N)]
+                      for _ in range(N if N_dec is None else N_dec)]
     encoder = Encoder(d_model, nn.ModuleList(encoder_blocks), norm, norm_first)
     decoder = Decoder(d_model, nn.ModuleList(decoder_blocks), norm, norm_first)
     projection_layer = ProjectionLayer(d_model, tgt_vocab_size)

@@ -25,6 +25,12 @@ def design(config: Config) -> str:
     return ", ".join(parts)
 
 
+def layers(config: Config) -> str:
+    """The depth: "4" for the paper's equal stacks, "6+2" for 6 encoder and 2 decoder layers."""
+    n_dec = config.decoder_layers()
+    return str(config.N) if n_dec == config.N else f"{config.N}+{n_dec}"
+
+
 def plot_curve(history: list, path: Path) -> bool:
     """Validation BLEU (and loss) against optimizer steps, as a PNG; False without
     matplotlib or without validations."""
@@ -91,8 +97,8 @@ def card_text(card: dict) -> str:
              f"({config.lang_src}) and {card['vocab'][1]:,} ({config.lang_tgt})")
     lines = [f"# {folder}: a Transformer for {config.lang_src}→{config.lang_tgt} translation",
              "", f"Trained with this repository's `train.py`. {card['parameters'] / 1e6:.1f}M "
-             f"parameters: {config.d_model}/{config.N} layers/{config.h} heads/feed-forward "
-             f"{config.d_ff}, {design(config)}; {vocab}; embeddings tied: "
+             f"parameters: {config.d_model}/{layers(config)} layers/{config.h} heads/"
+             f"feed-forward {config.d_ff}, {design(config)}; {vocab}; embeddings tied: "
              f"{config.tie_embeddings}; dropout {config.dropout} (attention "
              f"{config.attention_dropout}, activation {config.activation_dropout}).", "",
              "## Made by", "", "```"] + card["commands"] + ["```", "", "## Data", "",

@@ -7,7 +7,8 @@ from conftest import run_here
 from config import Config
 
 
-@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "ffn": "swiglu"}])
+@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "ffn": "swiglu"},
+                                     {"N_dec": 1}, {"N_dec": 3}])
 def test_the_benchmarks_flop_count_is_the_models(options):
     """19. bench.py's FLOP count ignored n_kv_heads (MFU overstated for grouped-query
     attention). Counted here against torch's FLOP counter over the written-out attention."""

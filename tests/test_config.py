@@ -26,6 +26,7 @@ def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batche
 @pytest.mark.parametrize("argv, message", [
     (["--d_model", "100", "--h", "3"], "--d_model (100) must be divisible by --h (3)"),
     (["--N", "-2"], "--N must be positive"),
+    (["--N_dec", "-1"], "--N_dec must not be negative"),
     (["--lang_src", "de", "--lang_tgt", "de"], "two different languages"),
     (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag"),

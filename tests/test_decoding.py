@@ -207,6 +207,7 @@ OPTIONS = {
     "paper": dict(norm_first=False, shared_vocab=True, tie_embeddings="all"),
     "modern": dict(norm="rms", ffn="swiglu", pos="rope", n_kv_heads=2, tie_embeddings="decoder"),
     "rope_post_gqa1": dict(pos="rope", norm_first=False, n_kv_heads=1),
+    "shallow_decoder": dict(N_dec=1),
 }
 
 

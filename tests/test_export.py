@@ -23,6 +23,7 @@ DESIGNS = {
     "rope, multi-query": {"pos": "rope", "n_kv_heads": 1},
     "rms post-norm, swiglu, joint": {"norm": "rms", "norm_first": False, "ffn": "swiglu",
                                      "shared_vocab": True},
+    "deep encoder, shallow decoder": {"N_dec": 1},
 }
 
 

@@ -218,6 +218,22 @@ def test_grouped_query_attention_shares_key_value_heads_without_copying_them(mon
         torch.testing.assert_close(model(src, tgt, mask), expected)
 
 
+def test_n_dec_sets_the_decoders_depth_alone_and_the_checkpoint_config_rebuilds_it():
+    """Kasai et al. (2021), a deep encoder with a shallow decoder: --N_dec layers in the
+    decoder, --N in the encoder; 0 (the default) means --N, as in the paper. A checkpoint's
+    config rebuilds the same depths (translate.py takes them from there)."""
+    from checkpoint import build_model
+    model = build_transformer(20, 20, 16, 16, d_model=16, N=3, N_dec=1, h=2, d_ff=32)
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (3, 1)
+    paper = build_transformer(20, 20, 16, 16, d_model=16, N=3, h=2, d_ff=32)
+    assert (len(paper.encoder.layers), len(paper.decoder.layers)) == (3, 3)
+    config = Config(d_model=16, N=3, N_dec=1, h=2, d_ff=32, seq_len=16)
+    rebuilt = build_model(Config.from_dict(config.to_dict()), 20, 20)
+    rebuilt.load_state_dict(model.state_dict())  # strict: the same modules, the same shapes
+    assert Config(N=4).decoder_layers() == 4 and Config(N=4, N_dec=2).decoder_layers() == 2
+    assert Config.from_dict({"N": 5}).decoder_layers() == 5  # a checkpoint from before N_dec
+
+
 def test_tie_all_shares_one_tensor_among_three_modules():
     model = small(shared_vocab=True, tie_embeddings="all")
     tensors = {model.src_embed.embedding.weight.data_ptr(),

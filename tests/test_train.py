@@ -719,16 +719,19 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
     test scores with sacreBLEU's signatures (those of results.json), samples, how to use it."""
     corpus(tmp_path / "c")
     write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
-    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1")
+    code, _, err = train_here("--data_dir", "c", *TINY, "--N", "2", "--N_dec", "1",
+                              "--num_epochs", "1")
     assert code == 0, err
-    code, _, err = train_here("--num_epochs", "2")
+    code, _, err = train_here("--num_epochs", "2")  # resumed: the depths from the checkpoint
     assert code == 0, err
     folder = tmp_path / "weights"
     card = (folder / "MODEL_CARD.md").read_text(encoding="utf-8")
     results = json.loads((folder / "results.json").read_text())
     commands = card.split("## Made by")[1].split("```")[1].strip().splitlines()
     assert [c.split("train.py ", 1)[1] for c in commands] == [
-        " ".join(["--data_dir", "c", *TINY, "--num_epochs", "1"]), "--num_epochs 2"]
+        " ".join(["--data_dir", "c", *TINY, "--N", "2", "--N_dec", "1", "--num_epochs", "1"]),
+        "--num_epochs 2"]
+    assert "parameters: 32/2+1 layers/2 heads/feed-forward 64" in card
     assert "40 training pairs, 4 validation pairs, 4 test pairs" in card
     steps = load_checkpoint(folder / "tmodel_01.pt")["global_step"]
     assert f"- {steps} optimizer steps in 2 epoch(s)" in card and "precision fp32" in card
