@@ -59,8 +59,8 @@ class Config:
     # ---- model ------------------------------------------------------------------------------
     d_model: int = _f(512, "model width", group="model")
     N: int = _f(6, "encoder layers, and decoder layers unless --N_dec", group="model")
-    N_dec: int = _f(0, "decoder layers (0 = N); fewer than the encoder's make a step and "
-                       "decoding faster (Kasai et al., 2021)", group="model")
+    N_dec: int = _f(0, "decoder layers (0 = N); fewer than the encoder's make decoding "
+                       "faster (Kasai et al., 2021)", group="model")
     h: int = _f(8, "attention heads", group="model")
     d_ff: int = _f(2048, "feed-forward inner width", group="model")
     dropout: float = _f(0.1, "dropout of each sublayer's output and of the embeddings plus "

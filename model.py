@@ -571,8 +571,8 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
     """The Transformer of the paper (with pre-norm by default, as in the write-ups).
 
     N: the encoder's layers, and the decoder's unless N_dec (None = N, as in the paper): a deep
-    encoder with a shallow decoder trains and translates faster (Kasai et al., 2021: the
-    decoder's layers cost more, and decoding runs them once per output token).
+    encoder with a shallow decoder translates faster (Kasai et al., 2021: decoding runs the
+    decoder once per output token, the encoder once per sentence).
 
     dropout: the paper's residual dropout (each sublayer's output, and the sum of embeddings
     and positions, section 5.4); attention_dropout: on the attention weights; activation_dropout:
