@@ -205,8 +205,7 @@ def main(argv=None):
     args, config = parse(argv)
     data = get_ds(config)
     device = setup_device(config.device)
-    shape = (f"d_model {config.d_model}, N {config.N}/{config.decoder_layers()} (encoder/"
-             f"decoder), h {config.h}, d_ff {config.d_ff}")
+    shape = f"d_model {config.d_model}, N {config.depth()}, h {config.h}, d_ff {config.d_ff}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{torch.get_num_threads()} threads"
     print(f"device: {device} ({where}), torch {torch.__version__}, "

@@ -200,8 +200,7 @@ def main(argv=None):
                   min_len=config.min_len)
     print(f"{len(sources)} sentences of {folder / args.split}.{config.lang_src}; "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (d_model "
-          f"{config.d_model}, N {config.N}/{config.decoder_layers()}); {args.threads} threads; "
-          f"batches of {batch}; "
+          f"{config.d_model}, N {config.depth()}); {args.threads} threads; batches of {batch}; "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
     runs = this_repos_decoders(args, model, len(ids), common)
     with tempfile.TemporaryDirectory() as tmp:

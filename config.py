@@ -143,6 +143,12 @@ class Config:
         """The decoder's depth: --N_dec, or with --N_dec 0 (the default) --N, as in the paper."""
         return self.N_dec or self.N
 
+    def depth(self) -> str:
+        """The layers in words: "4" for the paper's equal stacks, "6+2" for 6 encoder and 2
+        decoder layers."""
+        n_dec = self.decoder_layers()
+        return str(self.N) if n_dec == self.N else f"{self.N}+{n_dec}"
+
     def peak_lr(self) -> float:
         """--lr, or with --lr 0 (the default) one chosen by model width, LR_AT_512 · 512 /
         d_model: Adam's learning rate inversely proportional to the width, as muP (Yang et al.,

@@ -25,12 +25,6 @@ def design(config: Config) -> str:
     return ", ".join(parts)
 
 
-def layers(config: Config) -> str:
-    """The depth: "4" for the paper's equal stacks, "6+2" for 6 encoder and 2 decoder layers."""
-    n_dec = config.decoder_layers()
-    return str(config.N) if n_dec == config.N else f"{config.N}+{n_dec}"
-
-
 def plot_curve(history: list, path: Path) -> bool:
     """Validation BLEU (and loss) against optimizer steps, as a PNG; False without
     matplotlib or without validations."""
@@ -97,7 +91,7 @@ def card_text(card: dict) -> str:
              f"({config.lang_src}) and {card['vocab'][1]:,} ({config.lang_tgt})")
     lines = [f"# {folder}: a Transformer for {config.lang_src}→{config.lang_tgt} translation",
              "", f"Trained with this repository's `train.py`. {card['parameters'] / 1e6:.1f}M "
-             f"parameters: {config.d_model}/{layers(config)} layers/{config.h} heads/"
+             f"parameters: {config.d_model}/{config.depth()} layers/{config.h} heads/"
              f"feed-forward {config.d_ff}, {design(config)}; {vocab}; embeddings tied: "
              f"{config.tie_embeddings}; dropout {config.dropout} (attention "
              f"{config.attention_dropout}, activation {config.activation_dropout}).", "",

@@ -231,6 +231,7 @@ def test_n_dec_sets_the_decoders_depth_alone_and_the_checkpoint_config_rebuilds_
     rebuilt = build_model(Config.from_dict(config.to_dict()), 20, 20)
     rebuilt.load_state_dict(model.state_dict())  # strict: the same modules, the same shapes
     assert Config(N=4).decoder_layers() == 4 and Config(N=4, N_dec=2).decoder_layers() == 2
+    assert Config(N=4).depth() == "4" and Config(N=4, N_dec=2).depth() == "4+2"
     assert Config.from_dict({"N": 5}).decoder_layers() == 5  # a checkpoint from before N_dec
 
 
