@@ -44,21 +44,25 @@ class Dropout(nn.Module):
 
 
 class SixteenBitDropout(torch.autograd.Function):
-    """Dropout's mask from 16 random bits an element; the backward pass reuses the mask."""
+    """Dropout's mask from 16 random bits an element; the backward pass reuses the mask. The
+    mask is kept as 0/1 in x's dtype, and x · mask · 1/(1 - p) is one fused multiply-add with the
+    scale at full precision (a bf16 mask of 1/(1 - p) would round the scale): fewer passes than
+    where(keep, x · scale, 0), forward and backward."""
 
     @staticmethod
     def forward(ctx, x, threshold: int):
         draws = torch.randint(-2 ** 63, 2 ** 63 - 1, ((x.numel() + 3) // 4,), dtype=torch.int64)
         bits = draws.view(torch.int16)[:x.numel()].view(x.shape)  # (*x.shape), in [-2^15, 2^15)
-        keep = bits >= threshold - 32768  # True with probability 1 - threshold / 65536
+        # 1 with probability 1 - threshold / 65536, else 0, written straight in x's dtype
+        keep = torch.ge(bits, threshold - 32768, out=x.new_empty(x.shape))  # (*x.shape)
         ctx.scale = 65536 / (65536 - threshold)
         ctx.save_for_backward(keep)
-        return torch.where(keep, x * ctx.scale, 0.0)
+        return torch.addcmul(x.new_zeros(()), x, keep, value=ctx.scale)
 
     @staticmethod
     def backward(ctx, grad):
         keep, = ctx.saved_tensors
-        return torch.where(keep, grad * ctx.scale, 0.0), None
+        return torch.addcmul(grad.new_zeros(()), grad, keep, value=ctx.scale), None
 
 
 class InputEmbeddings(nn.Module):
@@ -214,16 +218,26 @@ def causal_mask(size: int, device=None):
 
 def attention(query, key, value, mask=None, dropout: nn.Module = None):
     """Section 3.2.1, scaled dot-product attention: softmax(Q Kᵀ / sqrt(d_k)) V, written out.
-    Returns the output (batch, h, q_len, d_k) and the attention weights (batch, h, q_len, k_len)."""
-    d_k = query.size(-1)
-    # (batch, h, q_len, d_k) @ (batch, h, d_k, k_len) -> (batch, h, q_len, k_len)
+    Returns the output (batch, h, q_len, d_k) and the attention weights (batch, h, q_len, k_len).
+
+    Grouped-query attention: `key` and `value` may have fewer heads than `query`, each shared by
+    the query heads that follow one another (h / kv_heads of them). Those query heads are laid
+    side by side against their key/value head, so nothing is copied, forward or backward."""
+    batch, h, q_len, d_k = query.shape
+    kv_heads, k_len = key.size(1), key.size(2)
+    # (batch, h, q_len, d_k) -> (batch, kv_heads, h / kv_heads · q_len, d_k)
+    query = query.reshape(batch, kv_heads, -1, d_k)
+    # (batch, kv_heads, h / kv_heads · q_len, d_k) @ (batch, kv_heads, d_k, k_len)
     scores = (query @ key.transpose(-2, -1)) / math.sqrt(d_k)
+    scores = scores.view(batch, h, q_len, k_len)  # (batch, h, q_len, k_len)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
     if dropout is not None:
         weights = dropout(weights)
-    return weights @ value, weights  # (batch, h, q_len, d_k), (batch, h, q_len, k_len)
+    # (batch, kv_heads, h / kv_heads · q_len, k_len) @ (batch, kv_heads, k_len, d_k)
+    out = weights.reshape(batch, kv_heads, -1, k_len) @ value
+    return out.view(batch, h, q_len, d_k), weights  # (batch, h, q_len, d_k), weights
 
 
 class MultiHeadAttentionBlock(nn.Module):
@@ -297,20 +311,21 @@ class MultiHeadAttentionBlock(nn.Module):
         """`attention` over the heads, by torch's fused kernel; with grouped-query attention
         the kernel shares each key/value head among its query heads without copying it."""
         grouped = self.n_kv_heads != self.h
-        # Training with attention dropout on CPU: the fused kernel would run its math path
-        # anyway, drawing the mask an element at a time; `attention` is that path with Dropout.
-        written_out = self.use_reference or self.need_weights or (
-            self.training and self.dropout.p > 0 and q.device.type == "cpu")
-        if written_out or (grouped and not SDPA_GQA):
-            if grouped:  # each key/value head copied for its h / n_kv_heads query heads
-                k = k.repeat_interleave(self.h // self.n_kv_heads, dim=1)  # (batch, h, k_len, d_k)
-                v = v.repeat_interleave(self.h // self.n_kv_heads, dim=1)
+        # On CPU, `attention` written out instead of the fused kernel (docs/performance.md):
+        # in training with attention dropout the kernel would run its math path anyway,
+        # drawing the mask an element at a time; in bf16 or fp16 the kernel is 3 to 10 times
+        # slower than the written-out products at sentence lengths (torch 2.13).
+        written_out = self.use_reference or self.need_weights or q.device.type == "cpu" and (
+            q.dtype in (torch.bfloat16, torch.float16) or self.training and self.dropout.p > 0)
+        if written_out:  # grouped or not: `attention` shares the key/value heads itself
             if causal:
                 mask = causal_mask(q.size(2), q.device)  # (1, q_len, q_len)
-            if written_out:
-                out, weights = attention(q, k, v, mask, self.dropout)
-                self.attention_scores = weights if self.need_weights else None
-                return out
+            out, weights = attention(q, k, v, mask, self.dropout)
+            self.attention_scores = weights if self.need_weights else None
+            return out
+        if grouped and not SDPA_GQA:  # each key/value head copied for its query heads
+            k = k.repeat_interleave(self.h // self.n_kv_heads, dim=1)  # (batch, h, k_len, d_k)
+            v = v.repeat_interleave(self.h // self.n_kv_heads, dim=1)
             grouped = False
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if causal else mask, is_causal=causal,
@@ -473,35 +488,59 @@ class ProjectedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, label, eps: float, ignore_index: int, rows: int,
                 gradients: bool):
+        # Under autocast the matmuls run in its dtype (bf16): x, the weight and the bias are cast
+        # once here, each block's gradient once, and autocast is off inside (it would cast them
+        # again for each product). The softmax and the loss are float32 in any case.
+        kind = x.device.type  # (torch >= 2.4: autocast's state by device type)
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        ctx.dtypes = x.dtype, weight.dtype
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if gradients else None
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
         vocab = weight.size(0)
+        # Σ_j z_j of every position, without a pass over the logits: x · Σ_j w_j + Σ_j b_j
+        w_sum = weight.float().sum(dim=0)  # (d_model,)
+        b_sum = 0.0 if bias is None else bias.float().sum()
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty(x.shape, dtype=torch.float32, device=x.device) if gradients else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if gradients else None
-        grad_b = torch.zeros_like(bias, dtype=torch.float32) if gradients and bias is not None \
-            else None
-        for start in range(0, x.size(0), rows):
-            xb, yb = x[start:start + rows], label[start:start + rows]  # (n, d_model), (n,)
-            z = F.linear(xb, weight, bias).float()  # (n, vocab)
-            z_label = z.gather(1, yb.unsqueeze(1)).squeeze(1)  # (n,)
-            z_sum = z.sum(dim=1)  # (n,)
-            z_max = z.amax(dim=1, keepdim=True)  # (n, 1)
-            z.sub_(z_max).exp_()  # exp(z - max), in place: (n, vocab)
-            exp_sum = z.sum(dim=1)  # (n,)
-            logsumexp = z_max.squeeze(1) + exp_sum.log()  # (n,)
-            real = (yb != ignore_index).float()  # (n,), 0 at padding
-            total += ((logsumexp - (1 - eps) * z_label - eps / vocab * z_sum) * real).sum()
-            if not gradients:
-                continue
-            z.mul_((real / exp_sum).unsqueeze(1))  # softmax(z), 0 at padding
-            z.sub_((eps / vocab) * real.unsqueeze(1))
-            z.scatter_add_(1, yb.unsqueeze(1), -(1 - eps) * real.unsqueeze(1))  # dloss/dz
-            g = z.to(x.dtype)
-            grad_x[start:start + rows] = g @ weight  # (n, d_model)
-            grad_w += g.t() @ xb  # (vocab, d_model)
-            if grad_b is not None:
-                grad_b += z.sum(dim=0)  # (vocab,)
+        grad_b = torch.zeros(vocab, dtype=torch.float32, device=x.device) \
+            if gradients and bias is not None else None
+        with torch.autocast(kind, enabled=False):
+            for start in range(0, x.size(0), rows):
+                xb, yb = x[start:start + rows], label[start:start + rows]  # (n, d_model), (n,)
+                z = F.linear(xb, weight, bias)  # (n, vocab), in dtype
+                p = torch.softmax(z, dim=1, dtype=torch.float32)  # (n, vocab)
+                z_label = z.gather(1, yb.unsqueeze(1)).squeeze(1).float()  # (n,)
+                # logsumexp(z) = z_y - log p_y, exact while p_y is a normal float; the rows where
+                # it is not (a loss above 69 nats) are computed apart
+                p_label = p.gather(1, yb.unsqueeze(1)).squeeze(1)  # (n,)
+                logsumexp = z_label - p_label.log()  # (n,)
+                tiny = (p_label < 1e-30).nonzero().squeeze(1)
+                if tiny.numel():
+                    logsumexp[tiny] = torch.logsumexp(z[tiny].float(), dim=1)
+                z_sum = xb.float() @ w_sum + b_sum  # (n,)
+                real = yb != ignore_index  # (n,), False at padding
+                loss = logsumexp - (1 - eps) * z_label - eps / vocab * z_sum  # (n,)
+                total += loss.masked_fill(~real, 0.0).sum()
+                if not gradients:
+                    continue
+                # dloss/dz = softmax(z) - (1 - ε) one-hot(y) - ε/V at real positions, 0 at
+                # padding: the first two terms here; the constant's share of the three products
+                # is added to them after (a rank-one term each), which saves a pass over the block.
+                padding = (~real).nonzero().squeeze(1)  # (padded positions,)
+                if padding.numel():
+                    p.index_fill_(0, padding, 0.0)
+                realf = real.float()  # (n,)
+                p.scatter_add_(1, yb.unsqueeze(1), (-(1 - eps) * realf).unsqueeze(1))
+                g = p.to(dtype)  # (n, vocab)
+                c = (eps / vocab) * realf  # (n,): the constant, 0 at padding
+                grad_x[start:start + rows] = torch.addr(
+                    (g @ weight).float(), c, w_sum, alpha=-1)  # (n, d_model)
+                grad_w += g.t() @ xb  # (vocab, d_model)
+                grad_w -= (c @ xb.float()).unsqueeze(0)  # the same constant in every row
+                if grad_b is not None:
+                    grad_b += p.sum(dim=0) - c.sum()  # (vocab,)
         ctx.save_for_backward(grad_x, grad_w, grad_b)
-        ctx.dtypes = x.dtype, weight.dtype
         return total
 
     @staticmethod

@@ -194,6 +194,23 @@ def test_gqa_is_multi_head_attention_with_shared_key_value_heads():
                                atol=1e-6, rtol=1e-5)
 
 
+def test_written_out_attention_shares_grouped_key_value_heads_as_copies_would():
+    """Issue 25: `attention` takes fewer key/value heads than query heads and lays each one's
+    query heads side by side against it instead of copying it (repeat_interleave, whose
+    backward is a sum): the outputs, weights and gradients of the copies, masked or causal."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 6, 5, 8, requires_grad=True)
+    k, v = (torch.randn(2, 3, 7, 8, requires_grad=True) for _ in range(2))
+    padding = (torch.arange(7) < torch.tensor([[7], [4]]))[:, None, None, :]  # (2, 1, 1, 7)
+    for mask in (padding, causal_mask(7)[:, 2:]):  # the last 5 of 7 positions, causal
+        shared = attention(q, k, v, mask)
+        shared_grads = torch.autograd.grad(shared[0].square().sum(), (q, k, v))
+        copied = attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), mask)
+        copied_grads = torch.autograd.grad(copied[0].square().sum(), (q, k, v))
+        for a, b in zip(shared + shared_grads, copied + copied_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_grouped_query_attention_shares_key_value_heads_without_copying_them(monkeypatch):
     """19. Grouped-query attention copied its keys and values with repeat_interleave; the
     fused kernel shares them (enable_gqa). Same outputs as the written-out math."""
@@ -310,19 +327,26 @@ def test_dropout_drops_p_of_every_lane_scales_the_rest_and_reuses_its_mask_backw
     assert not torch.equal(dropout(x), y)  # a new mask each call
     torch.manual_seed(0)
     assert torch.equal(dropout(x), y)  # drawn from torch's generator: seeded runs repeat
-    assert dropout(x.detach().bfloat16()).dtype == torch.bfloat16
+    # bf16: the kept elements scaled at full precision, then rounded once
+    xb = torch.randn(100, 100).bfloat16()
+    yb = dropout(xb)
+    assert yb.dtype == torch.bfloat16
+    kept = yb != 0
+    assert torch.equal(yb[kept], (xb[kept].float() * 65536 / (65536 - 6554)).bfloat16())
     assert torch.equal(dropout.eval()(x), x)
 
 
-@pytest.mark.parametrize("smoothing, autocast", [(0.1, False), (0.0, False), (0.1, True)])
+@pytest.mark.parametrize("smoothing, autocast, scale", [
+    (0.1, False, 1.0), (0.0, False, 1.0), (0.1, True, 1.0), (0.1, False, 100.0)])
 def test_blockwise_loss_and_gradients_equal_torch_cross_entropy_on_the_logits(smoothing,
-                                                                               autocast):
+                                                                               autocast, scale):
     """Issue 25: the projection and the label-smoothed loss computed a few positions at a time,
     gradients in the forward pass, give nn.CrossEntropyLoss's loss and gradients on the whole
     logits: padding ignored, blocks of 3 rows over 14 positions (the last one short), bias
-    included; under bf16 autocast within bf16's rounding."""
+    included; under bf16 autocast within bf16's rounding. Scale 100: logits so far apart that
+    most labels' probabilities underflow float32 (the log-sum-exp then computed apart)."""
     torch.manual_seed(0)
-    x = torch.randn(2, 7, 16, requires_grad=True)
+    x = (torch.randn(2, 7, 16) * scale).requires_grad_()
     projection = build_transformer(40, 40, 8, 8, d_model=16, N=1, h=2, d_ff=32).projection_layer
     label = torch.randint(1, 40, (2, 7))
     label[1, 4:] = PAD
@@ -341,7 +365,7 @@ def test_blockwise_loss_and_gradients_equal_torch_cross_entropy_on_the_logits(sm
         results.append([loss.detach()] + [p.grad.clone() for p in params])
         for p in params:
             p.grad = None
-    tolerance = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-5, rtol=1e-5)
+    tolerance = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-5 * scale, rtol=1e-5)
     for torch_value, blockwise_value in zip(*results):
         torch.testing.assert_close(blockwise_value, torch_value, **tolerance)
     with torch.no_grad():  # no gradients to compute: the loss alone
