@@ -211,6 +211,28 @@ def test_written_out_attention_shares_grouped_key_value_heads_as_copies_would():
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_cpu_bf16_attention_runs_written_out_not_torchs_fused_kernel(monkeypatch):
+    """Issue 25: on CPU torch's fused attention is 3 to 10 times slower in bf16 than the
+    written-out products at sentence lengths (docs/performance.md), so under bf16 autocast the
+    model runs `attention` itself, in training and in evaluation, and gives fp32's outputs
+    within bf16's rounding."""
+    from checkpoint import build_model
+    model = build_model(Config(d_model=32, N=1, h=4, d_ff=64, seq_len=16, n_kv_heads=2,
+                               attention_dropout=0.0), 30, 30).eval()
+    src, tgt = torch.randint(4, 30, (2, 9)), torch.randint(4, 30, (2, 6))
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    with torch.no_grad():
+        expected = model(src, tgt, mask)  # fp32: the fused kernel
+        monkeypatch.setattr(F, "scaled_dot_product_attention",
+                            lambda *a, **k: pytest.fail("the fused kernel ran in bf16 on CPU"))
+        for training in (False, True):
+            model.train(training)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(src, tgt, mask)
+            if not training:
+                torch.testing.assert_close(out.float(), expected, atol=0.1, rtol=0.05)
+
+
 def test_grouped_query_attention_shares_key_value_heads_without_copying_them(monkeypatch):
     """19. Grouped-query attention copied its keys and values with repeat_interleave; the
     fused kernel shares them (enable_gqa). Same outputs as the written-out math."""
