@@ -526,20 +526,18 @@ class ProjectedCrossEntropy(torch.autograd.Function):
                     continue
                 # dloss/dz = softmax(z) - (1 - ε) one-hot(y) - ε/V at real positions, 0 at
                 # padding: the first two terms here; the constant's share of the three products
-                # is added to them after (a rank-one term each), which saves a pass over the block.
-                padding = (~real).nonzero().squeeze(1)  # (padded positions,)
-                if padding.numel():
-                    p.index_fill_(0, padding, 0.0)
-                realf = real.float()  # (n,)
-                p.scatter_add_(1, yb.unsqueeze(1), (-(1 - eps) * realf).unsqueeze(1))
+                # is added to them after (a rank-one term each), and padded positions are taken
+                # out of the products through their (small) inputs and outputs, not the block.
+                realf = real.float()  # (n,), 0 at padding
+                p.scatter_add_(1, yb.unsqueeze(1), torch.full_like(z_label, -(1 - eps))[:, None])
                 g = p.to(dtype)  # (n, vocab)
-                c = (eps / vocab) * realf  # (n,): the constant, 0 at padding
-                grad_x[start:start + rows] = torch.addr(
-                    (g @ weight).float(), c, w_sum, alpha=-1)  # (n, d_model)
-                grad_w += g.t() @ xb  # (vocab, d_model)
-                grad_w -= (c @ xb.float()).unsqueeze(0)  # the same constant in every row
+                x_real = xb * real.unsqueeze(1).to(dtype)  # (n, d_model), 0 at padding
+                grad_x[start:start + rows] = ((g @ weight).float() - eps / vocab * w_sum) \
+                    * realf.unsqueeze(1)  # (n, d_model)
+                grad_w += g.t() @ x_real  # (vocab, d_model)
+                grad_w -= eps / vocab * x_real.float().sum(dim=0)  # the same in every row
                 if grad_b is not None:
-                    grad_b += p.sum(dim=0) - c.sum()  # (vocab,)
+                    grad_b += realf @ p - eps / vocab * realf.sum()  # (vocab,)
         ctx.save_for_backward(grad_x, grad_w, grad_b)
         return total
 
