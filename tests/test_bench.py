@@ -61,6 +61,20 @@ def test_the_picture_counts_training_minutes_without_the_pause_before_a_resume(t
     assert curve(tmp_path, gap_minutes=10) == [(2.0, 10.0), (3.0, 20.0)]
 
 
+def test_the_picture_puts_validation_loss_against_steps(tmp_path):
+    """Issue 25: two runs compared at equal steps (bf16 against fp32), whatever their speed."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from plot_runs import curve
+    writer = SummaryWriter(str(tmp_path))
+    for step, tag, value in [(1, "train/loss", 5.0), (120, "validation/loss", 4.5),
+                             (120, "validation/bleu", 9.0), (240, "validation/loss", 3.5)]:
+        writer.add_scalar(tag, value, step, walltime=1_000_000.0 + step)
+    writer.close()
+    assert curve(tmp_path, 10, metric="loss", x="steps") == [(120, 4.5), (240, 3.5)]
+    assert curve(tmp_path, 10, metric="bleu", x="steps") == [(120, 9.0)]
+
+
 def test_bench_times_mixed_precision_against_fp32_in_the_same_run(trained):
     """Issue 25: `python bench.py --precision bf16` prints its ratio to fp32, measured in the
     same run on the same batches (this repo's model in both, the same weights)."""
