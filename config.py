@@ -103,7 +103,8 @@ class Config:
     accum_steps: int = _f(1, "batches whose gradients are summed per optimizer step")
     precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16), "
                                 "fp32 elsewhere", ["auto", "fp32", "bf16", "fp16"])
-    compile: bool = _f(False, "torch.compile the model")
+    compile: bool = _f(False, "torch.compile the model (for GPUs: on CPU, training measured "
+                              "slower than eager, docs/performance.md)")
     num_workers: int = _f(0, "DataLoader worker processes", group="run")
     seed: int = _f(42, "random seed (data split, batch order, initialisation, dropout)")
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
