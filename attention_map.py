@@ -4,8 +4,10 @@
 import torch
 
 from config import UserError
+from dataset import source_batch
 from model import causal_mask
-from tokenizer import EOS, SOS
+from plotting import pyplot
+from tokenizer import SOS
 
 
 @torch.no_grad()
@@ -15,13 +17,12 @@ def cross_attention(model, tokenizer_src, tokenizer_tgt, sentence: str, translat
     device = next(model.parameters()).device
     src_ids = tokenizer_src.encode(sentence).ids[:model.seq_len - 2]
     tgt_ids = tokenizer_tgt.encode(translation).ids[:model.seq_len - 1]
-    src = torch.tensor([[SOS] + src_ids + [EOS]], device=device)  # (1, src_len)
+    src, src_mask = (t.to(device) for t in source_batch([src_ids], model.seq_len))  # (1, len)
     tgt = torch.tensor([[SOS] + tgt_ids], device=device)  # (1, tgt_len)
     blocks = [layer.cross_attention_block for layer in model.decoder.layers]
     for block in blocks:
         block.need_weights = True
     try:
-        src_mask = torch.ones(1, 1, 1, src.size(1), dtype=torch.bool, device=device)
         model.decode(model.encode(src, src_mask), src_mask, tgt,
                      causal_mask(tgt.size(1), device))
         weights = torch.stack([b.attention_scores[0] for b in blocks])  # (N, h, tgt, src)
@@ -37,12 +38,9 @@ def cross_attention(model, tokenizer_src, tokenizer_tgt, sentence: str, translat
 def save_attention_map(model, tokenizer_src, tokenizer_tgt, sentence, translation, path):
     """A PNG: one heatmap per decoder layer (averaged over heads), target rows x source
     columns, so you can see which source words each output word looked at."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UserError("--attention needs matplotlib (pip install matplotlib)") from None
+    plt = pyplot()
+    if plt is None:
+        raise UserError("--attention needs matplotlib (pip install matplotlib)")
     weights, src_tokens, tgt_tokens = cross_attention(model, tokenizer_src, tokenizer_tgt,
                                                       sentence, translation)
     layers = weights.size(0)

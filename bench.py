@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from checkpoint import build_model
+from trained_model import build_model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from model import PositionalEncoding, swiglu_width

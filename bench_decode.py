@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import load_translator
+from trained_model import load_translator
 from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
 from corpus import read_lines
 from decoding import decoding_model, translate_ids

@@ -169,6 +169,12 @@ class Config:
                      "max_len_b", "min_len", "N_dec"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
+        if self.seq_len < 3:
+            return f"--seq_len must be at least 3 ([SOS], one token, [EOS]), got {self.seq_len}"
+        if self.min_len > self.seq_len - 2:
+            return (f"--min_len {self.min_len} is more than a translation can hold: --seq_len "
+                    f"{self.seq_len} leaves {self.seq_len - 2} output tokens ([SOS] and [EOS] "
+                    f"take two), and [EOS] would be both required and barred")
         if self.max_len_a + self.max_len_b < max(self.min_len, 1):
             return (f"--max_len_a {self.max_len_a} and --max_len_b {self.max_len_b} leave no "
                     f"room for --min_len {self.min_len} output tokens")
@@ -188,8 +194,6 @@ class Config:
             return f"--pos rope needs an even head width (d_model / h = {self.d_model // self.h})"
         if self.tie_embeddings == "all" and not self.shared_vocab:
             return "--tie_embeddings all needs --shared_vocab true (one vocabulary to share)"
-        if self.seq_len < 3:
-            return f"--seq_len must be at least 3 ([SOS], one token, [EOS]), got {self.seq_len}"
         if self.max_tokens and self.max_tokens < self.seq_len:
             return f"--max_tokens ({self.max_tokens}) must be at least --seq_len ({self.seq_len})"
         for name in ("dropout", "attention_dropout", "activation_dropout"):

@@ -68,11 +68,10 @@ class BilingualDataset(TorchDataset):
                 "label": torch.from_numpy(label)}
 
     def __getitem__(self, i):
-        src = torch.as_tensor(np.asarray(self.src_ids[i], dtype=np.int64))  # (src_len - 2,)
         tgt = torch.as_tensor(np.asarray(self.tgt_ids[i], dtype=np.int64))  # (tgt_len - 1,)
         sos, eos = torch.tensor([SOS]), torch.tensor([EOS])
         return {
-            "encoder_input": torch.cat([sos, src, eos]),  # (src_len,)
+            "encoder_input": framed_source(self.src_ids[i]),  # (src_len,)
             "decoder_input": torch.cat([sos, tgt]),  # (tgt_len,)
             "label": torch.cat([tgt, eos]),  # (tgt_len,)
         }
@@ -144,9 +143,31 @@ class Collator:
                       padding_value=self.pad_id)  # (batch, tgt_len)
             label = pad([it["label"] for it in items], batch_first=True,
                         padding_value=self.pad_id)  # (batch, tgt_len)
-        encoder_mask = (enc != self.pad_id)[:, None, None, :]  # (batch, 1, 1, src_len)
         return {"encoder_input": enc, "decoder_input": dec, "label": label,
-                "encoder_mask": encoder_mask}
+                "encoder_mask": encoder_mask(enc, self.pad_id)}  # (batch, 1, 1, src_len)
+
+
+def framed_source(ids, seq_len: int = None, sos_id: int = SOS, eos_id: int = EOS):
+    """The encoder's input for one sentence of source ids (no special tokens): [SOS] ids [EOS],
+    the ids cut to seq_len - 2 if seq_len is given. (BilingualDataset.__getitems__ frames a
+    batch of prepared data the same way in array operations.)"""
+    ids = list(ids) if seq_len is None else list(ids)[:seq_len - 2]
+    return torch.tensor([sos_id, *ids, eos_id], dtype=torch.int64)  # (len(ids) + 2,)
+
+
+def encoder_mask(src, pad_id: int = PAD):
+    """(batch, 1, 1, src_len), True at real tokens: the source mask of a padded batch."""
+    return (src != pad_id)[:, None, None, :]
+
+
+def source_batch(sources, seq_len: int, sos_id: int = SOS, eos_id: int = EOS,
+                 pad_id: int = PAD):
+    """Sentences of source ids, framed (`framed_source`) and right-padded for the encoder:
+    (src (batch, src_len), src_mask (batch, 1, 1, src_len))."""
+    src = torch.nn.utils.rnn.pad_sequence([framed_source(ids, seq_len, sos_id, eos_id)
+                                           for ids in sources],
+                                          batch_first=True, padding_value=pad_id)
+    return src, encoder_mask(src, pad_id)
 
 
 class TokenBatchSampler:

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from config import Config
+from dataset import source_batch
 from model import Transformer, causal_mask
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
@@ -284,10 +285,8 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     results = [None] * len(src_ids)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        seqs = [torch.tensor([sos_id] + list(src_ids[i])[:seq_len - 2] + [eos_id]) for i in idx]
-        src = nn.utils.rnn.pad_sequence(seqs, batch_first=True,
-                                        padding_value=pad_id).to(device)  # (batch, src_len)
-        src_mask = (src != pad_id)[:, None, None, :]  # (batch, 1, 1, src_len)
+        src, src_mask = source_batch([src_ids[i] for i in idx], seq_len, sos_id, eos_id, pad_id)
+        src, src_mask = src.to(device), src_mask.to(device)  # (batch, src_len), (b, 1, 1, len)
         lengths = (src != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
         max_len = output_limits(lengths, max_len_a, max_len_b, seq_len)  # (batch,)
         if beam == 1 and nbest == 1:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import merge_config, with_tokenizers
+from checkpoint import merge_config
+from trained_model import with_tokenizers
 from config import TRANSLATE_FIELDS, Config, UserError
 from decoding import output_limits
-from tokenizer import SPECIAL_TOKENS, tokenizer_keys, tokenizer_path
+from tokenizer import SPECIAL_TOKENS, recipe_path, tokenizer_keys, tokenizer_path
 
 QUANTIZATIONS = ["float32", "int8", "int8_float32", "float16", "bfloat16", "int8_float16",
                  "int8_bfloat16"]
@@ -160,7 +161,7 @@ def export(model, config, tokenizer_src, tokenizer_tgt, output, quantization="fl
         spec.save(str(output))
         for key in dict.fromkeys(tokenizer_keys(config)):  # each with its recipe file
             path = tokenizer_path(config, key)
-            for f in (path, path.with_name(path.stem + ".meta.json")):
+            for f in (path, recipe_path(path)):
                 if f.exists():
                     shutil.copy(f, output / f.name.replace(path.stem, f"tokenizer_{key}"))
     except OSError as e:

@@ -11,7 +11,7 @@ How the weights map to the engine's specification: engine.py.
 
 import sys
 
-from checkpoint import load_translator
+from trained_model import load_translator
 from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
 from engine import QUANTIZATIONS, check_output, export, import_ctranslate2
 

@@ -15,54 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# scaled_dot_product_attention shares key/value heads itself from torch 2.5 on (enable_gqa)
-SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
-class Dropout(nn.Module):
-    """Section 5.4's dropout: zero each element with probability p, scale the rest by 1/(1 - p).
-
-    An addition in how the mask is drawn on CPU: torch's generator costs about 12 ns an element
-    there, one draw an element for nn.Dropout, so each 64-bit draw is split into four 16-bit
-    numbers and an element is kept where its number is at least p · 65536 (p rounded to a
-    multiple of 1/65536). About 2.6 times faster: the training step at the modern recipe's
-    shape gained about 1.15x (docs/performance.md). On other devices: torch's own dropout."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x):
-        if not self.training or self.p == 0:
-            return x
-        if x.device.type != "cpu" or self.p >= 1:
-            return F.dropout(x, self.p, training=True)
-        return SixteenBitDropout.apply(x, round(self.p * 65536))
-
-    def extra_repr(self):
-        return f"p={self.p}"
-
-
-class SixteenBitDropout(torch.autograd.Function):
-    """Dropout's mask from 16 random bits an element; the backward pass reuses the mask. The
-    mask is kept as 0/1 in x's dtype, and x · mask · 1/(1 - p) is one fused multiply-add with the
-    scale at full precision (a bf16 mask of 1/(1 - p) would round the scale): fewer passes than
-    where(keep, x · scale, 0), forward and backward."""
-
-    @staticmethod
-    def forward(ctx, x, threshold: int):
-        draws = torch.randint(-2 ** 63, 2 ** 63 - 1, ((x.numel() + 3) // 4,), dtype=torch.int64)
-        bits = draws.view(torch.int16)[:x.numel()].view(x.shape)  # (*x.shape), in [-2^15, 2^15)
-        # 1 with probability 1 - threshold / 65536, else 0, written straight in x's dtype
-        keep = torch.ge(bits, threshold - 32768, out=x.new_empty(x.shape))  # (*x.shape)
-        ctx.scale = 65536 / (65536 - threshold)
-        ctx.save_for_backward(keep)
-        return torch.addcmul(x.new_zeros(()), x, keep, value=ctx.scale)
-
-    @staticmethod
-    def backward(ctx, grad):
-        keep, = ctx.saved_tensors
-        return torch.addcmul(grad.new_zeros(()), grad, keep, value=ctx.scale), None
+from kernels import Dropout, written_out_attention_is_faster
 
 
 class InputEmbeddings(nn.Module):
@@ -246,8 +199,7 @@ class MultiHeadAttentionBlock(nn.Module):
     input x; in the decoder's cross-attention (section 3.2.3) K and V are the encoder output.
 
     W_Q, W_K and W_V are stored stacked as one matrix `w_qkv`: self-attention projects all three
-    in one matmul. `attend` runs torch's fused kernel, one call for the formula of `attention`
-    (which it runs instead with use_reference, or need_weights to keep the weights).
+    in one matmul.
 
     Additions: grouped-query attention (Ainslie et al., 2023), `n_kv_heads` < h key/value heads
     each shared by h / n_kv_heads query heads; `rotary`, RoPE on self-attention's queries and
@@ -308,30 +260,20 @@ class MultiHeadAttentionBlock(nn.Module):
         return q, k, v
 
     def attend(self, q, k, v, mask=None, causal=False):
-        """`attention` over the heads, by torch's fused kernel; with grouped-query attention
-        the kernel shares each key/value head among its query heads without copying it."""
-        grouped = self.n_kv_heads != self.h
-        # On CPU, `attention` written out instead of the fused kernel (docs/performance.md):
-        # in training with attention dropout the kernel would run its math path anyway,
-        # drawing the mask an element at a time; in bf16 or fp16 the kernel is 3 to 10 times
-        # slower than the written-out products at sentence lengths (torch 2.13).
-        written_out = self.use_reference or self.need_weights or q.device.type == "cpu" and (
-            q.dtype in (torch.bfloat16, torch.float16) or self.training and self.dropout.p > 0)
-        if written_out:  # grouped or not: `attention` shares the key/value heads itself
+        """`attention` over the heads: torch's fused kernel, one call for the same formula
+        (grouped-query attention shares each key/value head among its query heads without
+        copying it), or the formula written out where the weights are kept (need_weights),
+        asked for (use_reference), or faster (kernels.py: CPU, bf16 or attention dropout)."""
+        dropout = self.training and self.dropout.p > 0
+        if self.use_reference or self.need_weights or written_out_attention_is_faster(q, dropout):
             if causal:
                 mask = causal_mask(q.size(2), q.device)  # (1, q_len, q_len)
             out, weights = attention(q, k, v, mask, self.dropout)
             self.attention_scores = weights if self.need_weights else None
             return out
-        if grouped and not SDPA_GQA:  # each key/value head copied for its query heads
-            k = k.repeat_interleave(self.h // self.n_kv_heads, dim=1)  # (batch, h, k_len, d_k)
-            v = v.repeat_interleave(self.h // self.n_kv_heads, dim=1)
-            grouped = False
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if causal else mask, is_causal=causal,
-            dropout_p=self.dropout.p if self.training else 0.0,
-            **({"enable_gqa": True} if grouped else {}))
-
+            dropout_p=self.dropout.p if dropout else 0.0, enable_gqa=self.n_kv_heads != self.h)
 
 
 class ResidualConnection(nn.Module):
@@ -400,11 +342,9 @@ class DecoderBlock(nn.Module):
             [ResidualConnection(features, dropout, norm, norm_first) for _ in range(3)])
 
     def forward(self, x, encoder_output, src_mask, tgt_mask, cache=None, causal=False):
-        self_cache = cache["self"] if cache is not None else None
-        cross_cache = cache["cross"] if cache is not None else None
-        x = self.residual_connections[0](
-            x, lambda x: self.self_attention_block(x, mask=tgt_mask, cache=self_cache,
-                                                   causal=causal))
+        self_cache, cross_cache = (None, None) if cache is None else (cache["self"], cache["cross"])
+        x = self.residual_connections[0](x, lambda x: self.self_attention_block(
+            x, mask=tgt_mask, cache=self_cache, causal=causal))
         x = self.residual_connections[1](
             x, lambda x: self.cross_attention_block(x, encoder_output, src_mask, cache=cross_cache))
         return self.residual_connections[2](x, self.feed_forward_block)
@@ -428,8 +368,8 @@ class Decoder(nn.Module):
 
 class ProjectionLayer(nn.Module):
     """Section 3.4: the linear layer before the softmax. Returns logits; the decoders apply
-    log-softmax themselves, and training's loss (LabelSmoothedCrossEntropy) takes this layer
-    and does the projection itself, a block of positions at a time."""
+    log-softmax themselves, and the loss takes this layer and the decoder's output (so that a
+    faster loss may project a block of positions at a time)."""
 
     def __init__(self, d_model: int, vocab_size: int):
         super().__init__()
@@ -441,112 +381,27 @@ class ProjectionLayer(nn.Module):
 
 
 class LabelSmoothedCrossEntropy(nn.Module):
-    """Section 5.4, label smoothing: the cross-entropy of the softmax of the projection
-    (section 3.4) against (1 - ε) · one-hot(label) + ε / vocab, summed over the positions whose
-    label is not `ignore_index` (padding): what nn.CrossEntropyLoss(ignore_index=...,
-    label_smoothing=ε, reduction="sum") gives on the logits.
+    """Section 5.4, label smoothing: the cross-entropy of the model's distribution (the softmax
+    of the projection, section 3.4) against (1 - ε) · one-hot(label) + ε / vocab, summed over
+    the positions whose label is not `ignore_index` (padding): what
+    nn.CrossEntropyLoss(ignore_index=..., label_smoothing=ε, reduction="sum") gives on the
+    logits. Training computes the same a block of positions at a time, without the whole
+    logits (kernels.BlockwiseLabelSmoothedCrossEntropy), where that is faster."""
 
-    An addition in how it is computed: projection and loss together, a block of positions at a
-    time, so the logits (positions × vocabulary: 22M numbers for 2,200 target tokens over 10k)
-    are never held whole. The loss is the graph's last step, so each block's gradients, softmax
-    minus target distribution, go through the projection's matmuls in the same pass, while the
-    block is in cache (CPU: 1.7x the separate projection and loss, docs/performance.md), and
-    backward only scales them. On a GPU the gain is memory: no logits and no logits' gradient."""
-
-    def __init__(self, label_smoothing: float = 0.0, ignore_index: int = -100,
-                 block_rows: int = 0):
+    def __init__(self, label_smoothing: float = 0.0, ignore_index: int = -100):
         super().__init__()
         self.label_smoothing, self.ignore_index = label_smoothing, ignore_index
-        self.block_rows = block_rows  # 0: about 16 MB of float32 logits on CPU, 256 MB on a GPU
 
     def forward(self, x, projection: ProjectionLayer, label):
         """x: (batch, tgt_len, d_model), the decoder's output; label: (batch, tgt_len)."""
-        if torch.compiler.is_compiling():
-            # Left out of torch.compile's graph: its loop over blocks would be traced, and traced
-            # again for each new number of positions; eager, it is a graph break at the model's
-            # end. Marked here, not with a decorator: that would import torch._dynamo (2 s) at
-            # every start of every script, compiled or not.
-            return torch.compiler.disable(self.blockwise)(x, projection, label)
-        return self.blockwise(x, projection, label)
-
-    def blockwise(self, x, projection: ProjectionLayer, label):
-        linear = projection.proj
-        x = x.reshape(-1, x.size(-1))  # (positions, d_model)
-        rows = self.block_rows or max(
-            1, (1 << (22 if x.device.type == "cpu" else 26)) // linear.out_features)
-        gradients = torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad)
-        return ProjectedCrossEntropy.apply(x, linear.weight, linear.bias, label.reshape(-1),
-                                           self.label_smoothing, self.ignore_index, rows,
-                                           gradients)
-
-
-class ProjectedCrossEntropy(torch.autograd.Function):
-    """LabelSmoothedCrossEntropy's computation. With z the logits of a position, y its label,
-    ε the smoothing and V the vocabulary: loss = logsumexp(z) - (1 - ε) z_y - ε/V Σ_j z_j, and
-    its gradient dloss/dz = softmax(z) - (1 - ε) one-hot(y) - ε/V."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, label, eps: float, ignore_index: int, rows: int,
-                gradients: bool):
-        # Under autocast the matmuls run in its dtype (bf16): x, the weight and the bias are cast
-        # once here, each block's gradient once, and autocast is off inside (it would cast them
-        # again for each product). The softmax and the loss are float32 in any case.
-        kind = x.device.type  # (torch >= 2.4: autocast's state by device type)
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
-        ctx.dtypes = x.dtype, weight.dtype
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if gradients else None
-        x, weight = x.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
-        vocab = weight.size(0)
-        # Σ_j z_j of every position, without a pass over the logits: x · Σ_j w_j + Σ_j b_j
-        w_sum = weight.float().sum(dim=0)  # (d_model,)
-        b_sum = 0.0 if bias is None else bias.float().sum()
-        total = torch.zeros((), dtype=torch.float32, device=x.device)
-        grad_x = torch.empty(x.shape, dtype=torch.float32, device=x.device) if gradients else None
-        grad_b = torch.zeros(vocab, dtype=torch.float32, device=x.device) \
-            if gradients and bias is not None else None
-        with torch.autocast(kind, enabled=False):
-            for start in range(0, x.size(0), rows):
-                xb, yb = x[start:start + rows], label[start:start + rows]  # (n, d_model), (n,)
-                z = F.linear(xb, weight, bias)  # (n, vocab), in dtype
-                p = torch.softmax(z, dim=1, dtype=torch.float32)  # (n, vocab)
-                z_label = z.gather(1, yb.unsqueeze(1)).squeeze(1).float()  # (n,)
-                # logsumexp(z) = z_y - log p_y, exact while p_y is a normal float; the rows where
-                # it is not (a loss above 69 nats) are computed apart
-                p_label = p.gather(1, yb.unsqueeze(1)).squeeze(1)  # (n,)
-                logsumexp = z_label - p_label.log()  # (n,)
-                tiny = (p_label < 1e-30).nonzero().squeeze(1)
-                if tiny.numel():
-                    logsumexp[tiny] = torch.logsumexp(z[tiny].float(), dim=1)
-                z_sum = xb.float() @ w_sum + b_sum  # (n,)
-                real = yb != ignore_index  # (n,), False at padding
-                loss = logsumexp - (1 - eps) * z_label - eps / vocab * z_sum  # (n,)
-                total += loss.masked_fill(~real, 0.0).sum()
-                if not gradients:
-                    continue
-                # dloss/dz = softmax(z) - (1 - ε) one-hot(y) - ε/V at real positions, 0 at
-                # padding: the first two terms here; the constant's share of the three products
-                # is added to them after (a rank-one term each), and padded positions are taken
-                # out of the products through their (small) inputs and outputs, not the block.
-                realf = real.float()  # (n,), 0 at padding
-                p.scatter_add_(1, yb.unsqueeze(1), torch.full_like(z_label, -(1 - eps))[:, None])
-                g = p.to(dtype)  # (n, vocab)
-                x_real = xb * real.unsqueeze(1).to(dtype)  # (n, d_model), 0 at padding
-                grad_x[start:start + rows] = ((g @ weight).float() - eps / vocab * w_sum) \
-                    * realf.unsqueeze(1)  # (n, d_model)
-                grad_w += g.t() @ x_real  # (vocab, d_model)
-                grad_w -= eps / vocab * x_real.float().sum(dim=0)  # the same in every row
-                if grad_b is not None:
-                    grad_b += realf @ p - eps / vocab * realf.sum()  # (vocab,)
-        ctx.save_for_backward(grad_x, grad_w, grad_b)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_total):
-        grad_x, grad_w, grad_b = ctx.saved_tensors
-        return ((grad_x * grad_total).to(ctx.dtypes[0]), (grad_w * grad_total).to(ctx.dtypes[1]),
-                None if grad_b is None else grad_b * grad_total, None, None, None, None, None)
-
+        eps = self.label_smoothing
+        log_probs = projection(x).float().log_softmax(dim=-1)  # (batch, tgt_len, vocab)
+        real = label != self.ignore_index  # (batch, tgt_len), False at padding
+        label = label.masked_fill(~real, 0).unsqueeze(-1)  # (batch, tgt_len, 1)
+        nll = -log_probs.gather(-1, label).squeeze(-1)  # (batch, tgt_len): -log p(label)
+        uniform = -log_probs.mean(dim=-1)  # (batch, tgt_len): -Σ_j log p(j) / vocab
+        loss = (1 - eps) * nll + eps * uniform  # (batch, tgt_len)
+        return loss.masked_fill(~real, 0.0).sum()
 
 
 class Transformer(nn.Module):
@@ -597,7 +452,6 @@ class Transformer(nn.Module):
         return self.project(x) if loss is None else loss(x, self.projection_layer, label)
 
 
-
 def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int,
                       tgt_seq_len: int, d_model: int = 512, N: int = 6, h: int = 8,
                       dropout: float = 0.1, d_ff: int = 2048, tie_embeddings="none",
@@ -607,21 +461,16 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
                       activation_dropout: float = None, N_dec: int = None) -> Transformer:
     """The Transformer of the paper (with pre-norm by default, as in the write-ups).
 
-    N: the encoder's layers, and the decoder's unless N_dec (None = N, as in the paper): a deep
-    encoder with a shallow decoder translates faster (Kasai et al., 2021: decoding runs the
-    decoder once per output token, the encoder once per sentence).
-
-    dropout: the paper's residual dropout (each sublayer's output, and the sum of embeddings
-    and positions, section 5.4); attention_dropout: on the attention weights; activation_dropout:
-    on the feed-forward's hidden activations (both None: as dropout; fairseq's default is 0).
-
-    norm_first: pre-norm (True) or the paper's post-norm; norm: "layer" or "rms"; ffn: "relu"
-    or "swiglu"; pos: "sinusoidal" (added to the embeddings) or "rope" (rotary, inside
-    self-attention); n_kv_heads: key/value heads (grouped-query attention; None = h);
-    shared_vocab: one embedding table for both languages (one joint vocabulary);
-    tie_embeddings: "none", "decoder" (the projection shares the target embedding, section
-    3.4) or "all" (source and target embeddings and the projection: one matrix, which needs
-    shared_vocab). True and False mean "decoder" and "none"."""
+    N: the encoder's layers, and the decoder's unless N_dec (a deep encoder with a shallow
+    decoder translates faster, Kasai et al., 2021). dropout: the paper's residual dropout (each
+    sublayer's output, and the sum of embeddings and positions, section 5.4);
+    attention_dropout, activation_dropout: on the attention weights and the feed-forward's
+    hidden activations (None: as dropout). norm_first: pre-norm (True) or the paper's
+    post-norm; norm: "layer" or "rms"; ffn: "relu" or "swiglu"; pos: "sinusoidal" or "rope";
+    n_kv_heads: key/value heads (grouped-query attention; None = h); shared_vocab: one
+    embedding table for both languages (one joint vocabulary); tie_embeddings: "none",
+    "decoder" (the projection shares the target embedding, section 3.4) or "all" (source and
+    target embeddings and the projection, which needs shared_vocab); True/False: decoder/none."""
     tie = {True: "decoder", False: "none"}.get(tie_embeddings, tie_embeddings)
     if (tie == "all" or shared_vocab) and src_vocab_size != tgt_vocab_size:
         raise ValueError("a shared vocabulary needs equal source and target vocabulary sizes")
@@ -631,19 +480,15 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
     tgt_embed = src_embed if shared_vocab else InputEmbeddings(d_model, tgt_vocab_size)
     rotary = RotaryPositionalEmbedding(d_model // h, max(src_seq_len, tgt_seq_len)) \
         if pos == "rope" else None
-    if rotary is None:
-        src_pos = PositionalEncoding(d_model, src_seq_len, dropout)
-        tgt_pos = PositionalEncoding(d_model, tgt_seq_len, dropout)
-    else:
-        src_pos, tgt_pos = EmbeddingDropout(src_seq_len, dropout), EmbeddingDropout(
-            tgt_seq_len, dropout)
+    src_pos, tgt_pos = (PositionalEncoding(d_model, n, dropout) if rotary is None
+                        else EmbeddingDropout(n, dropout) for n in (src_seq_len, tgt_seq_len))
     attention_dropout = dropout if attention_dropout is None else attention_dropout
     activation_dropout = dropout if activation_dropout is None else activation_dropout
     layer = dict(dropout=dropout, norm=norm, norm_first=norm_first)
+    ffn_block = SwiGLUFeedForwardBlock if ffn == "swiglu" else FeedForwardBlock
 
     def feed_forward():
-        block = SwiGLUFeedForwardBlock if ffn == "swiglu" else FeedForwardBlock
-        return block(d_model, d_ff, activation_dropout)
+        return ffn_block(d_model, d_ff, activation_dropout)
 
     def attention(rotary=None):
         return MultiHeadAttentionBlock(d_model, h, attention_dropout, n_kv_heads, rotary)

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from config import Config
+from files import write_text_atomic
+from plotting import pyplot
 
 CARD_NAME = "MODEL_CARD.md"
 CURVE_NAME = "validation_curve.png"
@@ -28,13 +30,8 @@ def design(config: Config) -> str:
 def plot_curve(history: list, path: Path) -> bool:
     """Validation BLEU (and loss) against optimizer steps, as a PNG; False without
     matplotlib or without validations."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    if not history:
+    plt = pyplot()
+    if plt is None or not history:
         return False
     steps = [h["step"] for h in history]
     fig, bleu_axis = plt.subplots(figsize=(6, 3.5))
@@ -117,12 +114,30 @@ def card_text(card: dict) -> str:
     return "\n".join(lines)
 
 
-def write_card(card: dict, write_text) -> Path:
-    """Writes MODEL_CARD.md (through `write_text`, an atomic writer) and its curve into the
-    model folder; returns the card's path."""
+def write_card(card: dict) -> Path:
+    """Writes MODEL_CARD.md (atomically) and its curve into the model folder; returns the
+    card's path."""
     folder = Path(card["folder"])
     card["curve"] = plot_curve(card["history"], folder / CURVE_NAME)
     path = folder / CARD_NAME
-    write_text(path, card_text(card))
+    write_text_atomic(path, card_text(card))
     return path
 
+
+def write_run_card(run, progress, results: dict, samples: list) -> Path:
+    """The card of a finished training run (train.py's Run and Progress), with its test results
+    and a few test translations."""
+    data, config = run.data, run.config
+    sizes = (f"{len(data.train):,} training pairs, {len(data.validation):,} validation pairs"
+             + (f", {len(data.test[0]):,} test pairs" if data.test else "")
+             + (" (validation held out of the training split)" if data.held_out else ""))
+    threads = f", {torch.get_num_threads()} threads" if run.device.type == "cpu" else ""
+    return write_card({
+        "folder": config.model_folder, "config": config, "commands": progress.commands,
+        "corpus": data.corpus["source"], "sizes": sizes,
+        "vocab": (data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()),
+        "parameters": sum(p.numel() for p in run.model.parameters()),
+        "steps": progress.step, "epochs": progress.epoch + (progress.batch > 0),
+        "seconds": progress.provenance()["seconds"], "precision": run.precision,
+        "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",
+        "history": progress.history, "results": results, "samples": samples})

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from config import ArgumentParser, UserError, run_main
+from plotting import pyplot
 
 
 METRICS = {"bleu": "validation BLEU (greedy, sacreBLEU)", "loss": "validation loss",
@@ -55,9 +56,9 @@ def main(argv=None):
     labels = args.labels or [Path(r).name for r in args.runs]
     if len(labels) != len(args.runs):
         parser.error("give one label a run")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        parser.error("plot_runs.py needs matplotlib (pip install matplotlib)")
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for run, label in zip(args.runs, labels):
         points = curve(Path(run), args.gap, args.metric, args.x)

@@ -1,25 +1,23 @@
 """Train a Transformer translation model.
 
     python train.py                                   # OPUS Books en->it from the hub
-    python train.py --preset multi30k_small           # the headline recipe (README)
+    python train.py --preset multi30k_modern --data_dir data/multi30k   # the README's recipe
     python train.py --help                            # every flag, with its default
     torchrun --standalone --nproc_per_node=4 train.py ...   # data-parallel on 4 GPUs
     tensorboard --logdir runs
 
-Read top to bottom: the optimizer and its schedule; the run (what is fixed at start) and its
-progress (what moves); one step; saving and stopping; validation; the loop, `train_model`.
+Read top to bottom: Adam, its schedule and the loss (sections 5.3, 5.4); the run, set up once
+(`set_up`); one optimizer step (`train_step`, `optimizer_step`); the loop (`train_epoch`,
+`end_epoch`, `train_model`), which saves, validates and stops. Validation and test scoring are
+evaluation.py's, stopping on a signal stopping.py's, what a resume must match resume.py's.
 Resumes from the newest checkpoint in --model_folder by default (--preload latest).
 """
 
-import enum
-import json
 import math
 import os
-import platform
-import signal
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,25 +28,25 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from checkpoint import (CheckpointError, FolderLock, best_checkpoint, best_checkpoint_path,
-                        build_model, check_corpus, check_resume_data, check_writable,
-                        epoch_checkpoint_path,
-                        latest_checkpoint_path, load_checkpoint, load_model_weights,
-                        prune_checkpoints, read_history, restore_rng, restore_training,
-                        resume_state, rng_states, save_checkpoint, set_aside_later,
-                        step_checkpoint_path, training_checkpoint, write_history,
-                        write_text_atomic)
+from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
+                        epoch_checkpoint_path, latest_checkpoint_path, prune_checkpoints,
+                        save_checkpoint, step_checkpoint_path, training_checkpoint)
 from config import ArgumentParser, Config, parse_config, run_main
 from dataset import Collator, Data, TokenBatchSampler, get_ds, real_tokens
-from decoding import decoding_limits, translate, translate_ids
-from metrics import score
-from model import LabelSmoothedCrossEntropy
-from model_card import write_card
+from evaluation import run_validation, score_test_sets
+from files import FolderLock, check_writable, removed_if_left_empty
+from kernels import BlockwiseLabelSmoothedCrossEntropy
+from model_card import write_run_card
+from resume import (check_corpus, check_resume_data, read_history, restore_rng, restore_training,
+                    resume_state, rng_states, set_aside_later, write_history)
 from runtime import (autocast, autocast_dtype, gather_to_main, main_first, max_over_ranks,
                      setup_device, start_distributed, stop_distributed, sum_over_ranks)
-from tokenizer import EOS, PAD, SOS, UNK, detokenize
+from stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint, launcher,
+                      resume_command, stop_message)
+from tokenizer import PAD
+from trained_model import build_model
 
-# ---- the paper's section 5.3: Adam and its learning rate ----------------------------------------
+# ---- sections 5.3 and 5.4: Adam, its learning rate, and the label-smoothed loss -----------------
 
 
 def warmup_steps(config: Config, total_steps: int) -> int:
@@ -94,30 +92,25 @@ def make_optimizer(model, lr: float):
 
 
 def make_loss(config: Config):
-    """Cross-entropy with label smoothing (section 5.4), summed over the non-padding tokens."""
-    return LabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD)
+    """Cross-entropy with label smoothing (section 5.4), summed over the non-padding tokens:
+    model.LabelSmoothedCrossEntropy's formula, computed a block of positions at a time
+    (kernels.py; faster than the whole logits and torch's fused loss on CPU, and smaller)."""
+    return BlockwiseLabelSmoothedCrossEntropy(config.label_smoothing, ignore_index=PAD)
 
 
-# ---- the run: what is fixed at start, and its progress -------------------------------------------
+# ---- the run: set up once, before the first step; and its progress ------------------------------
 
 class NoWriter:
-    """The TensorBoard writer of ranks other than 0: writes nothing."""
+    """The TensorBoard writer of ranks other than 0, and of a run with nothing to do: writes
+    nothing."""
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
 
 
-class Stop(enum.IntEnum):
-    """Why training stops before its last epoch ends. Ranks agree on the largest."""
-    NONE = 0
-    MAX_STEPS = 1  # --max_steps reached
-    PATIENCE = 2  # --patience validations without a better one
-    SIGNAL = 3  # Ctrl-C or SIGTERM
-
-
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """What a training run works with, fixed by `set_up` before the first step."""
+    """What a training run works with: made once by `set_up`, before the first step."""
     config: Config
     device: torch.device
     data: Data
@@ -135,17 +128,17 @@ class Run:
     precision: str  # fp32, or the autocast dtype
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
     world_size: int = 1
-    writer: object = field(default_factory=NoWriter)  # TensorBoard (rank 0, opened in the loop)
+    writer: object = field(default_factory=NoWriter)  # TensorBoard (rank 0)
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step `step` (counting from 1)."""
         return learning_rate(self.config, step, self.schedule_steps)
 
-    @property
-    def total_steps(self):
-        """The length of the run in optimizer steps: num_epochs, or max_steps if sooner."""
-        steps = math.ceil(self.batches_per_epoch / self.config.accum_steps) * self.config.num_epochs
-        return min(steps, self.config.max_steps) if self.config.max_steps else steps
+
+def total_steps(config: Config, batches_per_epoch: int) -> int:
+    """The length of the run in optimizer steps: num_epochs, or max_steps if sooner."""
+    steps = math.ceil(batches_per_epoch / config.accum_steps) * config.num_epochs
+    return min(steps, config.max_steps) if config.max_steps else steps
 
 
 @dataclass
@@ -193,23 +186,15 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                     set_aside_later(config, resume[0])
         if config.data_dir:  # a checkpoint's corpus is found from any working directory
             config.data_dir = data.corpus["source"]
-        run = build_run(config, data, rank, world, lock)
-        progress = Progress(bad_steps=torch.zeros((), device=run.device))
-        if resume:
-            restore(run, progress, *resume)
-        if world > 1:  # averages the gradients over the ranks during backward
-            run.step_model = DistributedDataParallel(
-                run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
-        if config.compile:
-            run.step_model = torch.compile(run.step_model, dynamic=True)
+        return build_run(config, data, resume, rank, world, lock)
     except BaseException:
         lock.release()
         raise
-    return run, progress
 
 
-def build_run(config: Config, data: Data, rank: int, world: int, lock: FolderLock) -> Run:
-    """The device, the model (seeded: the same on every rank), Adam, the loss and the batches."""
+def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: FolderLock):
+    """(run, progress): the device, the model (seeded: the same on every rank), Adam, the loss
+    and the batches; restored from `resume` ((path, state), or None for a fresh start)."""
     device = setup_device(config.device)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
@@ -229,42 +214,53 @@ def build_run(config: Config, data: Data, rank: int, world: int, lock: FolderLoc
                         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
                         worker_init_fn=ignore_sigint if workers else None,
                         generator=torch.Generator())  # leaves the global RNG (dropout) alone
-    run = Run(config, device, data, model, model, make_optimizer(model, config.peak_lr()),
-              torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16),
-              autocast(device, amp_dtype), make_loss(config), sampler, loader,
-              len(sampler.batches(0)), 0, lock,
-              str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32",
-              rank, world)
-    run.schedule_steps = run.total_steps
-    return run
+    optimizer = make_optimizer(model, config.peak_lr())
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    batches, progress = len(sampler.batches(0)), Progress(bad_steps=torch.zeros((), device=device))
+    schedule_steps = total_steps(config, batches)
+    if resume:
+        restore_training(resume[1], resume[0], model, optimizer, scaler)
+        restore_rng(resume[1], rank, world, device, config.seed)
+        schedule_steps = restore(config, progress, *resume, schedule_steps)
+    step_model = model
+    if world > 1:  # averages the gradients over the ranks during backward
+        step_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.compile:
+        step_model = torch.compile(step_model, dynamic=True)
+    writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
+        if rank == 0 and not nothing_to_do(config, progress) else NoWriter()
+    precision = str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32"
+    return Run(config, device, data, model, step_model, optimizer, scaler,
+               autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
+               schedule_steps, lock, precision, rank, world, writer), progress
 
 
-def restore(run: Run, progress: Progress, path: Path, state: dict):
-    """Continues the run saved in `state`: weights, optimizer, scaler, random state, position,
-    learning-rate schedule and validation history."""
-    restore_training(state, path, run.model, run.optimizer, run.scaler)
-    restore_rng(state, run.rank, run.world_size, run.device, run.config.seed)
+def restore(config: Config, progress: Progress, path: Path, state: dict, steps: int) -> int:
+    """Puts `progress` where the run saved in `state` was (position, validation history, the
+    commands that made it) and returns the run length to lay the learning-rate schedule out
+    for: as saved (the warm-up and decay go on as laid out), but a cosine over the run's new
+    length `steps` if it changed."""
     progress.epoch, progress.batch = state["next_epoch"], state["next_batch"]
     progress.step = state["global_step"]
-    progress.history = read_history(run.config, up_to_step=progress.step)
+    progress.history = read_history(config, up_to_step=progress.step)
     made = state.get("provenance") or {}
     progress.commands, progress.seconds_before = list(made.get("commands", [])), \
         made.get("seconds", 0.0)
-    saved_steps = state.get("schedule_steps", run.total_steps)
-    run.schedule_steps = saved_steps  # the warm-up and decay go on as laid out
-    if run.config.lr_schedule == "cosine" and saved_steps != run.total_steps:
-        old = run.lr(progress.step + 1)
-        run.schedule_steps = run.total_steps  # the cosine is laid out over the new length
-        print(f"the run is now {run.total_steps} steps long (was {saved_steps}): the cosine "
-              f"schedule is laid out again over its new length; the learning rate goes on at "
-              f"{run.lr(progress.step + 1):.2e} (it was to be {old:.2e})")
+    saved = state.get("schedule_steps", steps)
+    if config.lr_schedule == "cosine" and saved != steps:
+        old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))
+        print(f"the run is now {steps} steps long (was {saved}): the cosine schedule is laid "
+              f"out again over its new length; the learning rate goes on at {new:.2e} (it was "
+              f"to be {old:.2e})")
+        saved = steps
     print(f"resumed from {path}: epoch {progress.epoch}, batch {progress.batch}, "
           f"step {progress.step}")
+    return saved
 
 
-def nothing_to_do(run: Run, progress: Progress):
+def nothing_to_do(config: Config, progress: Progress):
     """Why a resumed run has no step left to train (said instead of starting), or None."""
-    config = run.config
     if config.max_steps and progress.step >= config.max_steps:
         return (f"already at step {progress.step} of --max_steps {config.max_steps}; raise "
                 f"it to train on")
@@ -274,11 +270,7 @@ def nothing_to_do(run: Run, progress: Progress):
     return None
 
 
-def ignore_sigint(_worker_id):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # DataLoader workers: the main process decides
-
-
-# ---- one step -----------------------------------------------------------------------------------
+# ---- one optimizer step -------------------------------------------------------------------------
 
 def accumulation_groups(run: Run, epoch: int, start: int = 0):
     """The epoch's batches from batch `start` on, in groups of accum_steps (the last may be
@@ -313,8 +305,7 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
                              b["encoder_mask"].to(device, non_blocking=True),
                              label=b["label"].to(device, non_blocking=True), loss=loss_fn)
             loss = loss / n_tokens
-            # DDP averages the ranks' gradients: times world_size makes it their sum
-            scaled = loss * world_size
+            scaled = loss * world_size  # DDP averages the ranks' gradients: this makes the sum
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_total += loss.detach()
     return loss_total, n_tokens
@@ -322,9 +313,9 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
 
 def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the gradient
-    (or, with the fp16 scaler, the loss) is not finite: then the update is skipped and counted
-    in progress.bad_steps. All on the device, without waiting for it: the skip is fused Adam's
-    `found_inf`, as the gradient scaler uses it; `check_updates` reads the count."""
+    (or, with the fp16 scaler, the loss on any rank) is not finite: then the update is skipped
+    and counted in progress.bad_steps. All on the device, without waiting for it: the skip is
+    fused Adam's `found_inf`, as the gradient scaler uses it; `check_updates` reads the count."""
     run.scaler.unscale_(run.optimizer)
     grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(),
                                          run.config.clip_grad or math.inf, foreach=True)
@@ -333,9 +324,10 @@ def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     finite = torch.isfinite(grad_norm)
     if run.scaler.is_enabled():  # fp16: the scaler skips overflows and lowers its scale
         run.scaler.step(run.optimizer)
-        # an overflow is not a diverged step; a NaN loss is, on any rank: all of them decide
-        # together (each holds only its share of the loss), so they stop at the same step
-        finite = torch.isfinite(loss_over_ranks(loss, run.world_size))
+        if run.world_size > 1:  # each rank holds its share of the loss: all decide together
+            loss = loss.detach().clone()
+            torch.distributed.all_reduce(loss)
+        finite = torch.isfinite(loss)  # an overflow is not a diverged step; a NaN loss is
     elif run.optimizer.defaults.get("fused"):
         run.optimizer.found_inf = (~finite).float()
         run.optimizer.step()
@@ -345,16 +337,6 @@ def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     progress.bad_steps = torch.where(finite, 0, progress.bad_steps + 1)
-
-
-def loss_over_ranks(loss: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The update's loss summed over the ranks (on the device, no wait): non-finite if any
-    rank's share is."""
-    if world_size == 1:
-        return loss
-    total = loss.detach().clone()
-    torch.distributed.all_reduce(total)
-    return total
 
 
 def check_updates(run: Run, progress: Progress):
@@ -387,7 +369,7 @@ def log_progress(run: Run, progress: Progress, bar, lr: float, tokens_per_s: flo
     bar.set_postfix(loss=f"{loss:6.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
 
 
-# ---- saving and stopping ------------------------------------------------------------------------
+# ---- the loop: epochs of steps, saving, validating and stopping ---------------------------------
 
 def save(run: Run, progress: Progress, next_epoch: int, next_batch: int, path: Path):
     """A checkpoint of everything needed to continue at (next_epoch, next_batch), then
@@ -400,251 +382,39 @@ def save(run: Run, progress: Progress, next_epoch: int, next_batch: int, path: P
     prune_checkpoints(run.config)
 
 
-def abort(signum=None, frame=None):
-    """Stops at once (KeyboardInterrupt), and lets no later signal cut short the clean-up on
-    the way out (releasing the folder, closing the process group): under torchrun a Ctrl-C
-    reaches each process twice, from the terminal and from torchrun."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
-def catch_stop_signals(progress: Progress = None):
-    """Ctrl-C / SIGTERM while training: finish the current step, save, exit; a second one
-    aborts (the checkpoints already written stay intact: saves are atomic). Without
-    `progress` (while setting up, before any step): abort at once."""
-    def handle(signum, frame):
-        if progress is None or progress.signal:
-            abort()
-        progress.signal = signal.Signals(signum).name
-        tqdm.write(f"{progress.signal}: stopping after this step or decoding batch (press "
-                   f"Ctrl-C again to abort)")
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
-
-
-def stop_after_step(run: Run, progress: Progress) -> Stop:
-    """Saves mid-epoch every save_every steps, and on a stop signal (on any rank) or at
-    max_steps; returns why training stops now. Reaching max_steps on the epoch's last batch
-    ends the epoch as usual (its checkpoint, its validation)."""
-    config = run.config
-    stop = Stop(max_over_ranks(Stop.SIGNAL if progress.signal else Stop.NONE))
-    if not stop and config.max_steps and progress.step >= config.max_steps:
-        stop = Stop.MAX_STEPS
-    end_of_epoch = progress.batch == run.batches_per_epoch
-    periodic = config.save_every and not end_of_epoch and progress.step % config.save_every == 0
-    if (stop or periodic) and not (stop is Stop.MAX_STEPS and end_of_epoch):
-        save(run, progress, progress.epoch, progress.batch,
-             step_checkpoint_path(config, progress.epoch, progress.step))
-    return stop
-
-
-def resume_command(run: Run) -> str:
-    """The command that continues this run: where it works (the run group of flags, which a
-    resume never takes from the checkpoint) as given, under the launcher it ran under; the
-    rest comes from the checkpoint."""
-    config, default = run.config, Config()
-    flags = [f"--{name} {getattr(config, name)}" for name in
-             ("model_folder", "model_basename", "experiment_name", "device", "num_workers")
-             if name == "model_folder" or getattr(config, name) != getattr(default, name)]
-    return f"{launcher(run.world_size)} train.py {' '.join(flags)}"
-
-
-def launcher(world_size: int) -> str:
-    """python, or the torchrun command line of this run (from torchrun's environment)."""
-    if world_size == 1:
-        return "python"
-    per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
-    if nodes == 1:
-        return f"torchrun --standalone --nproc_per_node={per_node}"
-    return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --rdzv_backend=c10d "
-            f"--rdzv_endpoint={os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
-
-
-def stop_message(run: Run, progress: Progress, stop: Stop) -> str:
-    why = (f"stopped by {progress.signal or 'a signal'}" if stop is Stop.SIGNAL else
-           f"reached --max_steps {run.config.max_steps}")
-    return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
-            f"{run.batches_per_epoch} (step {progress.step}); saved "
-            f"{latest_checkpoint_path(run.config)}. Resume with: {resume_command(run)}")
-
-
-# ---- validation ---------------------------------------------------------------------------------
-
-class StopRequested(Exception):
-    """Ctrl-C or SIGTERM while decoding (validation, test scoring): stop at the next batch."""
-
-
-@contextmanager
-def decoding_bar(run: Run, progress: Progress, total: int, what: str):
-    """A progress bar over the sentences decoded, yielding translate_ids's `progress`: it
-    raises StopRequested at the next batch once a stop signal came."""
-    bar = tqdm(total=total, desc=what, unit=" sentences", leave=False, dynamic_ncols=True,
-               mininterval=1.0, disable=run.rank != 0)
-
-    def advance(done: int):
-        bar.update(done)
-        if progress.signal:
-            raise StopRequested()
-    try:
-        yield advance
-    finally:
-        bar.close()
-
-
-@torch.no_grad()
-def validation_loss(run: Run) -> float:
-    """The loss per target token over the validation split, teacher-forced."""
-    config, val, device = run.config, run.data.validation, run.device
-    sampler = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
-                                shuffle=False)
-    loss_sum, tokens = 0.0, 0
-    for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator()):
-        label = batch["label"].to(device)  # (batch, tgt_len)
-        with run.amp():
-            loss_sum += run.model(batch["encoder_input"].to(device),
-                                  batch["decoder_input"].to(device),
-                                  batch["encoder_mask"].to(device), label=label,
-                                  loss=run.loss_fn).item()
-        tokens += (label != PAD).sum().item()
-    return loss_sum / max(tokens, 1)
-
-
-@torch.no_grad()
-def run_validation(run: Run, progress: Progress) -> dict:
-    """Validation loss, then greedy decoding of the validation set (or its first
-    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples."""
-    config, val = run.config, run.data.validation
-    run.model.eval()
-    loss = validation_loss(run)
-    n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
-    started = time.time()
-    with decoding_bar(run, progress, n, "validating") as advance:
-        outputs = translate_ids(run.model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
-                                unk_id=UNK, **decoding_limits(config), progress=advance,
-                                batch_size=max(config.max_tokens // 40, config.batch_size, 1))
-    predictions = [detokenize(run.data.tokenizer_tgt, ids) for ids in outputs]
-    metrics = {"loss": loss, **score(predictions, val.tgt_texts[:n])}
-    for name, value in metrics.items():
-        if name != "report":
-            run.writer.add_scalar(f"validation/{name}", value, progress.step)
-    examples = [f"{'SOURCE:':>12} {val.src_texts[i]}\n{'TARGET:':>12} {val.tgt_texts[i]}\n"
-                f"{'PREDICTED:':>12} {predictions[i]}" for i in range(min(config.val_examples, n))]
-    if examples:
-        tqdm.write("-" * 80 + "\n" + ("\n" + "-" * 80 + "\n").join(examples) + "\n" + "-" * 80)
-        run.writer.add_text("validation/examples",
-                            "\n\n".join("    " + e.replace("\n", "\n    ") for e in examples),
-                            progress.step)
-    tqdm.write(f"validation: loss {metrics['loss']:.3f}  BLEU {metrics['bleu']:.2f}  "
-               f"chrF {metrics['chrf']:.2f}  CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}"
-               f"  ({n} sentences decoded in {time.time() - started:.1f}s)")
-    run.model.train()
-    return metrics
-
-
 def validate(run: Run, progress: Progress) -> Stop:
-    """Validation, once: on rank 0 while the others wait. Returns, on every rank, Stop.PATIENCE
-    if patience has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
-    stop = Stop.NONE
+    """Validation (evaluation.py), once, on rank 0 while the others wait; a new best (by BLEU,
+    ties broken by the lower loss: a young model at BLEU 0.00 still gets better while its loss
+    falls) is saved as the best checkpoint. Returns, on every rank, Stop.PATIENCE if patience
+    has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
+    stop, config, history = Stop.NONE, run.config, progress.history
     if run.rank == 0:
         try:
-            stop = keep_best(run, progress, run_validation(run, progress))
+            metrics = run_validation(run, progress)
         except StopRequested:
             run.model.train()
-            stop = Stop.SIGNAL
+            return Stop(max_over_ranks(Stop.SIGNAL))
+        history.append({"step": progress.step, "epoch": progress.epoch,
+                        **{k: v for k, v in metrics.items() if k != "report"}})
+        write_history(config, history)
+        best = max(history, key=lambda h: (h["bleu"], -h["loss"]))
+        if best is history[-1]:
+            save_checkpoint(best_checkpoint(run, progress.step, progress.epoch, best),
+                            best_checkpoint_path(config))
+            tqdm.write(f"new best validation BLEU {best['bleu']:.2f} (loss {best['loss']:.3f}): "
+                       f"saved {best_checkpoint_path(config)}")
+        since = len(history) - 1 - history.index(best)
+        stop = Stop.PATIENCE if config.patience and since >= config.patience else Stop.NONE
     return Stop(max_over_ranks(stop))
 
-
-def rank_of(h: dict):
-    """How validations compare: by BLEU, ties broken by the lower loss (a young model at BLEU
-    0.00 is still getting better while its loss falls)."""
-    return h["bleu"], -h["loss"]
-
-
-def keep_best(run: Run, progress: Progress, metrics: dict) -> Stop:
-    """Records a validation; a new best (by `rank_of`) is saved as the best checkpoint
-    (weights and config only). Returns Stop.PATIENCE if patience has run out."""
-    config, history = run.config, progress.history
-    history.append({"step": progress.step, "epoch": progress.epoch,
-                    **{k: v for k, v in metrics.items() if k != "report"}})
-    write_history(config, history)
-    best = max(history, key=rank_of)
-    if best is history[-1]:
-        save_checkpoint(best_checkpoint(run, progress.step, progress.epoch, best),
-                        best_checkpoint_path(config))
-        tqdm.write(f"new best validation BLEU {best['bleu']:.2f} (loss {best['loss']:.3f}): "
-                   f"saved {best_checkpoint_path(config)}")
-    since = len(history) - 1 - history.index(best)
-    return Stop.PATIENCE if config.patience and since >= config.patience else Stop.NONE
-
-
-@torch.no_grad()
-def score_test_sets(run: Run, progress: Progress):
-    """Translates the corpus's test split with the best checkpoint (loaded into a model of its
-    own: the run's weights are left as they are), greedy and beam 4, and prints, logs and
-    writes (results.json in the model folder) sacreBLEU BLEU and chrF. Returns the results and
-    a few (source, reference, greedy translation) samples; (None, []) without a test split or
-    when a stop signal interrupts."""
-    config, test, data = run.config, run.data.test, run.data
-    path = best_checkpoint_path(config)
-    if test is None or not path.exists():
-        return None, []
-    best = build_model(config, data.tokenizer_src.get_vocab_size(),
-                       data.tokenizer_tgt.get_vocab_size())
-    load_model_weights(best, load_checkpoint(path), path)
-    best = best.to(run.device).eval()
-    results = {"checkpoint": str(path), "sentences": len(test[0]), "scores": {}}
-    for beam in (1, 4):
-        name = "greedy" if beam == 1 else f"beam{beam}"
-        try:
-            with decoding_bar(run, progress, len(test[0]), f"test, {name}") as advance:
-                hyps = translate(best, config, data.tokenizer_src, data.tokenizer_tgt, test[0],
-                                 beam=beam, progress=advance)
-        except StopRequested:
-            tqdm.write(f"test scoring stopped by {progress.signal}: no results.json written "
-                       f"(translate.py --preload best --input ... --reference ... scores it)")
-            return None, []
-        if beam == 1:
-            samples = list(zip(test[0][:3], test[1][:3], hyps[:3]))
-        scores = score(hyps, test[1], error_rates=False)
-        results["scores"][name] = scores
-        for metric in ("bleu", "chrf"):
-            run.writer.add_scalar(f"test/{metric}_{name}", scores[metric], progress.step)
-        tqdm.write(f"test ({len(hyps)} sentences, best checkpoint, {name}):\n{scores['report']}")
-    out = Path(config.model_folder) / "results.json"
-    write_text_atomic(out, json.dumps(results, indent=1))
-    tqdm.write(f"wrote {out}")
-    return results, samples
-
-
-def write_model_card(run: Run, progress: Progress, results: dict, samples: list):
-    """MODEL_CARD.md and its validation curve in the model folder of a finished run."""
-    data, config = run.data, run.config
-    sizes = (f"{len(data.train):,} training pairs, {len(data.validation):,} validation pairs"
-             + (f", {len(data.test[0]):,} test pairs" if data.test else "")
-             + (" (validation held out of the training split)" if data.held_out else ""))
-    threads = f", {torch.get_num_threads()} threads" if run.device.type == "cpu" else ""
-    card = {"folder": config.model_folder, "config": config, "commands": progress.commands,
-            "corpus": data.corpus["source"], "sizes": sizes,
-            "vocab": (data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()),
-            "parameters": sum(p.numel() for p in run.model.parameters()),
-            "steps": progress.step, "epochs": progress.epoch + (progress.batch > 0),
-            "seconds": progress.provenance()["seconds"], "precision": run.precision,
-            "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",
-            "history": progress.history, "results": results, "samples": samples}
-    tqdm.write(f"wrote {write_card(card, write_text_atomic)}")
-
-
-# ---- the loop -----------------------------------------------------------------------------------
 
 def train_epoch(run: Run, progress: Progress) -> Stop:
     """Optimizer steps over the rest of epoch progress.epoch, validating every eval_every
     steps. Returns Stop.NONE at the end of the epoch, or why it stopped before."""
-    config, epoch = run.config, progress.epoch
+    config, epoch, end = run.config, progress.epoch, run.batches_per_epoch
     run.model.train()
-    bar = tqdm(total=run.batches_per_epoch, desc=f"epoch {epoch:02d}", dynamic_ncols=True,
-               mininterval=1.0, initial=progress.batch, disable=run.rank != 0)
+    bar = tqdm(total=end, desc=f"epoch {epoch:02d}", dynamic_ncols=True, mininterval=1.0,
+               initial=progress.batch, disable=run.rank != 0)
     tokens_seen, started = 0, time.time()  # `started` moves past validations: tok_s trains
     no_sync = getattr(run.step_model, "no_sync", None)
     for group, done in accumulation_groups(run, epoch, progress.batch):
@@ -656,26 +426,30 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
         progress.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)
         bar.update(done - bar.n)
-        logging = progress.step % config.log_every == 0 or done == run.batches_per_epoch
+        logging = progress.step % config.log_every == 0 or done == end
         if logging:
-            tokens_per_s = tokens_seen * run.world_size / (time.time() - started)
-            log_progress(run, progress, bar, lr, tokens_per_s)
-        if logging or run.device.type == "cpu":
+            log_progress(run, progress, bar, lr, tokens_seen * run.world_size
+                         / (time.time() - started))
+        if logging or run.device.type == "cpu":  # a read from the device: free on a CPU
             check_updates(run, progress)
-        stop = stop_after_step(run, progress)
+        # a stop (a signal on any rank, or max_steps) and periodic saves
+        stop = Stop(max_over_ranks(Stop.SIGNAL if progress.signal else Stop.NONE))
+        if not stop and config.max_steps and progress.step >= config.max_steps:
+            stop = Stop.MAX_STEPS
+        periodic = config.save_every and done < end and progress.step % config.save_every == 0
+        if (stop or periodic) and not (stop is Stop.MAX_STEPS and done == end):
+            save(run, progress, epoch, done, step_checkpoint_path(config, epoch, progress.step))
         if stop:
             bar.close()  # before the stop message: the bar is not drawn again under it
-            if stop is Stop.SIGNAL or done < run.batches_per_epoch:
+            if stop is Stop.SIGNAL or done < end:
                 tqdm.write(stop_message(run, progress, stop))
             return stop
-        if (config.eval_every and progress.step % config.eval_every == 0
-                and done < run.batches_per_epoch):  # the epoch's end validates anyway
-            paused = time.time()
+        if config.eval_every and progress.step % config.eval_every == 0 and done < end:
+            paused = time.time()  # (the epoch's end validates anyway)
             stop = validate(run, progress)
             started += time.time() - paused
             if stop:
-                save(run, progress, epoch, done,
-                     step_checkpoint_path(config, epoch, progress.step))
+                save(run, progress, epoch, done, step_checkpoint_path(config, epoch, progress.step))
                 bar.close()
                 if stop is Stop.SIGNAL:
                     tqdm.write(stop_message(run, progress, stop) + " (validation at this step "
@@ -702,7 +476,7 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
     if stop is Stop.SIGNAL:
         tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating epoch "
                    f"{progress.epoch} (not recorded); saved {latest_checkpoint_path(config)}. "
-                   f"Resume with: {resume_command(run)}")
+                   f"Resume with: {resume_command(config, run.world_size)}")
     elif stop is Stop.PATIENCE:
         print(f"no better validation in the last {config.patience} validations "
               f"(--patience {config.patience}): training stops")
@@ -720,11 +494,10 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
     lock = FolderLock(config.model_folder)
     try:
         run, progress = set_up(config, given, lock)
-        idle = nothing_to_do(run, progress)
+        idle = nothing_to_do(run.config, progress)
         if idle:
             print(idle)
             return
-        run.writer = SummaryWriter(run.config.experiment_name) if run.rank == 0 else NoWriter()
         catch_stop_signals(progress)
         script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
         progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
@@ -736,26 +509,14 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
         if run.rank == 0 and stop is not Stop.SIGNAL:
             results, samples = score_test_sets(run, progress)
             if not progress.signal:  # a finished run: its model card
-                write_model_card(run, progress, results, samples)
+                tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
         run.writer.close()
+    except Exception:
+        if aborting():  # an abort's aftermath (stopping.aborting): reported as the abort
+            raise KeyboardInterrupt from None
+        raise
     finally:
         lock.release()
-
-
-@contextmanager
-def removed_if_left_empty(folder):
-    """A failed start (a bad path, a refused checkpoint) leaves no empty folder behind: the
-    model folder is removed again if this run created it and wrote nothing in it."""
-    new = not Path(folder).exists()
-    try:
-        yield
-    except BaseException:
-        if new:
-            try:
-                Path(folder).rmdir()  # only an empty folder
-            except OSError:
-                pass
-        raise
 
 
 def main(argv=None):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from attention_map import save_attention_map
-from checkpoint import load_translator
+from trained_model import load_translator
 from config import (ArgumentParser, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where, run_main)
 from corpus import column, decode_lines, load_corpus

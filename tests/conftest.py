@@ -24,7 +24,7 @@ atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from config import run_main  # noqa: E402
+from config import Config, run_main  # noqa: E402
 from model import build_transformer  # noqa: E402
 
 EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -125,3 +125,17 @@ def small(seed=0, vocab=24, **options):
     torch.manual_seed(seed)
     return build_transformer(vocab, vocab, 40, 40, d_model=16, N=2, h=4, d_ff=32, dropout=0.0,
                              **options).eval()
+
+
+def state_at(epoch, step=None, **extra):
+    model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
+    return {"model_state_dict": model.state_dict(), "config": Config().to_dict(),
+            "epoch": epoch, "global_step": step or epoch * 10 + 10,
+            "next_epoch": epoch if step else epoch + 1, "next_batch": 3 if step else 0,
+            **extra}
+
+
+def tiny_state(epoch=0, **extra):
+    model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
+    return {"model_state_dict": model.state_dict(), "config": Config().to_dict(),
+            "epoch": epoch, "global_step": 10, **extra}

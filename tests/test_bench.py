@@ -15,7 +15,7 @@ def test_the_benchmarks_flop_count_is_the_models(options):
     from torch.utils.flop_counter import FlopCounterMode
 
     from bench import model_flops
-    from checkpoint import build_model
+    from trained_model import build_model
     config = Config(d_model=64, N=2, h=4, d_ff=128, seq_len=32, **options)
     model = build_model(config, 50, 60).eval()
     for module in model.modules():

@@ -1,30 +1,22 @@
-"""Checkpoint files: atomic saves, safe loads and their refusals, averaging, what a resume takes
-from a checkpoint and what it must match, pruning."""
+"""Checkpoint files: atomic saves, safe loads and their refusals, averaging, pruning."""
 
 import math
 import pickle
 
 import pytest
 import torch
-from conftest import number_pairs, write_aligned
+from conftest import state_at
 
 from checkpoint import (
     CheckpointError,
-    best_checkpoint_path,
-    check_split,
     check_vocab,
-    history_path,
     latest_checkpoint_path,
     load_averaged,
     load_checkpoint,
     prune_checkpoints,
-    resume_state,
-    rng_states,
     save_checkpoint,
-    set_rng_states,
 )
 from config import Config
-from corpus import load_corpus
 from model import build_transformer
 
 
@@ -111,14 +103,6 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypat
     assert math.isfinite(load_checkpoint(path)["global_step"])
 
 
-def state_at(epoch, step=None, **extra):
-    model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
-    return {"model_state_dict": model.state_dict(), "config": Config().to_dict(),
-            "epoch": epoch, "global_step": step or epoch * 10 + 10,
-            "next_epoch": epoch if step else epoch + 1, "next_batch": 3 if step else 0,
-            **extra}
-
-
 def test_averaging_uses_per_epoch_checkpoints_only(tmp_path):
     """--average N from a mid-epoch latest: the last N per-epoch files, never a mid-epoch one."""
     config = Config(model_folder=str(tmp_path))
@@ -131,90 +115,6 @@ def test_averaging_uses_per_epoch_checkpoints_only(tmp_path):
     assert [p.name for p in paths] == ["tmodel_00.pt"]
     with pytest.raises(CheckpointError, match="only 1 per-epoch"):
         load_averaged(config, tmp_path / "tmodel_00.pt", 2)
-
-
-def test_the_cuda_random_state_is_saved_and_restored(monkeypatch):
-    """4. On CUDA the device's own generator (dropout) is part of the saved state."""
-    saved = torch.tensor([7, 8, 9], dtype=torch.uint8)
-    restored = []
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=None: saved)
-    monkeypatch.setattr(torch.cuda, "set_rng_state",
-                        lambda state, device=None: restored.append(state))
-    states = rng_states(torch.device("cuda"))
-    assert torch.equal(states["cuda_rng_state"], saved) and "rng_state" in states
-    set_rng_states(states, torch.device("cuda"))
-    assert restored and torch.equal(restored[0], saved)
-    assert "cuda_rng_state" not in rng_states(torch.device("cpu"))
-
-
-def test_resume_never_takes_where_the_run_works_from_the_checkpoint(tmp_path):
-    """5. A run saved on cuda:3, with workers and its own log folder, resumes here."""
-    saved = Config(model_folder=str(tmp_path), device="cuda:3", num_workers=8,
-                   experiment_name="runs/elsewhere", lr=5e-4)
-    state = {**state_at(0), "config": saved.to_dict()}
-    save_checkpoint(state, tmp_path / "tmodel_00.pt")
-    (_, _), config = resume_state(Config(model_folder=str(tmp_path)), set())
-    assert (config.device, config.num_workers, config.experiment_name) == ("auto", 0,
-                                                                           "runs/tmodel")
-    assert config.lr == 5e-4  # a training setting still comes from the checkpoint
-
-
-def test_resuming_with_another_seed_cannot_redraw_a_held_out_validation_split(tmp_path):
-    """6. Without a validation split, --seed and --val_fraction choose the validation pairs."""
-    write_aligned(tmp_path / "c", "train", number_pairs(50, seed=1))
-    config = Config(data_dir=str(tmp_path / "c"), model_folder=str(tmp_path / "w"))
-    assert load_corpus(config)["held_out"] is True
-    state = {"config": config.to_dict()}
-    for change in ({"seed": 7}, {"val_fraction": 0.2}):
-        other = Config(**{**config.to_dict(), **change})
-        with pytest.raises(CheckpointError, match=f"--{next(iter(change))} "):
-            check_split(state, "tmodel_00.pt", other, held_out=True)
-        check_split(state, "tmodel_00.pt", other, held_out=False)  # its own split: harmless
-    check_split(state, "tmodel_00.pt", config, held_out=True)
-
-
-def tiny_state(epoch=0, **extra):
-    model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
-    return {"model_state_dict": model.state_dict(), "config": Config().to_dict(),
-            "epoch": epoch, "global_step": 10, **extra}
-
-
-@pytest.mark.parametrize("name", ["best", "history", "results"])
-def test_preload_none_never_overwrites_a_best_checkpoint_or_history(tmp_path, name):
-    """7. --preload none refused to overwrite tmodel_*.pt but overwrote tmodel_best.pt and the
-    validation history."""
-    config = Config(model_folder=str(tmp_path), preload="none")
-    path = {"best": best_checkpoint_path(config), "history": history_path(config),
-            "results": tmp_path / "results.json"}[name]
-    if name == "best":
-        save_checkpoint(tiny_state(), path)
-    else:
-        path.write_text("[]")
-    with pytest.raises(CheckpointError, match=f"holds a run \\({path.name}\\); --preload none"):
-        resume_state(config, {"preload"})
-    # Issue 24: with the numbered checkpoints deleted, --preload latest started afresh and
-    # overwrote the best checkpoint and the history: refused too
-    latest = Config(model_folder=str(tmp_path))
-    with pytest.raises(CheckpointError, match=f"holds a run's files \\({path.name}\\) but no "
-                                              f"checkpoint to resume from"):
-        resume_state(latest, set())
-    assert resume_state(Config(model_folder=str(tmp_path / "new")), set())[0] is None
-
-
-def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
-    """2. A mid-epoch checkpoint resumed with another number of torchrun processes repeated or
-    skipped pairs: the world size was neither saved nor checked."""
-    config = Config(model_folder=str(tmp_path))
-    save_checkpoint(tiny_state(next_epoch=0, next_batch=3, world_size=2),
-                    tmp_path / "tmodel_00_s0000010.pt")
-    for world in (1, 4):
-        with pytest.raises(CheckpointError, match="saved mid-epoch by 2 process\\(es\\) and "
-                                                  f"this run has {world}"):
-            resume_state(config, set(), world_size=world)
-    resume_state(config, set(), world_size=2)
-    save_checkpoint(tiny_state(next_epoch=1, next_batch=0, world_size=2),
-                    tmp_path / "tmodel_00.pt")
-    resume_state(config, set(), world_size=1)  # between epochs: any number
 
 
 def test_pruning_keeps_the_newest_epochs_and_mid_epoch_saves_and_never_the_best(tmp_path):
@@ -264,25 +164,3 @@ def test_averaging_holds_one_checkpoint_at_a_time_and_gives_the_mean(tmp_path, m
     for k, v in averaged["model_state_dict"].items():
         mean = torch.stack([s["model_state_dict"][k].double() for s in states]).mean(0)
         torch.testing.assert_close(v, mean.to(v.dtype)), k
-
-
-def test_a_damaged_history_or_a_full_disk_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
-    """Issue 24, the rest of its kind: the validation history was read and written without a
-    guard (a traceback on a damaged file or a full disk)."""
-    from checkpoint import read_history, write_history
-    config = Config(model_folder=str(tmp_path))
-    write_history(config, [{"step": 1, "bleu": 2.0, "loss": 3.0}])
-    before = history_path(config).read_text()
-
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(type(tmp_path), "write_text", disk_full)
-    with pytest.raises(CheckpointError, match="could not write .*tmodel_validation.json: No "
-                                              "space left on device; the files already saved"):
-        write_history(config, [])
-    monkeypatch.undo()
-    assert history_path(config).read_text() == before and not list(tmp_path.glob(".*tmp"))
-    history_path(config).write_text('[{"step": 1, "bl')
-    with pytest.raises(CheckpointError, match="tmodel_validation.json is unreadable "
-                                              r"\(JSONDecodeError\); it is the validation"):
-        read_history(config)

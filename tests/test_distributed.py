@@ -66,7 +66,7 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     assert len(seen) == len(set(seen)) == 120
 
     # one process, one update over both ranks' first batches: the same gradient
-    from checkpoint import build_model
+    from trained_model import build_model
     from config import Config
     from dataset import get_ds
     from train import make_loss, train_step

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import number_pairs, run_here, write_aligned
 
-from checkpoint import build_model
+from trained_model import build_model
 from config import Config
 from dataset import get_ds
 from decoding import translate_ids

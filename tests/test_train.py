@@ -15,19 +15,14 @@ import torch
 from conftest import ROOT, TINY, number_pairs, run_here, run_script, write_aligned
 
 import train
-from checkpoint import (
-    best_checkpoint_path,
-    build_model,
-    history_path,
-    load_checkpoint,
-    save_checkpoint,
-)
+from checkpoint import best_checkpoint_path, history_path, load_checkpoint, save_checkpoint
 from config import PRESETS, Config, parse_config
 from dataset import BilingualDataset, Collator
 from decoding import greedy_decode
 from model import LabelSmoothedCrossEntropy, build_transformer
 from tokenizer import EOS, PAD, SOS
-from train import Run, learning_rate, make_loss, make_optimizer, train_step, warmup_steps
+from trained_model import build_model
+from train import learning_rate, make_loss, make_optimizer, total_steps, train_step, warmup_steps
 
 
 def test_inverse_sqrt_schedule_matches_the_paper_formula():
@@ -56,11 +51,10 @@ def test_cosine_and_constant_schedules():
 def test_the_run_length_counts_max_steps_and_a_given_warmup_is_used_as_given():
     """7. The run length includes --max_steps. Issue 18: only the default warm-up is capped
     at a tenth of the run; a --warmup the user gives is used as given."""
-    run = types.SimpleNamespace(batches_per_epoch=100, config=Config(num_epochs=10,
-                                                                     accum_steps=1))
-    assert Run.total_steps.fget(run) == 1000
-    run.config.max_steps = 300
-    assert Run.total_steps.fget(run) == 300
+    config = Config(num_epochs=10, accum_steps=1)
+    assert total_steps(config, 100) == 1000
+    config.max_steps = 300
+    assert total_steps(config, 100) == 300
     assert warmup_steps(Config(), 500) == 50 and warmup_steps(Config(), 10 ** 6) == 4000
     assert warmup_steps(Config(warmup=2000), 6000) == 2000
     assert learning_rate(Config(lr_schedule="inverse_sqrt", lr=1e-3), 50, 500) == \
@@ -225,53 +219,28 @@ def test_a_resume_with_nothing_to_do_writes_no_event_file_and_says_so(tmp_path, 
     assert set((tmp_path / "runs" / "tmodel").iterdir()) == events
 
 
-def test_the_resume_command_names_where_the_run_works():
-    """6. The resume command printed after Ctrl-C omitted --experiment_name: the resumed run
-    wrote into runs/tmodel."""
-    config = Config(model_folder="w", experiment_name="runs/mine", num_workers=2)
-    run = types.SimpleNamespace(config=config, world_size=1)
-    command = train.resume_command(run)
-    assert command == ("python train.py --model_folder w --experiment_name runs/mine "
-                       "--num_workers 2")
-    assert "--device" not in command  # defaults are left out
-
-
-def test_the_resume_command_under_torchrun_can_be_pasted(monkeypatch):
-    """Issue 24: after a stop under torchrun the hint read "torchrun <the same torchrun flags,
-    2 processes> train.py ...": now the launcher's real flags, from torchrun's environment."""
-    run = types.SimpleNamespace(config=Config(model_folder="w"), world_size=2)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
-    assert train.resume_command(run) == ("torchrun --standalone --nproc_per_node=2 train.py "
-                                         "--model_folder w")
-    run.world_size = 8  # two machines of 4 GPUs
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
-    monkeypatch.setenv("MASTER_ADDR", "node1")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    assert train.resume_command(run).startswith(
-        "torchrun --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d --rdzv_endpoint=node1:29500 "
-        "train.py")
-
-
 def fake_run(tmp_path, patience=0):
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
     return types.SimpleNamespace(config=Config(model_folder=str(tmp_path), patience=patience),
-                                 model=model, data=types.SimpleNamespace(corpus=None))
+                                 model=model, data=types.SimpleNamespace(corpus=None), rank=0)
 
 
-def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, capsys):
+def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatch):
     """8. Patience counted BLEU only: a young model at BLEU 0.00 twice was stopped while its
     validation loss still fell."""
     run, progress = fake_run(tmp_path, patience=2), train.Progress()
-    for step, loss in ((1, 5.0), (2, 4.5), (3, 4.0)):
+
+    def validate(step, loss):
         progress.step = step
-        assert train.keep_best(run, progress, {"bleu": 0.0, "loss": loss}) is train.Stop.NONE
+        monkeypatch.setattr(train, "run_validation", lambda run, progress: {"bleu": 0.0,
+                                                                            "loss": loss})
+        return train.validate(run, progress)
+    for step, loss in ((1, 5.0), (2, 4.5), (3, 4.0)):
+        assert validate(step, loss) is train.Stop.NONE
     assert load_checkpoint(best_checkpoint_path(run.config))["global_step"] == 3
-    progress.step = 4  # no better BLEU, no lower loss: once is within patience, twice is not
-    assert train.keep_best(run, progress, {"bleu": 0.0, "loss": 4.2}) is train.Stop.NONE
-    progress.step = 5
-    assert train.keep_best(run, progress, {"bleu": 0.0, "loss": 4.2}) is train.Stop.PATIENCE
+    # no better BLEU, no lower loss: once is within patience, twice is not
+    assert validate(4, 4.2) is train.Stop.NONE
+    assert validate(5, 4.2) is train.Stop.PATIENCE
 
 
 def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, train_here,
@@ -279,18 +248,19 @@ def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, tra
     """Issue 17: validation decoding ignored the first Ctrl-C (and showed no progress)."""
     import os
     corpus(tmp_path / "c")
-    real = train.translate_ids
+    import evaluation
+    real = evaluation.translate_ids
 
     def interrupted(*args, **kwargs):  # Ctrl-C arrives while the validation set decodes
         os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
-    monkeypatch.setattr(train, "translate_ids", interrupted)
+    monkeypatch.setattr(evaluation, "translate_ids", interrupted)
     code, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
     assert code == 0, err
     assert "stopped by SIGINT while validating epoch 0 (not recorded); saved " \
            "weights/tmodel_00.pt. Resume with: python train.py --model_folder weights" in out
     assert not history_path(Config(model_folder=str(tmp_path / "weights"))).exists()
-    monkeypatch.setattr(train, "translate_ids", real)
+    monkeypatch.setattr(evaluation, "translate_ids", real)
     code, out, err = train_here()
     assert code == 0 and "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out, err
 
@@ -636,6 +606,7 @@ def test_compile_trains_the_same_step_as_eager(tmp_path):
                                       "--compile", str(compile_)])
         run, _ = train.set_up(config, given)
         run.lock.release()
+        run.writer.close()
         assert (run.step_model is not run.model) == compile_
         batch = next(iter(run.loader))
         loss, _ = train_step(run.step_model, [batch], run.loss_fn, PAD, run.device, run.amp)
@@ -643,26 +614,6 @@ def test_compile_trains_the_same_step_as_eager(tmp_path):
         grads.append(torch.cat([p.grad.flatten() for p in run.model.parameters()]))
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-3, atol=1e-5)
-
-
-def test_test_scoring_leaves_the_runs_weights_as_they_were(tmp_path, monkeypatch):
-    """Issue 23: score_test_sets loaded the best checkpoint into the run's model, overwriting
-    the weights it was handed. Now the best checkpoint decodes in a model of its own."""
-    corpus(tmp_path / "c")
-    write_aligned(tmp_path / "c", "test", number_pairs(3, seed=9))
-    monkeypatch.chdir(tmp_path)
-    config, given = parse_config(["--data_dir", "c", *TINY])
-    run, progress = train.set_up(config, given)
-    run.lock.release()
-    save_checkpoint(train.best_checkpoint(run, 0, 0, {}), tmp_path / "weights" / "tmodel_best.pt")
-    with torch.no_grad():
-        for p in run.model.parameters():
-            p.add_(0.5)  # the run trained on past its best
-    before = {k: v.clone() for k, v in run.model.state_dict().items()}
-    train.score_test_sets(run, progress)
-    assert (tmp_path / "weights" / "results.json").exists()
-    for k, v in run.model.state_dict().items():
-        assert torch.equal(v, before[k]), k
 
 
 def test_a_second_training_in_a_folder_in_use_is_refused_and_a_killed_runs_lock_is_not(

@@ -87,6 +87,7 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--beam", "0", "hi"], None, "must be positive"),
     (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt"),
     (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
+    (["--min_len", "200", "hi"], None, "--min_len 200 is more than a translation can hold"),
     (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
      "corpus/val.it has 8 lines but the input has 64"),
 ])
@@ -159,7 +160,7 @@ def test_cross_attention_map(trained, tmp_path):
     assert t.returncode == 0, t.stderr.decode()
     assert (tmp_path / "att.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from attention_map import cross_attention
-    from checkpoint import load_translator
+    from trained_model import load_translator
     from config import Config
     model, _, tok_src, tok_tgt = load_translator(Config(model_folder=str(home / "weights")))
     weights, src_tokens, tgt_tokens = cross_attention(model, tok_src, tok_tgt, "one two.",

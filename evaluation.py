@@ -1,0 +1,137 @@
+"""How a training run is scored: on the validation split, the teacher-forced loss (label-smoothed,
+and the plain negative log-likelihood and perplexity, which compare across smoothings, as
+fairseq reports them) and greedy decoding scored with sacreBLEU; at the end, the test split
+translated with the best checkpoint, greedy and with beam search. train.py calls these with its
+Run (config, model, data, device, writer) and Progress (the step, a stop signal)."""
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from checkpoint import best_checkpoint_path, load_checkpoint
+from dataset import Collator, TokenBatchSampler
+from decoding import decoding_limits, translate, translate_ids
+from files import write_text_atomic
+from kernels import BlockwiseLabelSmoothedCrossEntropy
+from metrics import score
+from stopping import StopRequested
+from tokenizer import EOS, PAD, SOS, UNK, detokenize
+from trained_model import build_model, load_model_weights
+
+
+@contextmanager
+def decoding_bar(run, progress, total: int, what: str):
+    """A progress bar over the sentences decoded, yielding translate_ids's `progress`: it
+    raises StopRequested at the next batch once a stop signal came."""
+    bar = tqdm(total=total, desc=what, unit=" sentences", leave=False, dynamic_ncols=True,
+               mininterval=1.0, disable=run.rank != 0)
+
+    def advance(done: int):
+        bar.update(done)
+        if progress.signal:
+            raise StopRequested()
+    try:
+        yield advance
+    finally:
+        bar.close()
+
+
+@torch.no_grad()
+def validation_loss(run) -> dict:
+    """Per target token over the validation split, teacher-forced: the training loss (label-
+    smoothed) as `loss`, the negative log-likelihood of the labels as `nll` (nats), and the
+    perplexity exp(nll) as `ppl`."""
+    config, val, device = run.config, run.data.validation, run.device
+    sampler = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
+                                shuffle=False)
+    nll_fn = BlockwiseLabelSmoothedCrossEntropy(0.0, ignore_index=PAD)
+    loss_sum, nll_sum, tokens = 0.0, 0.0, 0
+    for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator()):
+        src, mask = batch["encoder_input"].to(device), batch["encoder_mask"].to(device)
+        label = batch["label"].to(device)  # (batch, tgt_len)
+        with run.amp():
+            x = run.model.decode(run.model.encode(src, mask), mask,
+                                 batch["decoder_input"].to(device))  # (batch, tgt_len, d_model)
+            loss_sum += run.loss_fn(x, run.model.projection_layer, label).item()
+            nll_sum += nll_fn(x, run.model.projection_layer, label).item()
+        tokens += (label != PAD).sum().item()
+    nll = nll_sum / max(tokens, 1)
+    return {"loss": loss_sum / max(tokens, 1), "nll": nll, "ppl": math.exp(min(nll, 700))}
+
+
+@torch.no_grad()
+def run_validation(run, progress) -> dict:
+    """Validation loss, then greedy decoding of the validation set (or its first
+    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples."""
+    config, val = run.config, run.data.validation
+    run.model.eval()
+    losses = validation_loss(run)
+    n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
+    started = time.time()
+    with decoding_bar(run, progress, n, "validating") as advance:
+        outputs = translate_ids(run.model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
+                                unk_id=UNK, **decoding_limits(config), progress=advance,
+                                batch_size=max(config.max_tokens // 40, config.batch_size, 1))
+    predictions = [detokenize(run.data.tokenizer_tgt, ids) for ids in outputs]
+    metrics = {**losses, **score(predictions, val.tgt_texts[:n])}
+    for name, value in metrics.items():
+        if name != "report":
+            run.writer.add_scalar(f"validation/{name}", value, progress.step)
+    examples = [f"{'SOURCE:':>12} {val.src_texts[i]}\n{'TARGET:':>12} {val.tgt_texts[i]}\n"
+                f"{'PREDICTED:':>12} {predictions[i]}" for i in range(min(config.val_examples, n))]
+    if examples:
+        tqdm.write("-" * 80 + "\n" + ("\n" + "-" * 80 + "\n").join(examples) + "\n" + "-" * 80)
+        run.writer.add_text("validation/examples",
+                            "\n\n".join("    " + e.replace("\n", "\n    ") for e in examples),
+                            progress.step)
+    tqdm.write(f"validation: loss {metrics['loss']:.3f} (nll {metrics['nll']:.3f}, ppl "
+               f"{metrics['ppl']:.2f})  BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
+               f"CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}  ({n} sentences decoded in "
+               f"{time.time() - started:.1f}s)")
+    run.model.train()
+    return metrics
+
+
+@torch.no_grad()
+def score_test_sets(run, progress):
+    """Translates the corpus's test split with the best checkpoint (loaded into a model of its
+    own: the run's weights are left as they are), greedy and beam 4, and prints, logs and
+    writes (results.json in the model folder) sacreBLEU BLEU and chrF. Returns the results and
+    a few (source, reference, greedy translation) samples; (None, []) without a test split or
+    when a stop signal interrupts."""
+    config, test, data = run.config, run.data.test, run.data
+    path = best_checkpoint_path(config)
+    if test is None or not path.exists():
+        return None, []
+    best = build_model(config, data.tokenizer_src.get_vocab_size(),
+                       data.tokenizer_tgt.get_vocab_size())
+    load_model_weights(best, load_checkpoint(path), path)
+    best = best.to(run.device).eval()
+    results = {"checkpoint": str(path), "sentences": len(test[0]), "scores": {}}
+    for beam in (1, 4):
+        name = "greedy" if beam == 1 else f"beam{beam}"
+        try:
+            with decoding_bar(run, progress, len(test[0]), f"test, {name}") as advance:
+                hyps = translate(best, config, data.tokenizer_src, data.tokenizer_tgt, test[0],
+                                 beam=beam, progress=advance)
+        except StopRequested:
+            tqdm.write(f"test scoring stopped by {progress.signal}: no results.json written "
+                       f"(translate.py --preload best --input ... --reference ... scores it)")
+            return None, []
+        if beam == 1:
+            samples = list(zip(test[0][:3], test[1][:3], hyps[:3]))
+        scores = score(hyps, test[1], error_rates=False)
+        results["scores"][name] = scores
+        for metric in ("bleu", "chrf"):
+            run.writer.add_scalar(f"test/{metric}_{name}", scores[metric], progress.step)
+        tqdm.write(f"test ({len(hyps)} sentences, best checkpoint, {name}):\n{scores['report']}")
+    out = Path(config.model_folder) / "results.json"
+    write_text_atomic(out, json.dumps(results, indent=1))
+    tqdm.write(f"wrote {out}")
+    return results, samples

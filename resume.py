@@ -1,0 +1,200 @@
+"""What train.py resumes from, and what a resume must match: the checkpoint --preload names,
+the config merged from it and the command line (refusing what cannot continue the saved run
+exactly: another corpus, another batch order mid-epoch, another number of processes mid-epoch,
+another held-out validation split), the random state, the validation history, and the later
+checkpoints that training on from an earlier epoch sets aside."""
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from checkpoint import (CheckpointError, best_checkpoint_path, check_vocab, history_path,
+                        list_checkpoints, load_checkpoint, merge_config, resolve_preload)
+from config import Config, fields_where
+from files import write_text_atomic
+from trained_model import load_model_weights
+
+
+# ---- what train.py resumes from, and what a resume must match ----------------------------------
+
+# The settings that fix the order of an epoch's batches: a mid-epoch checkpoint needs them.
+BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
+
+
+def refuse_to_overwrite(config: Config):
+    """A fresh start writes a new best checkpoint, validation history and test results: refused
+    in a folder that holds a run's files (--preload none there, or --preload latest where the
+    checkpoints were deleted but the best checkpoint or the history remain)."""
+    found = [p.name for p, _, _ in list_checkpoints(config)[-1:]]
+    found += [p.name for p in (best_checkpoint_path(config), history_path(config),
+                               Path(config.model_folder) / "results.json") if p.exists()]
+    if not found:
+        return
+    if config.preload == "none":
+        raise CheckpointError(
+            f"{config.model_folder} already holds a run ({', '.join(found)}); --preload none "
+            f"would overwrite it: resume with --preload latest or train into another "
+            f"--model_folder")
+    raise CheckpointError(
+        f"{config.model_folder} holds a run's files ({', '.join(found)}) but no checkpoint to "
+        f"resume from; a fresh start would overwrite them: train into another --model_folder, "
+        f"or move them away")
+
+
+def resume_state(config: Config, given: set, world_size: int = 1):
+    """The checkpoint --preload names (None for a fresh start) as (path, state), and the config
+    to train with: flags given on the command line win; the rest comes from the checkpoint.
+    Refuses what cannot continue the saved run exactly (see the module docstring)."""
+    if config.preload == "best":
+        raise CheckpointError("--preload best is for translate.py (the best checkpoint holds "
+                              "the weights only); resume training with latest or an epoch")
+    path = resolve_preload(config)
+    if path is None:
+        refuse_to_overwrite(config)
+        return None, config
+    state = load_checkpoint(path)
+    saved = Config.from_dict(state["config"])
+    overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
+    merged = merge_config(saved, config, given, path, overrides)
+    if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
+        for name in BATCH_ORDER_FIELDS:
+            if getattr(saved, name) != getattr(merged, name):
+                raise CheckpointError(
+                    f"{path} was saved mid-epoch with --{name} {getattr(saved, name)}; resume "
+                    f"it with the same value (the epoch's batch order depends on it), or from a "
+                    f"per-epoch checkpoint with --preload N")
+        saved_world = state.get("world_size", 1)
+        if saved_world != world_size:
+            raise CheckpointError(
+                f"{path} was saved mid-epoch by {saved_world} process(es) and this run has "
+                f"{world_size}: the rest of that epoch's batches are shared out by the number "
+                f"of processes; resume it with {saved_world}, or from a per-epoch checkpoint "
+                f"with --preload N")
+    problem = merged.validate()
+    if problem:
+        raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
+    return (path, state), merged
+
+
+def check_corpus(state: dict, path: Path, corpus: dict):
+    """Refuses to resume on another corpus than the checkpoint was trained on (another epoch
+    length, another validation set for the best checkpoint): called before any data is
+    prepared. Checkpoints of earlier versions do not record their corpus."""
+    saved = state.get("corpus")
+    if saved and saved["fingerprint"] != corpus["fingerprint"]:
+        same = saved["source"] == corpus["source"]
+        raise CheckpointError(
+            f"{path} was trained on {'another version of ' if same else ''}the corpus "
+            f"{saved['source']}" + ("" if same else f", not {corpus['source']}")
+            + (" (its files changed since: names, sizes or modification times)" if same else "")
+            + "; resume with that corpus, or train on this one into another --model_folder")
+
+
+def check_resume_data(state: dict, path: Path, config: Config, data):
+    """The checks a resume makes once the data is loaded: the vocabulary sizes of the
+    tokenizers, and a validation split held out of train by the same seed."""
+    check_vocab(state, path, data.tokenizer_src.get_vocab_size(),
+                data.tokenizer_tgt.get_vocab_size())
+    check_split(state, path, config, data.held_out)
+
+
+def check_split(state: dict, path: Path, config: Config, held_out: bool):
+    """A corpus without a validation split of its own has one drawn from train with --seed and
+    --val_fraction: resuming with other values would move training pairs into validation."""
+    if not held_out:
+        return
+    for name in ("seed", "val_fraction"):
+        saved = state["config"].get(name)
+        if saved != getattr(config, name):
+            raise CheckpointError(
+                f"{path} was trained with --{name} {saved}, which drew its validation pairs "
+                f"from the training split (the corpus has none of its own); resume with "
+                f"--{name} {saved}, or train into another --model_folder")
+
+
+def restore_training(state: dict, path: Path, model, optimizer, scaler):
+    """Loads a training checkpoint's weights, optimizer and gradient-scaler state."""
+    load_model_weights(model, state, path)
+    optimizer.load_state_dict(state["optimizer_state_dict"])
+    if state.get("scaler_state_dict"):
+        scaler.load_state_dict(state["scaler_state_dict"])
+
+
+def restore_rng(state: dict, rank: int, world_size: int, device, seed: int):
+    """This rank's saved random state (dropout goes on exactly); with another number of
+    processes than saved (allowed between epochs only), a fresh dropout stream per rank."""
+    ranks = state.get("rank_rng_states")
+    if world_size == 1 and not ranks:
+        set_rng_states(state, device)
+    elif ranks and len(ranks) == world_size:
+        set_rng_states(ranks[rank], device)
+    else:
+        torch.manual_seed(seed + rank + state["global_step"])
+
+
+def set_aside_later(config: Config, path: Path):
+    """Training on from an earlier epoch (--preload N) starts a new line of training: the
+    checkpoints saved after `path`, a best checkpoint and test results from after it belong to
+    the abandoned line. They are moved, never deleted, into a subfolder (with a copy of the
+    validation history, whose later entries the new line drops), so that pruning and
+    --preload latest see the new line only."""
+    found = [p for p, _, _ in list_checkpoints(config)]
+    later = found[found.index(path) + 1:] if path in found else []
+    best = best_checkpoint_path(config)
+    if best.exists() and load_checkpoint(best, mmap=True)["epoch"] > int(config.preload):
+        later.append(best)
+    if not later:
+        return
+    folder = Path(config.model_folder) / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir()
+    results = Path(config.model_folder) / "results.json"
+    for p in later + ([results] if results.exists() else []):
+        os.replace(p, folder / p.name)
+    if history_path(config).exists():
+        shutil.copy2(history_path(config), folder / history_path(config).name)
+    print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
+          f"({', '.join(p.name for p in later)}) to {folder}; training goes on from {path.name}")
+
+
+# ---- the validation history -------------------------------------------------------------------
+
+def read_history(config: Config, up_to_step: int = None) -> list:
+    """The validations recorded in this run folder (those after `up_to_step` belong to a
+    line of training abandoned by --preload, and are left out)."""
+    path = history_path(config)
+    if not path.exists():
+        return []
+    try:
+        history = json.loads(path.read_text(encoding="utf-8"))
+        return [h for h in history if up_to_step is None or h["step"] <= up_to_step]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{path} is unreadable ({type(e).__name__}); it is the validation "
+                              f"history the best checkpoint is chosen by: mend it or move it "
+                              f"away, then resume") from None
+
+
+def write_history(config: Config, history: list):
+    write_text_atomic(history_path(config), json.dumps(history, indent=1))
+
+
+# ---- random state -------------------------------------------------------------------------------
+
+def rng_states(device) -> dict:
+    """The random state that dropout draws from: the CPU generator's, and on CUDA the
+    device's own (without it a resumed GPU run restarts its dropout stream)."""
+    states = {"rng_state": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda_rng_state"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(state: dict, device):
+    if "rng_state" in state:
+        torch.set_rng_state(state["rng_state"])
+    if device.type == "cuda" and "cuda_rng_state" in state:
+        torch.cuda.set_rng_state(state["cuda_rng_state"], device)

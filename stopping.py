@@ -1,0 +1,97 @@
+"""How a training run stops before its end: why (`Stop`), on Ctrl-C or SIGTERM (the current step
+finishes, a checkpoint is saved, the run exits; a second signal aborts at once), and the
+command that resumes it."""
+
+import enum
+import os
+import signal
+
+from tqdm import tqdm
+
+from checkpoint import latest_checkpoint_path
+from config import Config
+
+
+class Stop(enum.IntEnum):
+    """Why training stops before its last epoch ends. Ranks agree on the largest."""
+    NONE = 0
+    MAX_STEPS = 1  # --max_steps reached
+    PATIENCE = 2  # --patience validations without a better one
+    SIGNAL = 3  # Ctrl-C or SIGTERM
+
+
+class StopRequested(Exception):
+    """Ctrl-C or SIGTERM while decoding (validation, test scoring): stop at the next batch."""
+
+
+_aborting = False  # set by `abort`: an exception after it is the abort's aftermath
+
+
+def abort(signum=None, frame=None):
+    """Stops at once (KeyboardInterrupt), and lets no later signal cut short the clean-up on
+    the way out (releasing the folder, closing the process group): under torchrun a Ctrl-C
+    reaches each process twice, from the terminal and from torchrun."""
+    global _aborting
+    _aborting = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def aborting() -> bool:
+    """Whether a signal aborted this process. Python drops an exception raised in a finalizer or
+    an import lock's callback ("Exception ignored in ..."): a KeyboardInterrupt landing there is
+    lost, and the process goes on until another rank's absence fails it. That failure is then
+    the abort, and train.py reports it as one."""
+    return _aborting
+
+
+def catch_stop_signals(progress=None):
+    """Ctrl-C / SIGTERM while training: finish the current step, save, exit; a second one
+    aborts (the checkpoints already written stay intact: saves are atomic). Without
+    `progress` (while setting up, before any step): abort at once."""
+    def handle(signum, frame):
+        if progress is None or progress.signal:
+            abort()
+        progress.signal = signal.Signals(signum).name
+        tqdm.write(f"{progress.signal}: stopping after this step or decoding batch (press "
+                   f"Ctrl-C again to abort)")
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
+
+
+def ignore_sigint(_worker_id):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # DataLoader workers: the main process decides
+
+
+def launcher(world_size: int) -> str:
+    """python, or the torchrun command line of this run (from torchrun's environment)."""
+    if world_size == 1:
+        return "python"
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", world_size)
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    if nodes == 1:
+        return f"torchrun --standalone --nproc_per_node={per_node}"
+    return (f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --rdzv_backend=c10d "
+            f"--rdzv_endpoint={os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
+
+
+def resume_command(config: Config, world_size: int) -> str:
+    """The command that continues this run: where it works (the run group of flags, which a
+    resume never takes from the checkpoint) as given, under the launcher it ran under; the
+    rest comes from the checkpoint."""
+    default = Config()
+    flags = [f"--{name} {getattr(config, name)}" for name in
+             ("model_folder", "model_basename", "experiment_name", "device", "num_workers")
+             if name == "model_folder" or getattr(config, name) != getattr(default, name)]
+    return f"{launcher(world_size)} train.py {' '.join(flags)}"
+
+
+def stop_message(run, progress, stop: Stop) -> str:
+    """What a run stopped within an epoch says: why, where, what it saved, how to resume."""
+    why = (f"stopped by {progress.signal or 'a signal'}" if stop is Stop.SIGNAL else
+           f"reached --max_steps {run.config.max_steps}")
+    return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
+            f"{run.batches_per_epoch} (step {progress.step}); saved "
+            f"{latest_checkpoint_path(run.config)}. Resume with: "
+            f"{resume_command(run.config, run.world_size)}")

@@ -1,0 +1,107 @@
+"""The speed paths of kernels.py, each held equal to what it replaces: torch's dropout, the
+attention formula, the label-smoothed loss on the whole logits (model.LabelSmoothedCrossEntropy)."""
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from kernels import BlockwiseLabelSmoothedCrossEntropy, Dropout, written_out_attention_is_faster
+from model import LabelSmoothedCrossEntropy, build_transformer
+from tokenizer import PAD
+
+
+def test_dropout_drops_p_of_every_lane_scales_the_rest_and_reuses_its_mask_backward():
+    """Issue 25: the CPU mask takes four 16-bit numbers from each 64-bit draw; each of the four
+    lanes must drop p of its elements (a draw without its sign bit would keep every fourth
+    element), the kept ones scaled by 1/(1 - p), and the gradient must pass the same mask."""
+    torch.manual_seed(0)
+    dropout = Dropout(0.1).train()
+    x = torch.ones(1000, 1000, requires_grad=True)
+    y = dropout(x)
+    dropped = (y == 0).float().view(-1, 4).mean(dim=0)  # the fraction dropped in each lane
+    torch.testing.assert_close(dropped, torch.full((4,), 0.1), atol=0.002, rtol=0)
+    kept = y[y != 0]
+    torch.testing.assert_close(kept, torch.full_like(kept, 65536 / (65536 - 6554)))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())
+    assert not torch.equal(dropout(x), y)  # a new mask each call
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x), y)  # drawn from torch's generator: seeded runs repeat
+    # bf16: the kept elements scaled at full precision, then rounded once
+    xb = torch.randn(100, 100).bfloat16()
+    yb = dropout(xb)
+    assert yb.dtype == torch.bfloat16
+    kept = yb != 0
+    assert torch.equal(yb[kept], (xb[kept].float() * 65536 / (65536 - 6554)).bfloat16())
+    assert torch.equal(dropout.eval()(x), x)
+    # torch's own nn.Dropout keeps the same share at the same scale (its reference)
+    reference = torch.nn.Dropout(0.1)(torch.ones(1000, 1000))
+    assert (reference == 0).float().mean().item() == pytest.approx(0.1, abs=0.002)
+
+
+def test_the_attention_dispatch_writes_attention_out_only_where_it_was_measured_faster():
+    q = torch.zeros(1, 2, 3, 4)
+    assert not written_out_attention_is_faster(q, dropout=False)  # CPU fp32, no dropout: fused
+    assert written_out_attention_is_faster(q, dropout=True)
+    assert written_out_attention_is_faster(q.bfloat16(), dropout=False)
+    assert written_out_attention_is_faster(q.half(), dropout=False)
+    assert not written_out_attention_is_faster(q.to("meta"), dropout=True)  # not a CPU
+
+
+@pytest.mark.parametrize("smoothing, autocast, scale, ignore", [
+    (0.1, False, 1.0, PAD), (0.0, False, 1.0, PAD), (0.1, True, 1.0, PAD),
+    (0.1, False, 100.0, PAD), (0.1, False, 1.0, -100)])
+def test_blockwise_loss_and_gradients_equal_the_formula_on_the_whole_logits(smoothing, autocast,
+                                                                            scale, ignore):
+    """Issue 25: the projection and the label-smoothed loss computed a few positions at a time,
+    gradients in the forward pass, give the loss and gradients of section 5.4's formula on the
+    whole logits (model.LabelSmoothedCrossEntropy): padding ignored, blocks of 3 rows over 14
+    positions (the last one short), bias included; under bf16 autocast within bf16's rounding.
+    Scale 100: logits so far apart that most labels' probabilities underflow float32. Issue 41:
+    the default ignore_index (-100) raised in gather."""
+    torch.manual_seed(0)
+    x = (torch.randn(2, 7, 16) * scale).requires_grad_()
+    projection = build_transformer(40, 40, 8, 8, d_model=16, N=1, h=2, d_ff=32).projection_layer
+    label = torch.randint(1, 40, (2, 7))
+    label[1, 4:] = ignore
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    results = []
+    kwargs = {} if ignore == -100 else {"ignore_index": ignore}
+    for loss_fn in (LabelSmoothedCrossEntropy(smoothing, **kwargs),
+                    BlockwiseLabelSmoothedCrossEntropy(smoothing, block_rows=3, **kwargs)):
+        with amp:
+            loss = loss_fn(x, projection, label)
+        (loss * 0.5).backward()  # an upstream gradient other than 1
+        params = [x, projection.proj.weight, projection.proj.bias]
+        results.append([loss.detach()] + [p.grad.clone() for p in params])
+        for p in params:
+            p.grad = None
+    tolerance = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-5 * scale, rtol=1e-5)
+    for formula_value, blockwise_value in zip(*results):
+        torch.testing.assert_close(blockwise_value, formula_value, **tolerance)
+    with torch.no_grad():  # no gradients to compute: the loss alone
+        loss = BlockwiseLabelSmoothedCrossEntropy(smoothing, block_rows=3, **kwargs)(
+            x, projection, label)
+    torch.testing.assert_close(loss, results[0][0], **tolerance)
+
+
+def test_the_blockwise_loss_never_waits_for_the_device(monkeypatch):
+    """Issue 41: each block found its underflowing rows with nonzero() and asked their number,
+    which makes the host wait for a GPU at every block. Every way a tensor's value reaches the
+    host is made to fail here: the loss and its gradients must not need one."""
+    torch.manual_seed(0)
+    model = tiny_model()
+    x = (torch.randn(3, 9, model.projection_layer.proj.in_features) * 50).requires_grad_()
+    label = torch.randint(4, 20, (3, 9))
+    label[2, 5:] = PAD
+
+    def waits(*args, **kwargs):
+        raise AssertionError("a value read from the device")
+    for name in ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, waits)
+    monkeypatch.setattr(torch, "nonzero", waits)
+    loss = BlockwiseLabelSmoothedCrossEntropy(0.1, PAD, block_rows=4)(
+        x, model.projection_layer, label)
+    loss.backward()
+    monkeypatch.undo()
+    assert torch.isfinite(loss).item() and torch.isfinite(x.grad).all().item()

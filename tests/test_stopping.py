@@ -1,0 +1,65 @@
+"""Stopping a training run: the resume command it prints, and an abort's aftermath. (The
+signals themselves are tested on whole runs: test_train.py, test_distributed.py.)"""
+
+import pytest
+
+import stopping
+from config import Config
+from stopping import resume_command
+
+
+def test_the_resume_command_names_where_the_run_works():
+    """6. The resume command printed after Ctrl-C omitted --experiment_name: the resumed run
+    wrote into runs/tmodel."""
+    config = Config(model_folder="w", experiment_name="runs/mine", num_workers=2)
+    command = resume_command(config, 1)
+    assert command == ("python train.py --model_folder w --experiment_name runs/mine "
+                       "--num_workers 2")
+    assert "--device" not in command  # defaults are left out
+
+
+def test_the_resume_command_under_torchrun_can_be_pasted(monkeypatch):
+    """Issue 24: after a stop under torchrun the hint read "torchrun <the same torchrun flags,
+    2 processes> train.py ...": now the launcher's real flags, from torchrun's environment."""
+    config = Config(model_folder="w")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    assert resume_command(config, 2) == ("torchrun --standalone --nproc_per_node=2 train.py "
+                                        "--model_folder w")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "node1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert resume_command(config, 8).startswith(  # two machines of 4 GPUs
+        "torchrun --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d --rdzv_endpoint=node1:29500 "
+        "train.py")
+
+
+def test_an_error_after_a_lost_abort_is_reported_as_the_abort(monkeypatch, tmp_path):
+    """Issue 41 (a torchrun test that failed now and then): Python drops a KeyboardInterrupt
+    raised in an import lock's callback ("Exception ignored in ..."); the process went on into
+    DDP's set-up, failed there once the other rank had left, and printed a traceback. After an
+    abort, that failure is the abort (one line, exit 130); without one, it is what it is."""
+    import signal
+
+    import train
+
+    def set_up(*args, **kwargs):
+        if state["abort"]:
+            try:
+                stopping.abort()
+            except KeyboardInterrupt:
+                pass  # what Python does to it in a finalizer
+        raise RuntimeError("Connection closed by peer")
+    state = {}
+    monkeypatch.setattr(train, "set_up", set_up)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for abort, expected in ((False, RuntimeError), (True, KeyboardInterrupt)):
+            state["abort"] = abort
+            monkeypatch.setattr(stopping, "_aborting", False)
+            with pytest.raises(expected):
+                train.train_model(Config(model_folder=str(tmp_path / "w")))
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)

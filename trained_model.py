@@ -1,0 +1,81 @@
+"""A trained model rebuilt from the config its checkpoint carries: the model a config describes
+(`build_model`), its weights loaded with an architecture mismatch said in one line, and the
+model with its tokenizers for inference (`load_translator`: translate.py, export.py, the
+benchmarks)."""
+
+import sys
+from pathlib import Path
+
+from checkpoint import CheckpointError, check_vocab, load_averaged, merge_config, resolve_preload
+from config import TRANSLATE_FIELDS, Config
+from model import build_transformer
+from runtime import setup_device
+from tokenizer import load_tokenizer, tokenizer_keys, tokenizer_path, tokenizer_recipe
+
+
+def build_model(config: Config, src_vocab_size: int, tgt_vocab_size: int):
+    """The Transformer that `config` describes (what a checkpoint's config rebuilds)."""
+    return build_transformer(src_vocab_size, tgt_vocab_size, config.seq_len, config.seq_len,
+                             d_model=config.d_model, N=config.N,
+                             N_dec=config.decoder_layers(), h=config.h,
+                             dropout=config.dropout, d_ff=config.d_ff,
+                             attention_dropout=config.attention_dropout,
+                             activation_dropout=config.activation_dropout,
+                             tie_embeddings=config.tie_embeddings, norm_first=config.norm_first,
+                             norm=config.norm, ffn=config.ffn, pos=config.pos,
+                             n_kv_heads=config.n_kv_heads or None,
+                             shared_vocab=config.shared_vocab)
+
+
+def load_model_weights(model, state: dict, path: Path):
+    """load_state_dict, with an architecture mismatch as one CheckpointError line."""
+    try:
+        model.load_state_dict(state["model_state_dict"])
+    except RuntimeError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        raise CheckpointError(f"checkpoint {path} does not fit this architecture: "
+                              f"{detail[:300]}") from None
+
+
+def with_tokenizers(config: Config):
+    """(config, tokenizer_src, tokenizer_tgt): a translate-time config, checked, with the
+    tokenizer files it names (in its model folder)."""
+    problem = config.validate()
+    if problem:
+        raise CheckpointError(problem)
+    tokenizer_src, tokenizer_tgt = (
+        load_tokenizer(tokenizer_path(config, key), config.tokenizer_type,
+                       tokenizer_recipe(config, key)) for key in tokenizer_keys(config))
+    return config, tokenizer_src, tokenizer_tgt
+
+
+def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
+    """(model, config, tokenizer_src, tokenizer_tgt): the checkpoint file `checkpoint`, or the
+    one --preload names in --model_folder (the newest by default), rebuilt from its own config.
+    `config` holds the command line's values; `given` names the flags the user set."""
+    if checkpoint:
+        path = Path(checkpoint)
+        if "model_folder" not in given:  # the tokenizers live beside the checkpoint
+            config.model_folder = str(path.parent)
+    else:
+        path = resolve_preload(config)
+        if path is None:
+            raise CheckpointError(f"no checkpoint in {config.model_folder}/ (train one with "
+                                  f"python train.py, or pass --checkpoint PATH)")
+    state, paths = load_averaged(config, path, average)
+    if len(paths) > 1:
+        loaded = f"the average of {', '.join(str(p) for p in paths)}"
+        print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
+              file=sys.stderr)
+    else:
+        loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
+        print(f"loaded {loaded}", file=sys.stderr)
+    config, tokenizer_src, tokenizer_tgt = with_tokenizers(
+        merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS))
+    check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
+    device = setup_device(config.device)
+    model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
+    load_model_weights(model, state, path)
+    model.loaded_from = loaded  # said by export.py
+    return model.to(device).eval(), config, tokenizer_src, tokenizer_tgt
