@@ -42,7 +42,8 @@ def measure(d_model: int, vocab: int, positions: int, rows: list, precision: str
     losses = {"torch cross_entropy, whole logits": lambda: torch_loss(x, projection, label, 0.1)}
     for r in rows:
         loss = BlockwiseLabelSmoothedCrossEntropy(0.1, ignore_index=1, block_rows=r)
-        name = f"blockwise, {r or block_rows(vocab, x.device)} rows" + ("" if r else " (default)")
+        name = f"blockwise, {r or block_rows(vocab, d_model, x.device)} rows" \
+            + ("" if r else " (default)")
         losses[name] = lambda loss=loss: loss(x, projection, label)
     times = {name: [] for name in losses}
     for call in range(calls + 1):  # the first call of each is not timed
@@ -68,7 +69,7 @@ def main(argv=None):
     parser.add_argument("--shapes", nargs="+", default=["128x10000", "512x37000"],
                         help="d_model x vocabulary (default: the recipe's and the paper's base)")
     parser.add_argument("--positions", type=int, default=4000, help="target tokens")
-    parser.add_argument("--rows", type=int, nargs="+", default=[0, 113, 419],
+    parser.add_argument("--rows", type=int, nargs="+", default=[0, 1024],
                         help="block sizes to time (0: the default)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--calls", type=int, default=5, help="timed calls of each")

@@ -285,13 +285,18 @@ def average_checkpoints(paths):
 
 def load_averaged(config: Config, path: Path, average: int):
     """(state, paths): the state of `path`, or with average > 1 the mean of the newest
-    `average` per-epoch checkpoints up to the epoch `path` holds (mid-epoch files never take
-    part: they are not the end of an epoch, and they overlap the per-epoch ones)."""
+    `average` per-epoch checkpoints up to the step `path` holds (mid-epoch files never take
+    part: they are not the end of an epoch, and they overlap the per-epoch ones). A best
+    checkpoint from a mid-epoch validation (--eval_every) is followed by its epoch's end:
+    that epoch's file, later than it, is left out."""
     if average <= 1:
         return load_checkpoint(path), [path]
     state = load_checkpoint(path, mmap=True)
     last = state.get("next_epoch", state["epoch"] + 1) - 1  # the last epoch `path` finished
     paths = [p for p, epoch, step in list_checkpoints(config) if step is None and epoch <= last]
+    if paths and paths[-1] != path and \
+            load_checkpoint(paths[-1], mmap=True)["global_step"] > state["global_step"]:
+        paths.pop()  # the end of the best's epoch: trained past it
     paths = paths[-average:]
     if len(paths) < average:
         raise CheckpointError(f"--average {average}: only {len(paths)} per-epoch "

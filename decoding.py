@@ -195,25 +195,31 @@ def length_penalty(length, alpha: float):
 def best_continuations(scores, logp, k: int):
     """The 2k best continuations of each sentence's k beams, best first: their summed scores,
     the beam each extends and its token, each (n, 2k). scores: (n, k); logp: (n*k, vocab). The
-    best 2k overall lie within each beam's own best 2k tokens."""
+    best 2k overall lie within each beam's own best 2k tokens (all of them, in a vocabulary
+    smaller than 2k)."""
     n, width = scores.size(0), min(2 * k, logp.size(-1))
-    top_logp, top_tokens = logp.topk(width, dim=-1)  # (n*k, 2k)
+    top_logp, top_tokens = logp.topk(width, dim=-1)  # (n*k, width)
     cand = (scores.unsqueeze(-1) + top_logp.view(n, k, width)).view(n, k * width)
-    top_scores, top_idx = cand.topk(width, dim=-1)  # (n, 2k)
+    top_scores, top_idx = cand.topk(min(2 * k, k * width), dim=-1)  # (n, 2k)
     return top_scores, top_idx // width, top_tokens.view(n, k * width).gather(1, top_idx)
 
 
 @torch.no_grad()
 def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
-                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=(), min_len: int = 0):
+                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=(), min_len: int = 0,
+                early_stop: bool = True):
     """Batched beam search with a key/value cache.
 
     Keeps `beam` live hypotheses per sentence; a hypothesis that emits [EOS] is finished with
     score log P / length_penalty (length with the [EOS]); max_len and min_len bound the tokens
-    before it, as in greedy_decode. A sentence stops when it has `beam` finished hypotheses,
-    or when its best candidate is [EOS] and it has `nbest` finished, and leaves the batch.
-    Returns, per sentence, the `nbest` best (tokens without [SOS]/[EOS], score) pairs, best
-    first."""
+    before it, as in greedy_decode. A sentence stops at its length limit, when it has `beam`
+    finished hypotheses (fairseq's rule), or, with early_stop (OpenNMT's and CTranslate2's),
+    as soon as its best candidate is [EOS] and it has `nbest` finished. That early stop ranks
+    the candidates by log P before the length penalty, which favours longer hypotheses: a
+    live one could still have ended with a better normalised score. Without it the search is
+    exact once the beam holds every prefix (tests/test_decoding.py), and measured on
+    validation it (docs/performance.md). Returns, per sentence, the `nbest` best (tokens without
+    [SOS]/[EOS], score) pairs, best first."""
     batch, k = src.size(0), beam
     device = src.device
     limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)
@@ -249,11 +255,13 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
                 + beam_idx.gather(1, order)).flatten()  # (n*k,)
         tokens = torch.cat([tokens[rows], token.gather(1, order).reshape(-1, 1)], dim=1)
         cache.reorder(rows, self_only=True)  # rows stay within their sentence
-        # A sentence is done past its limit, with k finished hypotheses, or (as in OpenNMT)
-        # once its best candidate is [EOS] and it has the nbest hypotheses asked for.
+        # A sentence is done past its limit, with k finished hypotheses, or (early_stop, as in
+        # OpenNMT) once its best candidate is [EOS] and it has the nbest hypotheses asked for.
         counts = torch.tensor([len(finished[s]) for s in alive.tolist()], device=device)  # (n,)
-        best_ended = (token[:, 0] == eos_id) & torch.isfinite(top_scores[:, 0])  # (n,)
-        done = (limit[alive] < step) | (counts >= k) | (best_ended & (counts >= nbest))  # (n,)
+        done = (limit[alive] < step) | (counts >= k)  # (n,)
+        if early_stop:
+            best_ended = (token[:, 0] == eos_id) & torch.isfinite(top_scores[:, 0])  # (n,)
+            done |= best_ended & (counts >= nbest)
         if done.any():
             keep = (~done).nonzero().flatten()  # (still live,)
             if keep.numel() == 0:
@@ -269,7 +277,8 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
                   seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
                   nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
-                  use_cache: bool = True, unk_id: int = None, progress=None):
+                  use_cache: bool = True, unk_id: int = None, progress=None,
+                  early_stop: bool = True):
     """Translates lists of source token ids (no special tokens) in batches of similar length.
 
     Each sentence outputs at most max_len_a · its length + max_len_b tokens (capped by
@@ -294,7 +303,7 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
                                     banned, min_len)
         else:
             outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
-                                  nbest, banned, min_len)
+                                  nbest, banned, min_len, early_stop)
             if nbest == 1:
                 outputs = [hyps[0][0] for hyps in outputs]
         for i, out in zip(idx, outputs):

@@ -109,19 +109,20 @@ class BlockwiseLabelSmoothedCrossEntropy(nn.Module):
     def blockwise(self, x, projection, label):
         linear = projection.proj
         x = x.reshape(-1, x.size(-1))  # (positions, d_model)
-        rows = self.block_rows or block_rows(linear.out_features, x.device)
+        rows = self.block_rows or block_rows(*linear.weight.shape, x.device)
         gradients = torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad)
         return ProjectedCrossEntropy.apply(x, linear.weight, linear.bias, label.reshape(-1),
                                            self.label_smoothing, self.ignore_index, rows,
                                            gradients)
 
 
-def block_rows(vocab: int, device: torch.device) -> int:
-    """Positions per block: at least 1,024 (narrower blocks make skinny products: at the
-    paper's base shape, 512 wide over 37,000 words, 113-row blocks took 1.7 times as long as
-    1,024-row ones on CPU), or more while the block's float32 logits stay within 16 MB on CPU
-    (256 MB on a GPU). Measured with bench_loss.py (docs/performance.md)."""
-    return max(1024, (1 << (22 if device.type == "cpu" else 26)) // vocab)
+def block_rows(vocab: int, d_model: int, device: torch.device) -> int:
+    """Positions per block: as many as keep the block's float32 logits within 16 MB on CPU (256
+    MB on a GPU), but at least d_model. The weight's gradient is a product (vocabulary × rows)
+    @ (rows × d_model) whose inner size is the block's rows: at the paper's base shape (512
+    wide, 37,000 words) the 113 rows of 16 MB made it slow, and the loss took 1.4 times torch's
+    whole-logits time on CPU; 512 rows take 0.9 times (bench_loss.py, docs/performance.md)."""
+    return max(d_model, (1 << (22 if device.type == "cpu" else 26)) // vocab)
 
 
 class ProjectedCrossEntropy(torch.autograd.Function):
@@ -178,10 +179,10 @@ class BlockSums:
         z = F.linear(xb, self.weight, self.bias)  # (n, vocab), in dtype
         p = torch.softmax(z, dim=1, dtype=torch.float32)  # (n, vocab)
         z_label = z.gather(1, label).squeeze(1).float()  # (n,)
-        # logsumexp(z) = z_m - log p_m at the largest logit m, whose probability is at least
-        # 1/V: no underflow, whatever the loss
-        z_max, top = z.max(dim=1)  # (n,), (n,)
-        logsumexp = z_max.float() - p.gather(1, top.unsqueeze(1)).squeeze(1).log()  # (n,)
+        # logsumexp(z) = max(z) - log max(p): the largest probability is at least 1/V, so no
+        # underflow, whatever the loss (two reductions without indices: max() with its
+        # indices costs as much as the softmax on CPU)
+        logsumexp = z.amax(dim=1).float() - p.amax(dim=1).log()  # (n,)
         z_sum = xb.float() @ self.w_sum + self.b_sum  # (n,)
         loss = logsumexp - (1 - eps) * z_label - eps / vocab * z_sum  # (n,)
         self.total += loss.masked_fill(~real, 0.0).sum()

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import state_at
+from conftest import state_at, tiny_state
 
 from checkpoint import (
     CheckpointError,
@@ -115,6 +115,22 @@ def test_averaging_uses_per_epoch_checkpoints_only(tmp_path):
     assert [p.name for p in paths] == ["tmodel_00.pt"]
     with pytest.raises(CheckpointError, match="only 1 per-epoch"):
         load_averaged(config, tmp_path / "tmodel_00.pt", 2)
+
+
+def test_averaging_from_a_mid_epoch_best_leaves_out_the_end_of_its_epoch(tmp_path):
+    """Issue 41: --preload best --average N averaged up to the best's epoch; a best from a
+    mid-epoch validation (--eval_every) is older than its epoch's end, which joined the
+    average. A best saved at an epoch's end keeps that epoch."""
+    config = Config(model_folder=str(tmp_path))
+    for epoch in range(4):  # steps 10, 20, 30, 40
+        save_checkpoint(state_at(epoch), tmp_path / f"tmodel_{epoch:02d}.pt")
+    best = tmp_path / "tmodel_best.pt"
+    save_checkpoint(tiny_state(epoch=3, global_step=35, validation={}), best)  # mid-epoch 3
+    assert [p.name for p in load_averaged(config, best, 2)[1]] == ["tmodel_01.pt",
+                                                                   "tmodel_02.pt"]
+    save_checkpoint(tiny_state(epoch=3, global_step=40, validation={}), best)  # epoch 3's end
+    assert [p.name for p in load_averaged(config, best, 2)[1]] == ["tmodel_02.pt",
+                                                                   "tmodel_03.pt"]
 
 
 def test_pruning_keeps_the_newest_epochs_and_mid_epoch_saves_and_never_the_best(tmp_path):

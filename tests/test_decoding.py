@@ -253,3 +253,53 @@ def test_inference_input_keeps_text_characters():
            "\U0001F469\u200d\U0001F4BB co\u00adoperate\u2009!"
     assert clean(text) == text
     assert clean(" a\tb\x07c\r\n") == "a b c"
+
+
+def exhaustive_best(model, src, src_mask, tokens, limit: int, alpha: float, min_len: int):
+    """Every output of at most `limit` tokens from `tokens`, then [EOS], scored as beam search
+    scores a finished hypothesis (log P over the allowed tokens / length penalty): the best."""
+    from itertools import product
+
+    from decoding import length_penalty
+    allowed = torch.tensor(list(tokens) + [EOS])
+    best = (None, float("-inf"))
+    for length in range(min_len, limit + 1):
+        for out in product(tokens, repeat=length):
+            tgt = torch.tensor([[SOS, *out]])  # (1, length + 1)
+            x = model.decode(model.encode(src, src_mask), src_mask, tgt)  # (1, length + 1, d)
+            logits = model.project(x)[0].float()  # (length + 1, vocab)
+            masked = torch.full_like(logits, float("-inf"))
+            masked[:, allowed] = logits[:, allowed]
+            logp = masked.log_softmax(dim=-1)  # (length + 1, vocab); [EOS] barred after it
+            total = sum(logp[i, t].item() for i, t in enumerate([*out, EOS]))
+            score = total / length_penalty(length + 1, alpha)
+            if score > best[1]:
+                best = (list(out), score)
+    return best
+
+
+@pytest.mark.parametrize("min_len", [0, 2])
+def test_beam_search_without_the_early_stop_finds_the_exhaustive_searchs_best(min_len):
+    """Issue 41: beam search was never held to an exhaustive search. Three tokens, at most
+    three of them, a beam of 27 (every prefix fits): fairseq's stop (k finished) finds the
+    best length-normalised output of all 40. The early stop (OpenNMT's) ranks by log P before
+    the length penalty, which favours length: here it stops at [6] while [6, 5] scores better
+    once normalised (alpha 1 and 2, without min_len)."""
+    torch.manual_seed(25)
+    model = build_transformer(7, 7, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=0.0).eval()
+    with torch.no_grad():
+        model.projection_layer.proj.weight.mul_(4)  # peakier distributions: lengths differ
+    src = torch.tensor([[SOS, 4, 5, 6, EOS]])
+    src_mask = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    tokens, banned = (4, 5, 6), (UNK, PAD, SOS)
+    for alpha in (0.0, 0.6, 1.0, 2.0):
+        with torch.no_grad():
+            expected = exhaustive_best(model, src, src_mask, tokens, 3, alpha, min_len)
+        [[(out, score)]] = beam_search(model, src, src_mask, SOS, EOS, 3, beam=27, alpha=alpha,
+                                       banned=banned, min_len=min_len, early_stop=False)
+        assert out == expected[0] and score == pytest.approx(expected[1], abs=1e-4), alpha
+        [[(out, score)]] = beam_search(model, src, src_mask, SOS, EOS, 3, beam=27, alpha=alpha,
+                                       banned=banned, min_len=min_len)
+        assert min_len <= len(out) <= 3 and score <= expected[1] + 1e-4
+        if min_len == 0 and alpha >= 1:
+            assert out == [6] and score < expected[1] - 0.02  # the early stop's miss

@@ -17,9 +17,12 @@ def test_asking_for_a_missing_accelerator_is_a_clear_error():
 
 
 def test_auto_precision_uses_fp16_on_gpus_that_only_emulate_bf16(monkeypatch):
-    """1. T4 / V100 (compute capability 7.x): is_bf16_supported() says yes (emulation)."""
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True:
-                        including_emulation)
+    """1. T4 / V100 (compute capability 7.x) only emulate bf16, though torch's
+    is_bf16_supported() says yes: the choice goes by the compute capability. (Issue 41: this
+    test patched is_bf16_supported, which the code never calls; now that function fails if
+    called, and AMD GPUs, which compute bf16, are checked too.)"""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda *a, **k: pytest.fail("is_bf16_supported says yes to emulation"))
     monkeypatch.setattr(torch.version, "hip", None)
     cuda = torch.device("cuda")
     for capability, expected in (((7, 5), torch.float16), ((7, 0), torch.float16),
@@ -27,6 +30,10 @@ def test_auto_precision_uses_fp16_on_gpus_that_only_emulate_bf16(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=capability: c)
         assert autocast_dtype(Config(precision="auto"), cuda) == expected, capability
     assert autocast_dtype(Config(precision="auto"), torch.device("cpu")) is None
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm: every GPU it runs computes bf16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 4))
+    assert autocast_dtype(Config(precision="auto"), cuda) == torch.bfloat16
+    assert autocast_dtype(Config(precision="fp16"), cuda) == torch.float16  # as asked
 
 
 def test_under_torchrun_one_gpu_for_every_rank_is_refused(monkeypatch):
