@@ -24,7 +24,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trained_model import build_model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from model import PositionalEncoding, swiglu_width
@@ -32,6 +31,7 @@ from runtime import autocast, autocast_dtype, setup_device
 from tokenizer import PAD
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
                    set_up, train_step)
+from trained_model import build_model
 
 # Dense bf16 peak FLOP/s of common GPUs, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,

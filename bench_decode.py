@@ -4,8 +4,10 @@
 
 One run, one trained model, the same sentences, the same thread count, the same length rules
 (the checkpoint's --max_len_a/--max_len_b/--min_len):
-  this repo: batched greedy and beam search with the key/value cache (fp32), and, with
-             --variants, the same greedy in bf16 and with dynamic int8 linear layers;
+  this repo: batched greedy and beam search with the key/value cache (fp32), beam search
+             with its early stop (OpenNMT's, the default) and with fairseq's (k finished
+             hypotheses: exact, and slower), and, with --variants, the same greedy in bf16 and
+             with dynamic int8 linear layers;
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
              float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
              calls it: greedy one call per batch, beam one call per output-length limit).
@@ -26,12 +28,12 @@ from pathlib import Path
 
 import torch
 
-from trained_model import load_translator
 from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
 from corpus import read_lines
 from decoding import decoding_model, translate_ids
 from metrics import score
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
+from trained_model import load_translator
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
@@ -132,7 +134,10 @@ def this_repos_decoders(args, model, n: int, common: dict):
     runs = [("this repo, greedy", lambda part: translate_ids(packed, part, **common),
              everything),
             (f"this repo, beam {args.beam}", lambda part: translate_ids(
-                packed_beam, part, **common, beam=args.beam, alpha=args.alpha), everything)]
+                packed_beam, part, **common, beam=args.beam, alpha=args.alpha), everything),
+            (f"this repo, beam {args.beam}, k finished", lambda part: translate_ids(
+                packed_beam, part, **common, beam=args.beam, alpha=args.alpha,
+                early_stop=False), everything)]
     if args.single:
         runs.append((f"one at a time, no cache (first {args.single})",
                      lambda part: [translate_ids(packed, [i], **{**common, "batch_size": 1},
@@ -200,7 +205,8 @@ def main(argv=None):
                   min_len=config.min_len)
     print(f"{len(sources)} sentences of {folder / args.split}.{config.lang_src}; "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (d_model "
-          f"{config.d_model}, N {config.depth()}); {args.threads} threads; batches of {batch}; "
+          f"{config.d_model}, N {config.depth()}); {args.threads} thread"
+          f"{'s' * (args.threads != 1)}; batches of {batch}; "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
     runs = this_repos_decoders(args, model, len(ids), common)
     with tempfile.TemporaryDirectory() as tmp:

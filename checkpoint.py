@@ -14,6 +14,9 @@ plain values (loaded with weights_only=True):
   global_step           optimizer steps taken
   corpus                {"source": --data_dir (absolute) or --datasource, "fingerprint": the
                         corpus files' names, sizes and times, or the hub dataset's fingerprints}
+  tokenizers            [source, target]: the tokenizers' fingerprints (their vocabulary and
+                        merges; absent in earlier versions): checked wherever the checkpoint
+                        meets tokenizer files
 
 A training checkpoint (tmodel_05.pt after epoch 5, tmodel_05_s0001234.pt mid-epoch) adds what
 an exact resume needs:
@@ -39,6 +42,7 @@ from pathlib import Path
 import torch
 
 from config import Config, UserError, fields_where
+from tokenizer import tokenizer_fingerprint
 
 
 class CheckpointError(UserError):
@@ -99,13 +103,25 @@ def resolve_preload(config: Config):
     if config.preload == "best":
         path = best_checkpoint_path(config)
         if not path.exists():
-            raise CheckpointError(f"--preload best: no checkpoint {path} (it is written after "
-                                  f"the first validation)")
+            raise CheckpointError(f"--preload best: no checkpoint {path}" + (
+                " (it is written after the first validation)" if list_checkpoints(config)
+                else elsewhere(config.model_folder)))
         return path
     path = epoch_checkpoint_path(config, int(config.preload))
     if not path.exists():
         raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}")
     return path
+
+
+def elsewhere(folder) -> str:
+    """What to say when `folder` holds no checkpoint: the folders below it that do (a preset
+    trains into weights/<preset>), or how to make one."""
+    found = sorted(str(sub) for sub in Path(folder).iterdir()
+                   if sub.is_dir() and any(sub.glob("*.pt"))) if Path(folder).is_dir() else []
+    if not found:
+        return " (train one with python train.py, or pass --checkpoint PATH)"
+    return (f"; these folders below it hold checkpoints: {', '.join(found[:6])}"
+            f"{' ...' if len(found) > 6 else ''} (give one as --model_folder)")
 
 
 def prune_checkpoints(config: Config):
@@ -161,7 +177,7 @@ def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch:
     return {
         "format": FORMAT, "model_state_dict": run.model.state_dict(),
         "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
-        "corpus": run.data.corpus,
+        "corpus": run.data.corpus, "tokenizers": fingerprints(run.data),
         "optimizer_state_dict": run.optimizer.state_dict(),
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "next_epoch": next_epoch, "next_batch": next_batch, "world_size": run.world_size,
@@ -175,7 +191,13 @@ def best_checkpoint(run, step: int, epoch: int, validation: dict) -> dict:
     made them the best."""
     return {"format": FORMAT, "model_state_dict": run.model.state_dict(),
             "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
-            "corpus": run.data.corpus, "validation": validation}
+            "corpus": run.data.corpus, "tokenizers": fingerprints(run.data),
+            "validation": validation}
+
+
+def fingerprints(data) -> list:
+    """The fingerprints of the source and target tokenizers of a run's data."""
+    return [tokenizer_fingerprint(data.tokenizer_src), tokenizer_fingerprint(data.tokenizer_tgt)]
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict:
@@ -219,18 +241,25 @@ def unreadable(path: Path, head: bytes) -> str:
     return f"{path} is {kind}, not a checkpoint: give a tmodel_*.pt file"
 
 
-def check_vocab(state: dict, path: Path, src_vocab_size: int, tgt_vocab_size: int):
-    """Refuses a checkpoint whose embedding sizes differ from the tokenizer files'."""
+def check_tokenizers(state: dict, path: Path, tokenizer_src, tokenizer_tgt):
+    """Refuses a checkpoint that meets tokenizers other than those it was trained with: another
+    vocabulary size (the embeddings' rows), or, for checkpoints that record them, another
+    fingerprint (a file swapped for another of the same size)."""
     weights = state["model_state_dict"]
-    for name, key, size in (("source", "src_embed.embedding.weight", src_vocab_size),
-                            ("target", "tgt_embed.embedding.weight", tgt_vocab_size)):
+    saved = state.get("tokenizers") or [None, None]  # absent in checkpoints of earlier versions
+    for name, prefix, tok, was in zip(("source", "target"), ("src", "tgt"),
+                                      (tokenizer_src, tokenizer_tgt), saved):
+        key = f"{prefix}_embed.embedding.weight"
         if key not in weights:
             raise CheckpointError(f"checkpoint {path} has no {key}: not a model of this project")
-        if weights[key].shape[0] != size:
-            raise CheckpointError(f"checkpoint {path} has a {name} vocabulary of "
-                                  f"{weights[key].shape[0]} but the tokenizer file has {size}: "
-                                  f"it was trained with other tokenizers; give the folder it was "
-                                  f"trained in (its tokenizer files lie there) as --model_folder")
+        size, now = tok.get_vocab_size(), tokenizer_fingerprint(tok)
+        if weights[key].shape[0] != size or was not in (None, now):
+            found = (f"a vocabulary of {size}, not {weights[key].shape[0]}"
+                     if weights[key].shape[0] != size else f"the same size, but other tokens or "
+                     f"merges: fingerprint {now}, not {was}")
+            raise CheckpointError(f"checkpoint {path} was trained with another {name} tokenizer "
+                                  f"than the file here ({found}); give the folder it was trained "
+                                  f"in (its tokenizer files lie there) as --model_folder")
 
 
 # ---- a checkpoint's config and model ------------------------------------------------------------
@@ -278,8 +307,8 @@ def average_checkpoints(paths):
     dtypes = {k: v.dtype for k, v in weights.items()}
     averaged = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
                 for k, v in total.items()}
-    keep = {k: v for k, v in state.items() if k in ("format", "config", "epoch",
-                                                     "global_step", "corpus", "next_epoch")}
+    keep = {k: v for k, v in state.items() if k in ("format", "config", "epoch", "global_step",
+                                                     "corpus", "tokenizers", "next_epoch")}
     return {**keep, "model_state_dict": averaged}
 
 

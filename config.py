@@ -156,11 +156,11 @@ class Config:
         2022) prescribes; measured in the README."""
         return self.lr or LR_AT_512 * 512 / self.d_model
 
-    def validate(self):
-        """Return an error message for an invalid combination of values, or None."""
-        positive = ["seq_len", "d_model", "N", "h", "d_ff", "vocab_size", "num_epochs",
-                    "accum_steps", "log_every", "max_bad_steps"]
-        for name in positive:
+    def validate(self, training: bool = True):
+        """An error message for an invalid combination of values, or None (training: the
+        batching flags too; translate.py and export.py have none)."""
+        for name in ["seq_len", "d_model", "N", "h", "d_ff", "vocab_size", "num_epochs",
+                     "accum_steps", "log_every", "max_bad_steps"]:
             if getattr(self, name) <= 0:
                 return f"--{name} must be positive (got {getattr(self, name)})"
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
@@ -181,7 +181,7 @@ class Config:
         if self.keep_last < 1:
             return (f"--keep_last must be at least 1 (got {self.keep_last}): the newest mid-epoch "
                     f"checkpoint is what a stopped run resumes from; --save_every 0 saves none")
-        if self.max_tokens == 0 and self.batch_size == 0:
+        if training and self.max_tokens == 0 and self.batch_size == 0:
             return "one of --max_tokens and --batch_size must be positive"
         if self.d_model % self.h:
             return f"--d_model ({self.d_model}) must be divisible by --h ({self.h})"
@@ -194,7 +194,7 @@ class Config:
             return f"--pos rope needs an even head width (d_model / h = {self.d_model // self.h})"
         if self.tie_embeddings == "all" and not self.shared_vocab:
             return "--tie_embeddings all needs --shared_vocab true (one vocabulary to share)"
-        if self.max_tokens and self.max_tokens < self.seq_len:
+        if training and self.max_tokens and self.max_tokens < self.seq_len:
             return f"--max_tokens ({self.max_tokens}) must be at least --seq_len ({self.seq_len})"
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0 <= getattr(self, name) < 1:

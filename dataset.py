@@ -5,7 +5,6 @@ get_ds -> the tokenizers and the training split prepared once (token ids in memo
 TokenBatchSampler + Collator -> length-bucketed batches padded to their longest sequence
 """
 
-import hashlib
 import itertools
 import json
 import os
@@ -23,8 +22,8 @@ from tqdm import tqdm
 from config import Config
 from corpus import DataError, column, corpus_source, digest, load_corpus, note, quiet_datasets
 from runtime import is_main
-from tokenizer import (EOS, PAD, SOS, get_tokenizers, recipe_path, tokenizer_keys,
-                       tokenizer_path)
+from tokenizer import (EOS, PAD, SOS, get_tokenizers, recipe_path, tokenizer_fingerprint,
+                       tokenizer_keys, tokenizer_path)
 
 # ---- the dataset and its batches ----------------------------------------------------------------
 
@@ -306,8 +305,7 @@ def prepared_parts(config: Config, fingerprint: str, tokenizer_src, tokenizer_tg
     validation split held out of train) seed and val_fraction."""
     return {"format": PREPARED_FORMAT, "corpus": fingerprint,
             "languages": [config.lang_src, config.lang_tgt], "seq_len": config.seq_len,
-            "tokenizers": [hashlib.sha256(t.to_str().encode()).hexdigest()
-                           for t in (tokenizer_src, tokenizer_tgt)],
+            "tokenizers": [tokenizer_fingerprint(t) for t in (tokenizer_src, tokenizer_tgt)],
             "split": [config.seed, config.val_fraction] if held_out else None}
 
 
@@ -436,7 +434,7 @@ def prepare_once(config: Config, folder: Path):
     return tokenizer_src, tokenizer_tgt, parts
 
 
-def get_ds(config: Config, key: str = None, check_corpus=None) -> Data:
+def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=None) -> Data:
     """The tokenizers and the prepared training data: made once (tokenizers trained on a sample
     of train, the training split encoded to memory-mapped arrays), then loaded in seconds by
     every later start, resume and torchrun rank, as long as corpus, tokenizers and seq_len are
@@ -444,7 +442,8 @@ def get_ds(config: Config, key: str = None, check_corpus=None) -> Data:
     under torchrun, the key of the data rank 0 has just prepared or checked, which the other
     ranks load (their own copy of the corpus files may differ in modification times).
     `check_corpus`: called with the corpus ({"source", "fingerprint"}) before anything is
-    prepared (a resume refuses another corpus there)."""
+    prepared (a resume refuses another corpus there); `check_tokenizers`: called with the
+    tokenizers found in the model folder, before their data is looked for or prepared."""
     quiet_datasets()
     folder = prepared_folder(config)
     # the fingerprint, the test texts, and whether validation must be held out of train
@@ -456,6 +455,8 @@ def get_ds(config: Config, key: str = None, check_corpus=None) -> Data:
     prepared = None
     if all(tokenizer_path(config, k).exists() for k in tokenizer_keys(config)):
         tokenizer_src, tokenizer_tgt = get_tokenizers(config, None)
+        if check_tokenizers is not None:
+            check_tokenizers(tokenizer_src, tokenizer_tgt)
         verify = key is None  # a rank other than 0 is given the key of data rank 0 just checked
         parts = prepared_parts(config, splits["fingerprint"], tokenizer_src, tokenizer_tgt,
                                held_out)

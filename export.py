@@ -11,9 +11,9 @@ How the weights map to the engine's specification: engine.py.
 
 import sys
 
-from trained_model import load_translator
 from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
 from engine import QUANTIZATIONS, check_output, export, import_ctranslate2
+from trained_model import load_translator
 
 
 def parse_args(argv):

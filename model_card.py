@@ -131,7 +131,8 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
     sizes = (f"{len(data.train):,} training pairs, {len(data.validation):,} validation pairs"
              + (f", {len(data.test[0]):,} test pairs" if data.test else "")
              + (" (validation held out of the training split)" if data.held_out else ""))
-    threads = f", {torch.get_num_threads()} threads" if run.device.type == "cpu" else ""
+    n = torch.get_num_threads()
+    threads = f", {n} thread{'s' * (n != 1)}" if run.device.type == "cpu" else ""
     return write_card({
         "folder": config.model_folder, "config": config, "commands": progress.commands,
         "corpus": data.corpus["source"], "sizes": sizes,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import (CheckpointError, best_checkpoint_path, check_vocab, history_path,
+from checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, history_path,
                         list_checkpoints, load_checkpoint, merge_config, resolve_preload)
 from config import Config, fields_where
 from files import write_text_atomic
@@ -98,8 +98,7 @@ def check_corpus(state: dict, path: Path, corpus: dict):
 def check_resume_data(state: dict, path: Path, config: Config, data):
     """The checks a resume makes once the data is loaded: the vocabulary sizes of the
     tokenizers, and a validation split held out of train by the same seed."""
-    check_vocab(state, path, data.tokenizer_src.get_vocab_size(),
-                data.tokenizer_tgt.get_vocab_size())
+    check_tokenizers(state, path, data.tokenizer_src, data.tokenizer_tgt)
     check_split(state, path, config, data.held_out)
 
 

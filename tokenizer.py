@@ -5,6 +5,7 @@ were trained as (checked on every load).
 Every tokenizer has the same four special tokens at ids 0-3: [UNK], [PAD], [SOS], [EOS].
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -56,6 +57,16 @@ def detokenize(tok, ids) -> str:
     if tok.decoder is None:
         return " ".join(t.lstrip("▁") for t in tokens).strip()
     return "".join(tokens).replace("▁", " ").strip()
+
+
+def tokenizer_fingerprint(tok) -> str:
+    """What identifies a tokenizer's segmentation: a hash of its vocabulary (token and id) and
+    its merges (BPE), stored in every checkpoint and prepared-data key, so that a tokenizer file
+    swapped for another of the same size is caught where a checkpoint meets it."""
+    model = json.loads(tok.to_str())["model"]
+    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
+    text = json.dumps({"vocab": vocab, "merges": model.get("merges")}, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def recipe_path(path: Path) -> Path:

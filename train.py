@@ -15,6 +15,7 @@ Resumes from the newest checkpoint in --model_folder by default (--preload lates
 
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -28,7 +29,7 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
+from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path, check_tokenizers,
                         epoch_checkpoint_path, latest_checkpoint_path, prune_checkpoints,
                         save_checkpoint, step_checkpoint_path, training_checkpoint)
 from config import ArgumentParser, Config, parse_config, run_main
@@ -39,8 +40,9 @@ from kernels import BlockwiseLabelSmoothedCrossEntropy
 from model_card import write_run_card
 from resume import (check_corpus, check_resume_data, read_history, restore_rng, restore_training,
                     resume_state, rng_states, set_aside_later, write_history)
-from runtime import (autocast, autocast_dtype, gather_to_main, main_first, max_over_ranks,
-                     setup_device, start_distributed, stop_distributed, sum_over_ranks)
+from runtime import (autocast, autocast_dtype, gather_to_main, get_device, main_first,
+                     max_over_ranks, setup_device, start_distributed, stop_distributed,
+                     sum_over_ranks)
 from stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint, launcher,
                       resume_command, stop_message)
 from tokenizer import PAD
@@ -101,8 +103,7 @@ def make_loss(config: Config):
 # ---- the run: set up once, before the first step; and its progress ------------------------------
 
 class NoWriter:
-    """The TensorBoard writer of ranks other than 0, and of a run with nothing to do: writes
-    nothing."""
+    """The TensorBoard writer of ranks other than 0, and of a run with nothing to do."""
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
@@ -169,6 +170,11 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
+    device = get_device(config.device)  # a missing device is refused before any work
+    if device.type == "cpu" and config.precision == "fp16":
+        print("note: --precision fp16 on a CPU: float16 autocast and the gradient scaler, which "
+              "most CPUs run without hardware support; bf16 or fp32 is the usual choice there",
+              file=sys.stderr)
     lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
     try:
         with main_first() as shared:  # rank 0's `shared` reaches the others
@@ -176,9 +182,10 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
             if rank == 0:
                 check_writable(config.model_folder)
                 lock.acquire()
-            check = (lambda corpus: check_corpus(resume[1], resume[0], corpus)) \
-                if resume and rank == 0 else None  # (path, state): before any preparing
-            data = get_ds(config, shared.get("data_key"), check)
+            checks = (lambda corpus: check_corpus(resume[1], resume[0], corpus),
+                      lambda src, tgt: check_tokenizers(resume[1], resume[0], src, tgt)) \
+                if resume and rank == 0 else (None, None)  # (path, state): before preparing
+            data = get_ds(config, shared.get("data_key"), *checks)
             shared["data_key"] = data.key
             if resume:
                 check_resume_data(resume[1], resume[0], config, data)
@@ -489,7 +496,8 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
     ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
     scores the test split at the end, and a finished run writes its model card. `argv`: the
-    command line given (the card's record of how the run was made)."""
+    command line given (the card's record of how the run was made). Returns the name of the
+    signal that stopped it (SIGINT, SIGTERM), or None."""
     catch_stop_signals()  # while setting up: a signal aborts, once
     lock = FolderLock(config.model_folder)
     try:
@@ -511,6 +519,7 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
             if not progress.signal:  # a finished run: its model card
                 tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
         run.writer.close()
+        return progress.signal
     except Exception:
         if aborting():  # an abort's aftermath (stopping.aborting): reported as the abort
             raise KeyboardInterrupt from None
@@ -526,12 +535,14 @@ def main(argv=None):
 
     def train_here():
         with removed_if_left_empty(config.model_folder):
-            train_model(config, given, argv)
+            return train_model(config, given, argv)
     try:
-        run_main("train.py", train_here, aborted="aborted; the checkpoints already saved are "
-                                                 "intact")
+        stopped_by = run_main("train.py", train_here, aborted="aborted; the checkpoints already "
+                                                              "saved are intact")
     finally:
         stop_distributed()
+    if stopped_by and "WORLD_SIZE" not in os.environ:  # (under torchrun, torchrun's own code)
+        sys.exit(128 + signal.Signals[stopped_by])  # saved, and stopped: 130 or 143, not 0
 
 
 if __name__ == "__main__":

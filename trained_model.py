@@ -6,7 +6,8 @@ benchmarks)."""
 import sys
 from pathlib import Path
 
-from checkpoint import CheckpointError, check_vocab, load_averaged, merge_config, resolve_preload
+from checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_averaged,
+                        merge_config, resolve_preload)
 from config import TRANSLATE_FIELDS, Config
 from model import build_transformer
 from runtime import setup_device
@@ -41,7 +42,7 @@ def load_model_weights(model, state: dict, path: Path):
 def with_tokenizers(config: Config):
     """(config, tokenizer_src, tokenizer_tgt): a translate-time config, checked, with the
     tokenizer files it names (in its model folder)."""
-    problem = config.validate()
+    problem = config.validate(training=False)
     if problem:
         raise CheckpointError(problem)
     tokenizer_src, tokenizer_tgt = (
@@ -61,8 +62,8 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     else:
         path = resolve_preload(config)
         if path is None:
-            raise CheckpointError(f"no checkpoint in {config.model_folder}/ (train one with "
-                                  f"python train.py, or pass --checkpoint PATH)")
+            raise CheckpointError(f"no checkpoint in {config.model_folder}/"
+                                  + elsewhere(config.model_folder))
     state, paths = load_averaged(config, path, average)
     if len(paths) > 1:
         loaded = f"the average of {', '.join(str(p) for p in paths)}"
@@ -73,7 +74,7 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         print(f"loaded {loaded}", file=sys.stderr)
     config, tokenizer_src, tokenizer_tgt = with_tokenizers(
         merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS))
-    check_vocab(state, path, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
+    check_tokenizers(state, path, tokenizer_src, tokenizer_tgt)
     device = setup_device(config.device)
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     load_model_weights(model, state, path)

@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 
 from attention_map import save_attention_map
-from trained_model import load_translator
 from config import (ArgumentParser, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where, run_main)
 from corpus import column, decode_lines, load_corpus
@@ -23,6 +22,7 @@ from dataset import to_bilingual
 from decoding import clean, translate
 from engine import load_engine
 from metrics import score
+from trained_model import load_translator
 
 
 class InputError(UserError):
@@ -81,6 +81,9 @@ def parse_args(argv):
         parser.error("give one of a sentence, --input and --example")
     if args.reference and (args.sentence is not None or args.example is not None):
         parser.error("--reference goes with --input or stdin")
+    if args.attention and args.sentence is None and args.example is None:
+        parser.error("--attention maps one sentence: give it as the sentence argument or with "
+                     "--example N, not --input or stdin")
     if args.ctranslate2:
         located = given & ({"checkpoint", "preload", "model_folder", "model_basename"}
                            | fields_where(group="model")) | \
@@ -107,6 +110,9 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
         return [args.sentence], None, None
     sentences = read_lines(args.input)
     refs = read_lines(args.reference) if args.reference else None
+    if refs is not None and not sentences:
+        raise InputError(f"{args.input or 'stdin'} is empty: nothing to score against "
+                         f"{args.reference}")
     if refs is not None and len(refs) != len(sentences):
         raise InputError(f"{args.reference} has {len(refs)} lines but the input has "
                          f"{len(sentences)}")

@@ -39,8 +39,9 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     rows = {line[:40].strip(): line.split() for line in out.splitlines() if "/5" in line}
-    assert set(rows) == {"this repo, greedy", "this repo, beam 3", "CTranslate2 float32, greedy",
-                         "CTranslate2 float32, beam 3", "CTranslate2 int8, greedy"}, out
+    assert set(rows) == {"this repo, greedy", "this repo, beam 3", "this repo, beam 3, k finished",
+                         "CTranslate2 float32, greedy", "CTranslate2 float32, beam 3",
+                         "CTranslate2 int8, greedy"}, out
     assert rows["this repo, greedy"][-1] == "5/5" and rows["CTranslate2 float32, greedy"][-1] \
         in ("4/5", "5/5"), out
     assert "5 sentences of corpus/val.en" in out and "the median of the 2 passes' ratios" in out

@@ -9,7 +9,7 @@ from conftest import state_at, tiny_state
 
 from checkpoint import (
     CheckpointError,
-    check_vocab,
+    check_tokenizers,
     latest_checkpoint_path,
     load_averaged,
     load_checkpoint,
@@ -80,11 +80,38 @@ def test_truncated_corrupt_foreign_and_mismatched_checkpoints_are_refused(tmp_pa
         load_checkpoint(tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="missing.pt not found"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+def word_tokenizer(words):
+    """A word-level tokenizer of the four special tokens and `words` (each seen twice)."""
+    from tokenizer import build_tokenizer
+    return build_tokenizer("word", 1000, [" ".join(words)] * 2)
+
+
+def test_a_checkpoint_refuses_tokenizers_it_was_not_trained_with(tmp_path):
+    """Issue 45: only the vocabulary sizes were compared, so a tokenizer file swapped for another
+    of the same size went unnoticed (translate.py printed garbage). Checkpoints now carry their
+    tokenizers' fingerprints (vocabulary and merges); those of earlier versions, without them,
+    are still held to the sizes."""
+    from tokenizer import tokenizer_fingerprint
+    good = tmp_path / "good.pt"
+    save_checkpoint(small_state(), good)
     state = load_checkpoint(good)
-    check_vocab(state, good, 20, 30)
-    with pytest.raises(CheckpointError, match="target vocabulary of 30 but the tokenizer file "
-                                              "has 31"):
-        check_vocab(state, good, 20, 31)
+    src = word_tokenizer([f"s{i}" for i in range(16)])  # 20 with the special tokens
+    tgt = word_tokenizer([f"t{i}" for i in range(26)])  # 30
+    check_tokenizers(state, good, src, tgt)  # no fingerprints saved: the sizes agree
+    with pytest.raises(CheckpointError, match="another target tokenizer than the file here "
+                                              r"\(a vocabulary of 31, not 30\)"):
+        check_tokenizers(state, good, src, word_tokenizer([f"t{i}" for i in range(27)]))
+    state["tokenizers"] = [tokenizer_fingerprint(src), tokenizer_fingerprint(tgt)]
+    check_tokenizers(state, good, src, tgt)
+    swapped = word_tokenizer([f"u{i}" for i in range(26)])  # the same size, other words
+    assert swapped.get_vocab_size() == tgt.get_vocab_size()
+    with pytest.raises(CheckpointError, match="the same size, but other tokens or merges: "
+                                              f"fingerprint {tokenizer_fingerprint(swapped)}"):
+        check_tokenizers(state, good, src, swapped)
+    assert tokenizer_fingerprint(word_tokenizer([f"t{i}" for i in range(26)])) == \
+        state["tokenizers"][1]  # the same tokenizer trained again: the same fingerprint
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):

@@ -221,8 +221,11 @@ def test_a_resume_with_nothing_to_do_writes_no_event_file_and_says_so(tmp_path, 
 
 def fake_run(tmp_path, patience=0):
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
+    from tokenizer import build_tokenizer
+    tok = build_tokenizer("word", 20, ["a b c d"] * 2)
+    data = types.SimpleNamespace(corpus=None, tokenizer_src=tok, tokenizer_tgt=tok)
     return types.SimpleNamespace(config=Config(model_folder=str(tmp_path), patience=patience),
-                                 model=model, data=types.SimpleNamespace(corpus=None), rank=0)
+                                 model=model, data=data, rank=0)
 
 
 def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatch):
@@ -243,26 +246,30 @@ def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatc
     assert validate(5, 4.2) is train.Stop.PATIENCE
 
 
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, train_here,
-                                                                   monkeypatch):
-    """Issue 17: validation decoding ignored the first Ctrl-C (and showed no progress)."""
+                                                                   monkeypatch, signum, code):
+    """Issue 17: validation decoding ignored the first Ctrl-C (and showed no progress). Issue
+    45: a saved stop exited 0, as a finished run does; now 128 + the signal's number."""
     import os
-    corpus(tmp_path / "c")
+
     import evaluation
+    corpus(tmp_path / "c")
     real = evaluation.translate_ids
 
-    def interrupted(*args, **kwargs):  # Ctrl-C arrives while the validation set decodes
-        os.kill(os.getpid(), signal.SIGINT)
+    def interrupted(*args, **kwargs):  # the signal arrives while the validation set decodes
+        os.kill(os.getpid(), signum)
         return real(*args, **kwargs)
     monkeypatch.setattr(evaluation, "translate_ids", interrupted)
-    code, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
-    assert code == 0, err
-    assert "stopped by SIGINT while validating epoch 0 (not recorded); saved " \
+    status, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
+    assert status == code, err
+    name = signal.Signals(signum).name
+    assert f"stopped by {name} while validating epoch 0 (not recorded); saved " \
            "weights/tmodel_00.pt. Resume with: python train.py --model_folder weights" in out
     assert not history_path(Config(model_folder=str(tmp_path / "weights"))).exists()
     monkeypatch.setattr(evaluation, "translate_ids", real)
-    code, out, err = train_here()
-    assert code == 0 and "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out, err
+    status, out, err = train_here()
+    assert status == 0 and "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out, err
 
 
 @pytest.mark.parametrize("problem, message", [
@@ -292,6 +299,28 @@ def test_train_bad_input_is_one_line_and_exit_2(trained, tmp_path, problem, mess
     assert t.returncode == 2 and message in err and err.strip().count("\n") == 0, err
     assert {p: p.stat().st_mtime_ns for p in (home / "weights").iterdir()} == before
     assert not (home / "never" / "made").exists()  # a failed start leaves no empty folder
+
+
+def test_resuming_with_a_swapped_tokenizer_of_the_same_size_is_refused(trained, tmp_path):
+    """Issue 45: a tokenizer file replaced by another of the same size made train.py say the
+    prepared data "was prepared for other tokenizers: preparing again", and train on. The
+    checkpoint's fingerprint refuses it before anything is prepared, and the folder is left
+    as it was."""
+    import shutil
+    home, _ = trained
+    folder = tmp_path / "copy"
+    shutil.copytree(home / "weights", folder)
+    spec = json.loads((folder / "tokenizer_it.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    a, b = [token for token, i in vocab.items() if i in (10, 11)]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # the same size, two tokens' ids swapped
+    (folder / "tokenizer_it.json").write_text(json.dumps(spec), encoding="utf-8")
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+    t = run_here("train.py", "--model_folder", folder, "--num_epochs", "3", cwd=home)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and "the same size, but other tokens or merges" in err, err
+    assert "preparing again" not in err
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
 
 
 def train_args(folder):
@@ -353,7 +382,9 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_c
     assert len(step_checkpoints(folder)) <= 2  # keep_last
 
 
-def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
+def test_sigint_saves_mid_epoch_exits_130_and_resumes_there(kill_corpus):
+    """Issue 45: after a saved stop the exit code was 0, as for a finished run: a script or a
+    scheduler could not tell them apart. 130 after SIGINT (128 + 2), as a shell reports."""
     home = kill_corpus
     args = train_args("interrupted")
     args[args.index("--num_epochs") + 1] = "50"
@@ -365,7 +396,7 @@ def test_sigint_saves_mid_epoch_exits_0_and_resumes_there(kill_corpus):
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out.decode()[-2000:]
+    assert proc.returncode == 130, out.decode()[-2000:]
     assert "stopped by SIGINT" in out.decode() and "Resume with" in out.decode()
     assert not (home / "interrupted" / "MODEL_CARD.md").exists()  # not a finished run
     # stdout and stderr share one pipe: after the stop message, no progress bar is redrawn
@@ -567,6 +598,16 @@ def test_a_mid_epoch_resume_with_accumulation_trains_the_same_updates(tmp_path, 
         assert torch.equal(v, b["model_state_dict"][k]), k
 
 
+def test_a_missing_gpu_is_refused_before_any_data_is_read(tmp_path, train_here):
+    """Issue 45: --device cuda on a machine without CUDA failed only after the data was
+    prepared (minutes on a large corpus); the data folder here does not even exist."""
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    code, out, err = train_here("--data_dir", "nowhere", "--device", "cuda")
+    assert code == 2 and "--device cuda: CUDA is not available" in err, err
+    assert "nowhere" not in err and not (tmp_path / "weights").exists()
+
+
 def test_fp16_trains_with_the_gradient_scaler_and_resumes_its_scale(tmp_path, train_here):
     """--precision fp16: autocast to float16 and the gradient scaler, end to end; its scale is
     saved with the checkpoint and restored on resume."""
@@ -574,6 +615,7 @@ def test_fp16_trains_with_the_gradient_scaler_and_resumes_its_scale(tmp_path, tr
     code, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1",
                                 "--precision", "fp16")
     assert code == 0 and "torch.float16 autocast" in out, err
+    assert "note: --precision fp16 on a CPU" in err  # issue 45: it said nothing
     state = load_checkpoint(tmp_path / "weights" / "tmodel_00.pt")
     scale = state["scaler_state_dict"]["scale"]
     assert scale > 0 and math.isfinite(scale)
@@ -686,6 +728,8 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
     assert "40 training pairs, 4 validation pairs, 4 test pairs" in card
     steps = load_checkpoint(folder / "tmodel_01.pt")["global_step"]
     assert f"- {steps} optimizer steps in 2 epoch(s)" in card and "precision fp32" in card
+    n = torch.get_num_threads()  # issue 45: "1 threads"
+    assert f"- device: cpu, {n} thread{'s' if n > 1 else ''} (" in card
     for name, s in results["scores"].items():
         assert f"| {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['bleu_lc']:.2f} |" in card
     assert "BLEU: nrefs:1|case:mixed" in card and "chrF2: nrefs:1" in card

@@ -1,6 +1,8 @@
 """translate.py: sentences, files and stdin, validation examples, scores, n-best, attention maps,
 and its one-line refusals."""
 
+import json
+
 import pytest
 import torch
 from conftest import number_pairs, run_here, run_script
@@ -81,6 +83,10 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
     (["--checkpoint", "weights/nothing.pt", "hi"], None, "checkpoint weights/nothing.pt not found"),
     (["--model_folder", "empty", "hi"], None, "no checkpoint in empty/"),
+    (["--model_folder", ".", "hi"], None,  # issue 45: a preset trains into weights/<preset>
+     "these folders below it hold checkpoints: weights (give one as --model_folder)"),
+    (["--model_folder", ".", "--preload", "best", "hi"], None,
+     "these folders below it hold checkpoints: weights (give one as --model_folder)"),
     (["--lr", "0.1", "hi"], None, "--lr is a training setting"),
     (["--d_model", "64", "hi"], None, "--d_model 64 does not match"),
     (["--input", "nowhere.txt"], None, "cannot read nowhere.txt"),
@@ -88,10 +94,14 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt"),
     (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
     (["--min_len", "200", "hi"], None, "--min_len 200 is more than a translation can hold"),
+    (["--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score against"),
+    (["--attention", "a.png", "--input", "corpus/val.en"], None,  # issue 45: mapped the first
+     "--attention maps one sentence"),
     (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
      "corpus/val.it has 8 lines but the input has 64"),
 ])
 def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
+    """Issue 45: an empty input with --reference ended in sacreBLEU's IndexError."""
     home, _ = trained
     t = run_here("translate.py", *args, cwd=home, input=stdin or b"")
     err = t.stderr.decode()
@@ -128,10 +138,19 @@ def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
     shutil.copy(folder / "tokenizer_en.json", folder / "tokenizer_it.json")
     t = run_here("translate.py", "--model_folder", folder, "hi", cwd=home)
     err = t.stderr.decode()
-    assert t.returncode == 2 and "target vocabulary of" in err
+    assert t.returncode == 2 and "another target tokenizer than the file here (a vocabulary" in err
     # advice that loses nothing (issue 16, 13): deleting tokenizers breaks their checkpoints
     assert "trained in (its tokenizer files lie there) as --model_folder" in err
     assert "delete" not in err
+    # issue 45: a tokenizer of the same size with other tokens (two ids swapped) printed garbage
+    spec = json.loads((home / "weights" / "tokenizer_it.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    a, b = [token for token, i in vocab.items() if i in (10, 11)]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder / "tokenizer_it.json").write_text(json.dumps(spec), encoding="utf-8")
+    t = run_here("translate.py", "--model_folder", folder, "hi", cwd=home)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and "the same size, but other tokens or merges" in err, err
 
 
 def test_average_of_identical_checkpoints_is_the_same_model(trained, tmp_path):
@@ -199,3 +218,11 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
         with pytest.raises(SystemExit) as e:
             run_main("translate.py", lambda a=args: translate.main(a))
         assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
+    """Issue 45: `translate.py --seq_len 100000` answered "--max_tokens (4096) must be at
+    least --seq_len", a flag translate.py does not have: translating checks no batching flag."""
+    home, _ = trained
+    t = run_here("translate.py", "--seq_len", "100000", "one two three", cwd=home)
+    assert t.returncode == 0 and t.stdout.decode().strip(), t.stderr.decode()
