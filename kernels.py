@@ -120,8 +120,8 @@ def block_rows(vocab: int, d_model: int, device: torch.device) -> int:
     """Positions per block: as many as keep the block's float32 logits within 16 MB on CPU (256
     MB on a GPU), but at least d_model. The weight's gradient is a product (vocabulary × rows)
     @ (rows × d_model) whose inner size is the block's rows: at the paper's base shape (512
-    wide, 37,000 words) the 113 rows of 16 MB made it slow, and the loss took 1.4 times torch's
-    whole-logits time on CPU; 512 rows take 0.9 times (bench_loss.py, docs/performance.md)."""
+    wide, 37,000 words) the 113 rows of 16 MB made it slow, and the loss took 1.27 times torch's
+    whole-logits time on CPU; 512 rows take 0.82 times (bench_loss.py, docs/performance.md)."""
     return max(d_model, (1 << (22 if device.type == "cpu" else 26)) // vocab)
 
 
