@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from model import PositionalEncoding, swiglu_width
-from runtime import autocast, autocast_dtype, setup_device
+from runtime import autocast, autocast_dtype, setup_device, use_threads
 from tokenizer import PAD
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
                    set_up, train_step)
@@ -205,6 +205,7 @@ def main(argv=None):
     args, config = parse(argv)
     data = get_ds(config)
     device = setup_device(config.device)
+    use_threads(config.threads)
     shape = f"d_model {config.d_model}, N {config.depth()}, h {config.h}, d_ff {config.d_ff}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{torch.get_num_threads()} threads"

@@ -111,7 +111,6 @@ def parse_args(argv):
                         help="only the first N sentences of the split (0: all)")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads of every decoder")
     parser.add_argument("--variants", action="store_true", help="also this repo's greedy in "
                         "bf16 and with dynamic int8 linear layers")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes of each decoder, "
@@ -190,9 +189,9 @@ def report(runs, outputs, times, references, tok_tgt):
 
 def main(argv=None):
     args, config, given = parse_args(argv)
-    torch.set_num_threads(args.threads)
     model, config, tok_src, tok_tgt = load_translator(config, given, args.checkpoint,
                                                       args.average)
+    threads = torch.get_num_threads()  # --threads (load_translator applies it), for every decoder
     folder = Path(args.data_dir_test)
     sources = read_lines(folder / f"{args.split}.{config.lang_src}")
     references = read_lines(folder / f"{args.split}.{config.lang_tgt}")
@@ -205,12 +204,12 @@ def main(argv=None):
                   min_len=config.min_len)
     print(f"{len(sources)} sentences of {folder / args.split}.{config.lang_src}; "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (d_model "
-          f"{config.d_model}, N {config.depth()}); {args.threads} thread"
-          f"{'s' * (args.threads != 1)}; batches of {batch}; "
+          f"{config.d_model}, N {config.depth()}); {threads} thread"
+          f"{'s' * (threads != 1)}; batches of {batch}; "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
     runs = this_repos_decoders(args, model, len(ids), common)
     with tempfile.TemporaryDirectory() as tmp:
-        exported = engines(model, config, tok_src, tok_tgt, Path(tmp), args.threads)
+        exported = engines(model, config, tok_src, tok_tgt, Path(tmp), threads)
         runs += engine_decoders(args, exported, len(ids), common)
         outputs, times = decode_in_turn(runs, ids, batch, args.repeats)
     report(runs, outputs, times, references, tok_tgt)

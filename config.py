@@ -109,6 +109,9 @@ class Config:
     seed: int = _f(42, "random seed (data split, batch order, initialisation, dropout)")
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
                      group="run", translate=True)
+    threads: int = _f(0, "CPU threads of training or translating (0: torch's default, the cores "
+                         "available); give each run its share when two share a machine",
+                      group="run", translate=True)
     # ---- decoding (validation, test scoring, translate.py, export.py) -----------------------
     max_len_a: float = _f(1.2, "decoding: at most max_len_a · source tokens + max_len_b output "
                                "tokens (fairseq's rule; seq_len caps it)", translate=True)
@@ -166,7 +169,7 @@ class Config:
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
                      "clip_grad", "patience", "eval_every", "tokenizer_sample", "max_len_a",
-                     "max_len_b", "min_len", "N_dec"]:
+                     "max_len_b", "min_len", "N_dec", "threads"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
         if self.seq_len < 3:

@@ -42,7 +42,7 @@ from resume import (check_corpus, check_resume_data, read_history, restore_rng, 
                     resume_state, rng_states, set_aside_later, write_history)
 from runtime import (autocast, autocast_dtype, gather_to_main, get_device, main_first,
                      max_over_ranks, setup_device, start_distributed, stop_distributed,
-                     sum_over_ranks)
+                     sum_over_ranks, use_threads)
 from stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint, launcher,
                       resume_command, stop_message)
 from tokenizer import PAD
@@ -203,6 +203,7 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     """(run, progress): the device, the model (seeded: the same on every rank), Adam, the loss
     and the batches; restored from `resume` ((path, state), or None for a fresh start)."""
     device = setup_device(config.device)
+    use_threads(config.threads)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
           + (f", {world} processes (torchrun)" if world > 1 else ""))

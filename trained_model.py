@@ -10,7 +10,7 @@ from checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_avera
                         merge_config, resolve_preload)
 from config import TRANSLATE_FIELDS, Config
 from model import build_transformer
-from runtime import setup_device
+from runtime import setup_device, use_threads
 from tokenizer import load_tokenizer, tokenizer_keys, tokenizer_path, tokenizer_recipe
 
 
@@ -76,6 +76,7 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS))
     check_tokenizers(state, path, tokenizer_src, tokenizer_tgt)
     device = setup_device(config.device)
+    use_threads(config.threads)
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     load_model_weights(model, state, path)
     model.loaded_from = loaded  # said by export.py

@@ -11,7 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 
 from attention_map import save_attention_map
 from config import (ArgumentParser, Config, UserError, add_locating_arguments, checkpoint_config,
@@ -68,15 +67,11 @@ def parse_args(argv):
                         "the (single) sentence to this PNG file")
     parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
                         "by export.py, on the CTranslate2 engine")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads of the decoder "
-                        "(this repo's or the engine's; 0: the library's default)")
     add_locating_arguments(parser)
     args = parser.parse_args(argv)
     config, given = checkpoint_config(parser, args)
-    if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam and args.beam > 1 or \
-            args.threads < 0:
-        parser.error("--beam and --nbest must be positive, with --nbest at most --beam; "
-                     "--threads must not be negative")
+    if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam and args.beam > 1:
+        parser.error("--beam and --nbest must be positive, with --nbest at most --beam")
     if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
         parser.error("give one of a sentence, --input and --example")
     if args.reference and (args.sentence is not None or args.example is not None):
@@ -142,11 +137,9 @@ def write_outputs(args, sentences, outputs, reference):
 
 def main(argv=None):
     args, config, given = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.ctranslate2:
+    if args.ctranslate2:  # (load_translator applies --threads to this repo's decoder)
         model, config, tokenizer_src, tokenizer_tgt = load_engine(args.ctranslate2, config,
-                                                                  given, args.threads)
+                                                                  given, config.threads)
     else:
         model, config, tokenizer_src, tokenizer_tgt = load_translator(
             config, given, args.checkpoint, args.average)

@@ -608,6 +608,22 @@ def test_a_missing_gpu_is_refused_before_any_data_is_read(tmp_path, train_here):
     assert "nowhere" not in err and not (tmp_path / "weights").exists()
 
 
+def test_threads_sets_the_training_processs_cpu_threads(tmp_path, train_here, monkeypatch):
+    """Issue 45: training had no thread control (translate.py had --threads): two trainings on
+    one 2-core machine with torch's default threads each ran five times slower. --threads N
+    sets torch's threads (the model card records them); 0, the default, leaves torch's."""
+    corpus(tmp_path / "c")
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1", "--threads", "1")
+    assert code == 0 and seen[0] == 1, err
+    card = (tmp_path / "weights" / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "- device: cpu, 1 thread (" in card
+    code, _, err = train_here("--num_epochs", "1", "--threads", "-1")
+    assert code == 2 and "--threads must not be negative" in err, err
+
+
 def test_fp16_trains_with_the_gradient_scaler_and_resumes_its_scale(tmp_path, train_here):
     """--precision fp16: autocast to float16 and the gradient scaler, end to end; its scale is
     saved with the checkpoint and restored on resume."""
