@@ -6,8 +6,8 @@ device, and is held equal to its reference by tests/test_kernels.py. model.py st
   fused kernel (CPU, in bf16 or fp16, or training with attention dropout).
 - `BlockwiseLabelSmoothedCrossEntropy`: the projection (section 3.4) and the label-smoothed loss
   (section 5.4, model.LabelSmoothedCrossEntropy) a block of positions at a time, the gradients
-  computed in the forward pass; `training_loss` chooses it or the whole logits by what was
-  measured (docs/performance.md).
+  computed in the forward pass: faster on CPU than torch's fused loss on the whole logits at
+  the recipe's and the paper's shapes, and never holding the logits whole (docs/performance.md).
 
 This file imports nothing of the project's: model.py imports it.
 """
