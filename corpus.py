@@ -1,8 +1,9 @@
 """Reading a parallel corpus: local files (aligned text, TSV, JSON lines) or a Hugging Face
 dataset (the hub, or a local folder laid out like a hub repository).
 
-load_corpus -> {"train", "validation", maybe "test"}: `datasets.Dataset`s with `src`/`tgt` text,
-               and "fingerprint": what identifies the corpus (recorded in checkpoints)
+load_corpus -> {"train", "validation", maybe "test": {name: ...}}: `datasets.Dataset`s with
+               `src`/`tgt` text (every test set by name), and "fingerprint": what identifies
+               the corpus (recorded in checkpoints)
 """
 
 import hashlib
@@ -55,6 +56,22 @@ def _split_name(stem: str):
     if stem.startswith("test"):
         return "test"
     return None
+
+
+def _unread(splits: dict, split, name: str, wanted) -> bool:
+    """Whether a file or hub split of `split`, named `name`, is still to be read: one train and
+    one validation split (the first found), and every test set."""
+    if split not in wanted:
+        return False
+    return name not in splits.get("test", {}) if split == "test" else split not in splits
+
+
+def _keep(splits: dict, split: str, name: str, ds):
+    """Stores a split read: the test sets by name ({"test_2016_flickr": ..., ...})."""
+    if split == "test":
+        splits.setdefault("test", {})[name] = ds
+    else:
+        splits[split] = ds
 
 
 def decode_lines(data: bytes, name, first_line: int = 1) -> list:
@@ -139,12 +156,12 @@ def _read_aligned(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS)
     """train.en + train.de (+ val.*, valid.*, dev.*, test*.*), one sentence a line."""
     for src_file in sorted(folder.glob(f"*.{src}")):
         split = _split_name(src_file.stem)
-        if split not in wanted or split in splits:
+        if not _unread(splits, split, src_file.stem, wanted):
             continue
         tgt_file = src_file.with_suffix(f".{tgt}")
         if not tgt_file.exists():
             raise DataError(f"{src_file} has no matching target file {tgt_file}")
-        splits[split] = _aligned_dataset(src_file, tgt_file)
+        _keep(splits, split, src_file.stem, _aligned_dataset(src_file, tgt_file))
 
 
 def _read_tsv(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
@@ -153,7 +170,7 @@ def _read_tsv(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
     tsv_files = sorted(folder.glob("*.tsv"))
     for tsv in tsv_files:
         split = _split_name(tsv.stem) or ("train" if len(tsv_files) == 1 else None)
-        if split not in wanted or split in splits:
+        if not _unread(splits, split, tsv.stem, wanted):
             continue
         lines = read_lines(tsv)
         if lines and lines[0].strip().split("\t") == [src, tgt]:
@@ -170,14 +187,14 @@ def _read_tsv(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
         if extra:  # the Anki files carry a third, attribution column
             note(f"{tsv.name}: {extra} line(s) have more than two tab-separated fields; the "
                  f"first two are taken as source and target")
-        splits[split] = _pairs_to_dataset(src_lines, tgt_lines, tsv.name)
+        _keep(splits, split, tsv.stem, _pairs_to_dataset(src_lines, tgt_lines, tsv.name))
 
 
 def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
     """train.jsonl (+ validation.jsonl ...): {"translation": {"en": ..., "de": ...}} a line."""
     for jl in sorted(list(folder.glob("*.jsonl")) + list(folder.glob("*.json"))):
         split = _split_name(jl.stem)
-        if split not in wanted or split in splits:
+        if not _unread(splits, split, jl.stem, wanted):
             continue
         src_lines, tgt_lines = [], []
         for n, line in enumerate(read_lines(jl), 1):
@@ -190,7 +207,7 @@ def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
             except (ValueError, KeyError, TypeError):
                 raise DataError(f"{jl}, line {n}: expected {{\"translation\": {{\"{src}\": ..., "
                                 f"\"{tgt}\": ...}}}}") from None
-        splits[split] = _pairs_to_dataset(src_lines, tgt_lines, jl.name)
+        _keep(splits, split, jl.stem, _pairs_to_dataset(src_lines, tgt_lines, jl.name))
 
 
 def _load_local(config: Config, wanted=SPLITS):
@@ -290,7 +307,7 @@ def _load_hub(config: Config, wanted=SPLITS):
     splits = {"fingerprint": digest(sorted((k, ds._fingerprint) for k, ds in raw.items()))}
     for split_name, ds in raw.items():
         split = _split_name(split_name)
-        if split is None or split in splits or split not in wanted:
+        if not _unread(splits, split, split_name, wanted):
             continue
         flat, src_column, tgt_column = _hub_columns(ds, name, src, tgt)
         # column by column through Arrow, a chunk at a time: WMT's 4.5M pairs never become
@@ -301,12 +318,13 @@ def _load_hub(config: Config, wanted=SPLITS):
                                         [s or "" for s in batch[tgt_column]])
             tables.append(table)
             dropped += d
-        splits[split] = _to_dataset(tables, dropped, f"{name}:{split_name}")
+        _keep(splits, split, split_name, _to_dataset(tables, dropped, f"{name}:{split_name}"))
     return splits
 
 
 def load_corpus(config: Config, wanted=SPLITS):
-    """{"train", "validation"(, "test")} -> datasets.Dataset with `src` and `tgt` columns, and
+    """{"train", "validation"} -> datasets.Dataset with `src` and `tgt` columns, "test" -> {the
+    name of each test set (file stem or hub split): its Dataset} if there are any, and
     "fingerprint": what identifies the corpus. Without a validation split of its own, a seeded
     `val_fraction` of train is held out, and splits["held_out"] is True. `wanted` names the
     splits to read (without "train", nothing is held out)."""

@@ -265,7 +265,7 @@ class Data:
     train: BilingualDataset
     validation: BilingualDataset
     held_out: bool  # the validation pairs were drawn from the training split
-    test: tuple = None  # (source texts, reference texts) of the test split, if there is one
+    test: dict = None  # each test set's name: (source texts, reference texts); None if none
     key: str = None  # what the prepared data was made from (see prepared_key)
     corpus: dict = None  # {"source", "fingerprint"}: the corpus (recorded in checkpoints)
 
@@ -474,13 +474,13 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     dropped_note("train", meta["pairs"] - meta["kept"], meta["pairs"], config.seq_len)
     validation = to_bilingual(val_texts["src"], val_texts["tgt"], tokenizer_src, tokenizer_tgt,
                               config.seq_len, "validation")
-    test = None
-    if "test" in splits:
-        test = (column(splits["test"], "src"), column(splits["test"], "tgt"))
+    test = {name: (column(ds, "src"), column(ds, "tgt"))
+            for name, ds in sorted(splits.get("test", {}).items())} or None
     vocabulary = (f"{tokenizer_src.get_vocab_size()} (joint)" if config.shared_vocab else
                   f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
                   f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
-         + (f", {len(test[0])} test pairs" if test else "") + f"; vocabulary {vocabulary}")
+         + "".join(f", {len(src)} test pairs ({name})" for name, (src, _) in (test or {}).items())
+         + f"; vocabulary {vocabulary}")
     return Data(tokenizer_src, tokenizer_tgt, train, validation, held_out=meta["held_out"],
                 test=test, key=meta["key"], corpus=corpus)

@@ -100,37 +100,41 @@ def run_validation(run, progress) -> dict:
 
 @torch.no_grad()
 def score_test_sets(run, progress):
-    """Translates the corpus's test split with the best checkpoint (loaded into a model of its
-    own: the run's weights are left as they are), greedy and beam 4, and prints, logs and
-    writes (results.json in the model folder) sacreBLEU BLEU and chrF. Returns the results and
-    a few (source, reference, greedy translation) samples; (None, []) without a test split or
+    """Translates every test set of the corpus (each `test*` file, or each test split of a hub
+    dataset) with the best checkpoint (loaded into a model of its own: the run's weights are
+    left as they are), greedy and beam 4, and prints, logs and writes (results.json in the model
+    folder, each set by name) sacreBLEU BLEU and chrF. Returns the results and a few (source,
+    reference, greedy translation) samples of the first set; (None, []) without a test set or
     when a stop signal interrupts."""
-    config, test, data = run.config, run.data.test, run.data
+    config, data = run.config, run.data
     path = best_checkpoint_path(config)
-    if test is None or not path.exists():
+    if not data.test or not path.exists():
         return None, []
     best = build_model(config, data.tokenizer_src.get_vocab_size(),
                        data.tokenizer_tgt.get_vocab_size())
     load_model_weights(best, load_checkpoint(path), path)
     best = best.to(run.device).eval()
-    results = {"checkpoint": str(path), "sentences": len(test[0]), "scores": {}}
-    for beam in (1, 4):
-        name = "greedy" if beam == 1 else f"beam{beam}"
-        try:
-            with decoding_bar(run, progress, len(test[0]), f"test, {name}") as advance:
-                hyps = translate(best, config, data.tokenizer_src, data.tokenizer_tgt, test[0],
-                                 beam=beam, progress=advance)
-        except StopRequested:
-            tqdm.write(f"test scoring stopped by {progress.signal}: no results.json written "
-                       f"(translate.py --preload best --input ... --reference ... scores it)")
-            return None, []
-        if beam == 1:
-            samples = list(zip(test[0][:3], test[1][:3], hyps[:3]))
-        scores = score(hyps, test[1], error_rates=False)
-        results["scores"][name] = scores
-        for metric in ("bleu", "chrf"):
-            run.writer.add_scalar(f"test/{metric}_{name}", scores[metric], progress.step)
-        tqdm.write(f"test ({len(hyps)} sentences, best checkpoint, {name}):\n{scores['report']}")
+    results, samples = {"checkpoint": str(path), "tests": {}}, []
+    for test_name, (sources, references) in data.test.items():
+        scored = {"sentences": len(sources), "scores": {}}
+        for beam in (1, 4):
+            name = "greedy" if beam == 1 else f"beam{beam}"
+            try:
+                with decoding_bar(run, progress, len(sources), f"{test_name}, {name}") as step:
+                    hyps = translate(best, config, data.tokenizer_src, data.tokenizer_tgt,
+                                     sources, beam=beam, progress=step)
+            except StopRequested:
+                tqdm.write(f"test scoring stopped by {progress.signal}: no results.json written "
+                           f"(translate.py --preload best --input ... --reference ... scores it)")
+                return None, []
+            samples = samples or list(zip(sources[:3], references[:3], hyps[:3]))
+            scored["scores"][name] = scores = score(hyps, references, error_rates=False)
+            for metric in ("bleu", "chrf"):
+                run.writer.add_scalar(f"test/{test_name}/{metric}_{name}", scores[metric],
+                                      progress.step)
+            tqdm.write(f"test {test_name} ({len(hyps)} sentences, best checkpoint, {name}):\n"
+                       f"{scores['report']}")
+        results["tests"][test_name] = scored
     out = Path(config.model_folder) / "results.json"
     write_text_atomic(out, json.dumps(results, indent=1))
     tqdm.write(f"wrote {out}")

@@ -51,11 +51,15 @@ def scores_section(results: dict) -> list:
     if not results:
         return ["The corpus has no test split: no test score. Score a test set with",
                 "`python translate.py --preload best --input SRC --reference REF`.", ""]
-    lines = [f"{results['sentences']} test sentences, the best checkpoint by validation BLEU:",
-             "", "| decoding | BLEU | chrF | BLEU lowercased |", "|---|---|---|---|"]
-    for name, s in results["scores"].items():
-        lines.append(f"| {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['bleu_lc']:.2f} |")
-    signatures = results["scores"][next(iter(results["scores"]))]["report"].splitlines()
+    lines = ["The best checkpoint by validation BLEU, on each test set of the corpus:", "",
+             "| test set | sentences | decoding | BLEU | chrF | BLEU lowercased |",
+             "|---|---|---|---|---|---|"]
+    for test_name, scored in results["tests"].items():
+        for name, s in scored["scores"].items():
+            lines.append(f"| {test_name} | {scored['sentences']} | {name} | {s['bleu']:.2f} | "
+                         f"{s['chrf']:.2f} | {s['bleu_lc']:.2f} |")
+    first = next(iter(results["tests"].values()))["scores"]
+    signatures = first[next(iter(first))]["report"].splitlines()
     lines += ["", "sacreBLEU signatures:", "", "```"]
     lines += [f"{line.split(' =')[0]}: {line[line.rindex('(') + 1:-1]}"
               for line in signatures] + ["```", ""]
@@ -129,7 +133,8 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
     and a few test translations."""
     data, config = run.data, run.config
     sizes = (f"{len(data.train):,} training pairs, {len(data.validation):,} validation pairs"
-             + (f", {len(data.test[0]):,} test pairs" if data.test else "")
+             + "".join(f", {len(src):,} test pairs ({name})"
+                       for name, (src, _) in (data.test or {}).items())
              + (" (validation held out of the training split)" if data.held_out else ""))
     n = torch.get_num_threads()
     threads = f", {n} thread{'s' * (n != 1)}" if run.device.type == "cpu" else ""

@@ -17,8 +17,11 @@ def cfg(tmp_path, **kw):
 
 def test_aligned_text_files_with_their_own_validation_and_test_splits(tmp_path, corpus):
     write_aligned(corpus, "test_2016", number_pairs(5, seed=9))
+    write_aligned(corpus, "test_2017", number_pairs(3, seed=10))  # issue 45: all test sets
     splits = load_corpus(cfg(tmp_path, data_dir=str(corpus)))
-    assert (len(splits["train"]), len(splits["validation"]), len(splits["test"])) == (64, 8, 5)
+    assert (len(splits["train"]), len(splits["validation"])) == (64, 8)
+    assert {name: len(ds) for name, ds in splits["test"].items()} == {"test_2016": 5,
+                                                                     "test_2017": 3}
     first = number_pairs(64, seed=1)[0]
     assert (splits["train"][0]["src"], splits["train"][0]["tgt"]) == first
 
@@ -139,9 +142,10 @@ def test_a_hub_dataset_with_one_column_per_language_loads_like_a_translation_col
     pairs = number_pairs(40, seed=5)
     repo = make_columns_repo(tmp_path / "multi30k", pairs)
     splits = load_corpus(cfg(tmp_path, datasource=str(repo), lang_src="en", lang_tgt="de"))
-    assert [len(splits[s]) for s in ("train", "validation", "test")] == [30, 5, 5]
+    assert [len(splits[s]) for s in ("train", "validation")] == [30, 5]
+    assert list(splits["test"]) == ["test"] and len(splits["test"]["test"]) == 5
     assert column(splits["train"], "src") == [s for s, _ in pairs[:30]]
-    assert column(splits["test"], "tgt") == [t for _, t in pairs[35:]]
+    assert column(splits["test"]["test"], "tgt") == [t for _, t in pairs[35:]]
     assert "held_out" not in splits  # its own validation split is used
     # the other direction reads the same columns the other way round
     back = load_corpus(cfg(tmp_path, datasource=str(repo), lang_src="de", lang_tgt="en"))

@@ -461,10 +461,11 @@ def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained
 def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_split(
         tmp_path):
     """A short run with the default optimizer settings learns; the best checkpoint is the
-    one with the highest validation BLEU; the test split is scored at the end."""
+    one with the highest validation BLEU; every test set is scored at the end."""
     write_aligned(tmp_path / "corpus", "train", number_pairs(200, seed=1))
     write_aligned(tmp_path / "corpus", "val", number_pairs(20, seed=2))
     write_aligned(tmp_path / "corpus", "test", number_pairs(10, seed=3))
+    write_aligned(tmp_path / "corpus", "test_b", number_pairs(6, seed=4))
     t = run_here("train.py", "--data_dir", "corpus", "--d_model", "64", "--N", "1", "--h", "2",
                  "--d_ff", "128", "--seq_len", "24", "--tokenizer_type", "word",
                  "--max_tokens", "300", "--num_epochs", "2", "--val_examples", "0",
@@ -484,13 +485,17 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
     assert "optimizer_state_dict" not in best  # weights and config only
     results = json.loads((tmp_path / "weights" / "results.json").read_text())
     out = t.stdout.decode()
-    assert "test (10 sentences, best checkpoint, greedy)" in out and "BLEU = " in out
+    assert "test test (10 sentences, best checkpoint, greedy)" in out and "BLEU = " in out
+    # issue 45: only the first test file was scored, silently; every one is, by name
+    assert "test test_b (6 sentences, best checkpoint, beam4)" in out
+    assert {n: r["sentences"] for n, r in results["tests"].items()} == {"test": 10, "test_b": 6}
+    assert "10 test pairs (test), 6 test pairs (test_b)" in t.stderr.decode()
     # the test scores are the best checkpoint's: translate.py with it gives the same, greedy
     # and beam 4, cased and lowercased (the literature's Multi30k figures are lowercased)
     for name, beam in (("greedy", "1"), ("beam4", "4")):
         hyp = run_here("translate.py", "--preload", "best", "--beam", beam, "--input",
                        "corpus/test.en", "--reference", "corpus/test.it", cwd=tmp_path)
-        report = results["scores"][name]["report"]
+        report = results["tests"]["test"]["scores"][name]["report"]
         assert hyp.returncode == 0 and "case:lc" in report, hyp.stderr.decode()
         assert all(line in hyp.stderr.decode() for line in report.splitlines()), report
 
@@ -741,13 +746,14 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
         " ".join(["--data_dir", "c", *TINY, "--N", "2", "--N_dec", "1", "--num_epochs", "1"]),
         "--num_epochs 2"]
     assert "parameters: 32/2+1 layers/2 heads/feed-forward 64" in card
-    assert "40 training pairs, 4 validation pairs, 4 test pairs" in card
+    assert "40 training pairs, 4 validation pairs, 4 test pairs (test)" in card
     steps = load_checkpoint(folder / "tmodel_01.pt")["global_step"]
     assert f"- {steps} optimizer steps in 2 epoch(s)" in card and "precision fp32" in card
     n = torch.get_num_threads()  # issue 45: "1 threads"
     assert f"- device: cpu, {n} thread{'s' if n > 1 else ''} (" in card
-    for name, s in results["scores"].items():
-        assert f"| {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['bleu_lc']:.2f} |" in card
+    for name, s in results["tests"]["test"]["scores"].items():
+        assert f"| test | 4 | {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['bleu_lc']:.2f} |" \
+            in card
     assert "BLEU: nrefs:1|case:mixed" in card and "chrF2: nrefs:1" in card
     test_sources = [src for src, _ in number_pairs(4, seed=9)]
     assert card.count("- source: ") == 3 and f"- source: {test_sources[0]}" in card
