@@ -1,6 +1,6 @@
 """How a training run is scored: on the validation split, the teacher-forced loss (label-smoothed,
 and the plain negative log-likelihood and perplexity, which compare across smoothings, as
-fairseq reports them) and greedy decoding scored with sacreBLEU; at the end, the test split
+fairseq reports them) and greedy decoding scored with sacreBLEU; at the end, every test set
 translated with the best checkpoint, greedy and with beam search. train.py calls these with its
 Run (config, model, data, device, writer) and Progress (the step, a stop signal)."""
 

@@ -104,7 +104,7 @@ def card_text(card: dict) -> str:
         lines += [f"![validation BLEU and loss]({CURVE_NAME})", ""]
     lines += ["## Scores", ""] + scores_section(card["results"])
     if card["samples"]:
-        lines += ["## Sample translations (test split, greedy)", ""]
+        lines += ["## Sample translations (the first test set, greedy)", ""]
         for source, reference, output in card["samples"]:
             lines += [f"- source: {source}", f"  - reference: {reference}",
                       f"  - this model: {output}"]

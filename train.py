@@ -496,7 +496,7 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
 def train_model(config: Config, given: set = frozenset(), argv=None):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
     ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
-    scores the test split at the end, and a finished run writes its model card. `argv`: the
+    scores every test set at the end, and a finished run writes its model card. `argv`: the
     command line given (the card's record of how the run was made). Returns the name of the
     signal that stopped it (SIGINT, SIGTERM), or None."""
     catch_stop_signals()  # while setting up: a signal aborts, once
