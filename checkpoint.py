@@ -177,7 +177,7 @@ def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch:
     return {
         "format": FORMAT, "model_state_dict": run.model.state_dict(),
         "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
-        "corpus": run.data.corpus, "tokenizers": fingerprints(run.data),
+        "corpus": run.data.corpus, "tokenizers": run.data.tokenizers,
         "optimizer_state_dict": run.optimizer.state_dict(),
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "next_epoch": next_epoch, "next_batch": next_batch, "world_size": run.world_size,
@@ -191,13 +191,8 @@ def best_checkpoint(run, step: int, epoch: int, validation: dict) -> dict:
     made them the best."""
     return {"format": FORMAT, "model_state_dict": run.model.state_dict(),
             "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
-            "corpus": run.data.corpus, "tokenizers": fingerprints(run.data),
+            "corpus": run.data.corpus, "tokenizers": run.data.tokenizers,
             "validation": validation}
-
-
-def fingerprints(data) -> list:
-    """The fingerprints of the source and target tokenizers of a run's data."""
-    return [tokenizer_fingerprint(data.tokenizer_src), tokenizer_fingerprint(data.tokenizer_tgt)]
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict:

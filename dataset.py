@@ -268,6 +268,7 @@ class Data:
     test: dict = None  # each test set's name: (source texts, reference texts); None if none
     key: str = None  # what the prepared data was made from (see prepared_key)
     corpus: dict = None  # {"source", "fingerprint"}: the corpus (recorded in checkpoints)
+    tokenizers: list = None  # the tokenizers' fingerprints, [source, target] (the same)
 
 
 def encode_pairs(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: int):
@@ -483,4 +484,4 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
          + "".join(f", {len(src)} test pairs ({name})" for name, (src, _) in (test or {}).items())
          + f"; vocabulary {vocabulary}")
     return Data(tokenizer_src, tokenizer_tgt, train, validation, held_out=meta["held_out"],
-                test=test, key=meta["key"], corpus=corpus)
+                test=test, key=meta["key"], corpus=corpus, tokenizers=parts["tokenizers"])

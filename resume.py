@@ -96,8 +96,9 @@ def check_corpus(state: dict, path: Path, corpus: dict):
 
 
 def check_resume_data(state: dict, path: Path, config: Config, data):
-    """The checks a resume makes once the data is loaded: the vocabulary sizes of the
-    tokenizers, and a validation split held out of train by the same seed."""
+    """The checks a resume makes once the data is loaded: the tokenizers (their sizes and
+    fingerprints; freshly trained ones too), and a validation split held out of train by the
+    same seed."""
     check_tokenizers(state, path, data.tokenizer_src, data.tokenizer_tgt)
     check_split(state, path, config, data.held_out)
 

@@ -139,3 +139,14 @@ def tiny_state(epoch=0, **extra):
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
     return {"model_state_dict": model.state_dict(), "config": Config().to_dict(),
             "epoch": epoch, "global_step": 10, **extra}
+
+
+def swap_two_tokens(source: Path, target: Path):
+    """A copy of the tokenizer file `source` at `target` with the ids of two tokens swapped:
+    the same size and the same tokens, another tokenizer."""
+    import json
+    spec = json.loads(source.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    a, b = [token for token, i in vocab.items() if i in (10, 11)]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    target.write_text(json.dumps(spec), encoding="utf-8")

@@ -12,7 +12,8 @@ import types
 
 import pytest
 import torch
-from conftest import ROOT, TINY, number_pairs, run_here, run_script, write_aligned
+from conftest import (ROOT, TINY, number_pairs, run_here, run_script, swap_two_tokens,
+                      write_aligned)
 
 import train
 from checkpoint import best_checkpoint_path, history_path, load_checkpoint, save_checkpoint
@@ -221,9 +222,7 @@ def test_a_resume_with_nothing_to_do_writes_no_event_file_and_says_so(tmp_path, 
 
 def fake_run(tmp_path, patience=0):
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
-    from tokenizer import build_tokenizer
-    tok = build_tokenizer("word", 20, ["a b c d"] * 2)
-    data = types.SimpleNamespace(corpus=None, tokenizer_src=tok, tokenizer_tgt=tok)
+    data = types.SimpleNamespace(corpus=None, tokenizers=None)
     return types.SimpleNamespace(config=Config(model_folder=str(tmp_path), patience=patience),
                                  model=model, data=data, rank=0)
 
@@ -310,11 +309,7 @@ def test_resuming_with_a_swapped_tokenizer_of_the_same_size_is_refused(trained, 
     home, _ = trained
     folder = tmp_path / "copy"
     shutil.copytree(home / "weights", folder)
-    spec = json.loads((folder / "tokenizer_it.json").read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    a, b = [token for token, i in vocab.items() if i in (10, 11)]
-    vocab[a], vocab[b] = vocab[b], vocab[a]  # the same size, two tokens' ids swapped
-    (folder / "tokenizer_it.json").write_text(json.dumps(spec), encoding="utf-8")
+    swap_two_tokens(folder / "tokenizer_it.json", folder / "tokenizer_it.json")
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
     t = run_here("train.py", "--model_folder", folder, "--num_epochs", "3", cwd=home)
     err = t.stderr.decode()

@@ -1,11 +1,9 @@
 """translate.py: sentences, files and stdin, validation examples, scores, n-best, attention maps,
 and its one-line refusals."""
 
-import json
-
 import pytest
 import torch
-from conftest import number_pairs, run_here, run_script
+from conftest import number_pairs, run_here, run_script, swap_two_tokens
 
 from checkpoint import load_checkpoint
 
@@ -143,11 +141,7 @@ def test_translate_refuses_broken_checkpoints_and_tokenizers(trained, tmp_path):
     assert "trained in (its tokenizer files lie there) as --model_folder" in err
     assert "delete" not in err
     # issue 45: a tokenizer of the same size with other tokens (two ids swapped) printed garbage
-    spec = json.loads((home / "weights" / "tokenizer_it.json").read_text(encoding="utf-8"))
-    vocab = spec["model"]["vocab"]
-    a, b = [token for token, i in vocab.items() if i in (10, 11)]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (folder / "tokenizer_it.json").write_text(json.dumps(spec), encoding="utf-8")
+    swap_two_tokens(home / "weights" / "tokenizer_it.json", folder / "tokenizer_it.json")
     t = run_here("translate.py", "--model_folder", folder, "hi", cwd=home)
     err = t.stderr.decode()
     assert t.returncode == 2 and "the same size, but other tokens or merges" in err, err
