@@ -21,7 +21,9 @@ plain values (loaded with weights_only=True):
 A training checkpoint (tmodel_05.pt after epoch 5, tmodel_05_s0001234.pt mid-epoch) adds what
 an exact resume needs:
 
-  optimizer_state_dict, scaler_state_dict
+  optimizer_state_dict, scaler_state_dict (Adam's moments: twice the weights' size; kept
+                        in every mid-epoch checkpoint and the newest --keep_optimizer per-epoch
+                        ones, stripped from older per-epoch ones by prune_checkpoints)
   next_epoch, next_batch  where training goes on (next_batch > 0: mid-epoch, so the resume
                         needs the same batch order: BATCH_ORDER_FIELDS and world_size)
   world_size            the processes (torchrun) that trained it
@@ -126,7 +128,8 @@ def elsewhere(folder) -> str:
 
 def prune_checkpoints(config: Config):
     """Keeps the newest keep_last mid-epoch checkpoints (none older than the newest per-epoch
-    one, which supersedes them) and the newest keep_epochs per-epoch ones (0 = all)."""
+    one, which supersedes them) and the newest keep_epochs per-epoch ones (0 = all), of which
+    all but the newest keep_optimizer lose their optimizer state (keep_optimizer 0: none do)."""
     found = list_checkpoints(config)
     epochs = [c for c in found if c[2] is None]
     steps = [c for c in found if c[2] is not None]
@@ -139,6 +142,22 @@ def prune_checkpoints(config: Config):
         stale += epochs[:-config.keep_epochs]
     for path, _, _ in stale:
         path.unlink(missing_ok=True)
+    if config.keep_optimizer:
+        for path, _, _ in epochs[:-config.keep_optimizer]:
+            if path.exists():
+                strip_optimizer(path)
+
+
+RESUME_ONLY = ("optimizer_state_dict", "scaler_state_dict")
+
+
+def strip_optimizer(path: Path):
+    """Rewrites a training checkpoint without the optimizer's moments (two floats per weight):
+    the weights, config and position stay, which translation and averaging need; resuming from
+    it is refused (resume.py). Atomic, like every save."""
+    state = load_checkpoint(path, mmap=True)
+    if any(key in state for key in RESUME_ONLY):
+        save_checkpoint({k: v for k, v in state.items() if k not in RESUME_ONLY}, path)
 
 
 # ---- saving and loading -------------------------------------------------------------------------

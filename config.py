@@ -138,6 +138,9 @@ class Config:
     keep_last: int = _f(3, "mid-epoch checkpoints kept on disk, at least 1 (per-epoch ones are "
                            "kept apart; --save_every 0 saves none)")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
+    keep_optimizer: int = _f(1, "per-epoch checkpoints, newest first, that keep the optimizer "
+                             "state --preload N needs to resume from them; older ones keep the "
+                             "weights only, a third of the size (0 = all keep it)")
     experiment_name: str = _f("runs/tmodel", "TensorBoard log folder", group="run")
     log_every: int = _f(10, "log train loss and learning rate every this many steps (and at "
                         "each epoch's end); on a GPU the only steps that wait for it")
@@ -167,9 +170,9 @@ class Config:
             if getattr(self, name) <= 0:
                 return f"--{name} must be positive (got {getattr(self, name)})"
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
-                     "keep_epochs", "val_max_sentences", "val_examples", "num_workers",
-                     "clip_grad", "patience", "eval_every", "tokenizer_sample", "max_len_a",
-                     "max_len_b", "min_len", "N_dec", "threads"]:
+                     "keep_epochs", "keep_optimizer", "val_max_sentences", "val_examples",
+                     "num_workers", "clip_grad", "patience", "eval_every", "tokenizer_sample",
+                     "max_len_a", "max_len_b", "min_len", "N_dec", "threads"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
         if self.seq_len < 3:

@@ -58,6 +58,11 @@ def resume_state(config: Config, given: set, world_size: int = 1):
         refuse_to_overwrite(config)
         return None, config
     state = load_checkpoint(path)
+    if "optimizer_state_dict" not in state:
+        raise CheckpointError(
+            f"{path} holds the weights only: per-epoch checkpoints older than the newest "
+            f"--keep_optimizer ones drop the optimizer state an exact resume needs; resume from "
+            f"a newer one (--preload latest), or translate with this one")
     saved = Config.from_dict(state["config"])
     overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
     merged = merge_config(saved, config, given, path, overrides)

@@ -1,5 +1,6 @@
 """Checkpoint files: atomic saves, safe loads and their refusals, averaging, pruning."""
 
+import dataclasses
 import math
 import pickle
 
@@ -169,13 +170,43 @@ def test_pruning_keeps_the_newest_epochs_and_mid_epoch_saves_and_never_the_best(
              "tmodel_04_s0000043.pt", "tmodel_best.pt", "tmodel_validation.json", "notes.pt"]
     for name in names:
         (tmp_path / name).write_bytes(b"x")
-    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=2, keep_last=2))
+    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=2, keep_last=2,
+                             keep_optimizer=0))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["tmodel_02.pt", "tmodel_03.pt", "tmodel_04_s0000042.pt", "tmodel_04_s0000043.pt",
          "tmodel_best.pt", "tmodel_validation.json", "notes.pt"])
-    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=1))
+    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=1,
+                             keep_optimizer=0))
     assert {p.name for p in tmp_path.glob("tmodel_0*.pt")} == {
         "tmodel_02.pt", "tmodel_03.pt", "tmodel_04_s0000043.pt"}  # 0: every epoch kept
+
+
+def test_older_epochs_keep_their_weights_and_lose_the_optimizer_state(tmp_path):
+    """Issue 45: every per-epoch checkpoint kept Adam's moments (twice the weights): 12 epochs
+    of a 2.9M-parameter model took 419 MB. All but the newest --keep_optimizer per-epoch
+    checkpoints are rewritten with the weights only; mid-epoch ones (what a stopped run
+    resumes from) and the newest keep theirs; averaging reads the stripped ones as before."""
+    moments = {"state": {0: {"exp_avg": torch.ones(1000)}}, "param_groups": []}
+    names = ["tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt", "tmodel_03_s0000035.pt"]
+    for epoch, name in enumerate(names):
+        save_checkpoint(state_at(epoch, optimizer_state_dict=moments, scaler_state_dict={}),
+                        tmp_path / name)
+    weights = load_checkpoint(tmp_path / "tmodel_00.pt")["model_state_dict"]
+    sizes = {name: (tmp_path / name).stat().st_size for name in names}
+    config = Config(model_folder=str(tmp_path), keep_optimizer=2)
+    prune_checkpoints(config)
+    kept = {name: "optimizer_state_dict" in load_checkpoint(tmp_path / name) for name in names}
+    assert kept == {"tmodel_00.pt": False, "tmodel_01.pt": True, "tmodel_02.pt": True,
+                    "tmodel_03_s0000035.pt": True}
+    assert (tmp_path / "tmodel_00.pt").stat().st_size < sizes["tmodel_00.pt"] - 4000
+    stripped = load_checkpoint(tmp_path / "tmodel_00.pt")
+    assert "scaler_state_dict" not in stripped and stripped["next_epoch"] == 1
+    assert all(torch.equal(v, weights[k]) for k, v in stripped["model_state_dict"].items())
+    prune_checkpoints(dataclasses.replace(config, keep_optimizer=1))
+    assert "optimizer_state_dict" not in load_checkpoint(tmp_path / "tmodel_01.pt")
+    assert load_averaged(config, tmp_path / "tmodel_02.pt", 3)[1][0].name == "tmodel_00.pt"
+    prune_checkpoints(dataclasses.replace(config, keep_optimizer=0))  # 0: none stripped
+    assert "optimizer_state_dict" in load_checkpoint(tmp_path / "tmodel_02.pt")
 
 
 def test_averaging_holds_one_checkpoint_at_a_time_and_gives_the_mean(tmp_path, monkeypatch):

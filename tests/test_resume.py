@@ -31,7 +31,7 @@ def test_resume_never_takes_where_the_run_works_from_the_checkpoint(tmp_path):
     """5. A run saved on cuda:3, with workers and its own log folder, resumes here."""
     saved = Config(model_folder=str(tmp_path), device="cuda:3", num_workers=8,
                    experiment_name="runs/elsewhere", lr=5e-4)
-    state = {**state_at(0), "config": saved.to_dict()}
+    state = {**state_at(0), "config": saved.to_dict(), "optimizer_state_dict": {}}
     save_checkpoint(state, tmp_path / "tmodel_00.pt")
     (_, _), config = resume_state(Config(model_folder=str(tmp_path)), set())
     assert (config.device, config.num_workers, config.experiment_name) == ("auto", 0,
@@ -79,14 +79,14 @@ def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
     """2. A mid-epoch checkpoint resumed with another number of torchrun processes repeated or
     skipped pairs: the world size was neither saved nor checked."""
     config = Config(model_folder=str(tmp_path))
-    save_checkpoint(tiny_state(next_epoch=0, next_batch=3, world_size=2),
+    save_checkpoint(tiny_state(next_epoch=0, next_batch=3, world_size=2, optimizer_state_dict={}),
                     tmp_path / "tmodel_00_s0000010.pt")
     for world in (1, 4):
         with pytest.raises(CheckpointError, match="saved mid-epoch by 2 process\\(es\\) and "
                                                   f"this run has {world}"):
             resume_state(config, set(), world_size=world)
     resume_state(config, set(), world_size=2)
-    save_checkpoint(tiny_state(next_epoch=1, next_batch=0, world_size=2),
+    save_checkpoint(tiny_state(next_epoch=1, next_batch=0, world_size=2, optimizer_state_dict={}),
                     tmp_path / "tmodel_00.pt")
     resume_state(config, set(), world_size=1)  # between epochs: any number
 
@@ -110,3 +110,12 @@ def test_a_damaged_history_or_a_full_disk_is_one_line_and_loses_nothing(tmp_path
     with pytest.raises(CheckpointError, match="tmodel_validation.json is unreadable "
                                               r"\(JSONDecodeError\); it is the validation"):
         read_history(config)
+
+
+def test_a_checkpoint_without_its_optimizer_state_is_not_resumed(tmp_path):
+    """Issue 45: per-epoch checkpoints older than the newest --keep_optimizer hold the weights
+    only; resuming one would start Adam afresh, not continue the run: one line."""
+    save_checkpoint(state_at(0), tmp_path / "tmodel_00.pt")
+    with pytest.raises(CheckpointError, match="tmodel_00.pt holds the weights only: .* resume "
+                                              "from a newer one"):
+        resume_state(Config(model_folder=str(tmp_path), preload="00"), {"preload"})

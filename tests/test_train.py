@@ -429,7 +429,20 @@ def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained
     home, _ = trained
     import shutil
     shutil.copytree(home / "weights", tmp_path / "w")
-    step = load_checkpoint(tmp_path / "w" / "tmodel_00.pt")["global_step"]
+    # issue 45: epoch 00 holds the weights only (the default --keep_optimizer 1): refused in one
+    # line, nothing moved
+    refused = run_here("train.py", "--model_folder", tmp_path / "w", "--preload", "00",
+                       "--experiment_name", tmp_path / "runs", cwd=home)
+    assert refused.returncode == 2 and "tmodel_00.pt holds the weights only" in \
+        refused.stderr.decode().strip().splitlines()[-1]
+    assert not list((tmp_path / "w").glob("superseded_*"))
+    # the optimizer state put back, as a run with --keep_optimizer 2 would have kept it (its
+    # values do not matter here: the files' moves are what is tested)
+    state = load_checkpoint(tmp_path / "w" / "tmodel_00.pt")
+    latest = load_checkpoint(tmp_path / "w" / "tmodel_01.pt")
+    save_checkpoint({**state, "optimizer_state_dict": latest["optimizer_state_dict"]},
+                    tmp_path / "w" / "tmodel_00.pt")
+    step = state["global_step"]
     old_history = (tmp_path / "w" / "tmodel_validation.json").read_text()
     (tmp_path / "w" / "results.json").write_text("{}")  # the abandoned line's test scores
     t = run_here("train.py", "--model_folder", tmp_path / "w", "--preload", "00",
