@@ -79,7 +79,7 @@ def run_validation(run, progress) -> dict:
                                 unk_id=UNK, **decoding_limits(config), progress=advance,
                                 batch_size=max(config.max_tokens // 40, config.batch_size, 1))
     predictions = [detokenize(run.data.tokenizer_tgt, ids) for ids in outputs]
-    metrics = {**losses, **score(predictions, val.tgt_texts[:n])}
+    metrics = {**losses, **score(predictions, val.tgt_texts[:n], n_bootstrap=1)}
     for name, value in metrics.items():
         if name != "report":
             run.writer.add_scalar(f"validation/{name}", value, progress.step)
@@ -103,7 +103,8 @@ def score_test_sets(run, progress):
     """Translates every test set of the corpus (each `test*` file, or each test split of a hub
     dataset) with the best checkpoint (loaded into a model of its own: the run's weights are
     left as they are), greedy and beam 4, and prints, logs and writes (results.json in the model
-    folder, each set by name) sacreBLEU BLEU and chrF. Returns the results and a few (source,
+    folder, each set by name) sacreBLEU BLEU and chrF with their 95% confidence intervals.
+    Returns the results and a few (source,
     reference, greedy translation) samples of the first set; (None, []) without a test set or
     when a stop signal interrupts."""
     config, data = run.config, run.data

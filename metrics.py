@@ -1,5 +1,12 @@
 """Scores of translations against references: corpus BLEU and chrF by sacreBLEU (with the
-signatures a paper should quote), lowercased BLEU, and character and word error rates."""
+signatures a paper should quote and 95% confidence intervals by bootstrap resampling),
+lowercased BLEU, character and word error rates; and the paired significance tests between
+systems (sacreBLEU's paired bootstrap resampling and approximate randomization)."""
+
+# sacreBLEU's own defaults for its --confidence, --paired-bs and --paired-ar (its seed: 12345,
+# or the environment's SACREBLEU_SEED), so that the figures repeat from one run to the next.
+BOOTSTRAP_SAMPLES = 1000
+RANDOMIZATION_SAMPLES = 10000
 
 
 def edit_distance(a, b) -> int:
@@ -25,19 +32,63 @@ def error_rate(predictions, references, words: bool) -> float:
     return edits / max(total, 1)
 
 
-def score(hypotheses, references, error_rates: bool = True) -> dict:
+def metrics(lowercase_bleu: bool = True) -> dict:
+    """sacreBLEU's metric objects by name: BLEU and chrF, and lowercased BLEU (what tokenized,
+    lowercased papers compare)."""
+    from sacrebleu.metrics import BLEU, CHRF
+    return {"bleu": BLEU(), "chrf": CHRF(), **({"bleu_lc": BLEU(lowercase=True)}
+                                             if lowercase_bleu else {})}
+
+
+def score(hypotheses, references, error_rates: bool = True,
+          n_bootstrap: int = BOOTSTRAP_SAMPLES) -> dict:
     """Corpus sacreBLEU BLEU and chrF (and CER/WER) of translations against one reference each:
-    {"bleu", "chrf", "bleu_lc", "cer", "wer"} as numbers (bleu_lc: lowercased), and "report":
-    sacreBLEU's lines, each with its signature (what a paper should quote)."""
-    import sacrebleu
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    lower = sacrebleu.metrics.BLEU(lowercase=True)  # what tokenized, lowercased papers compare
-    b, c = bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
-    lc = lower.corpus_score(hypotheses, [references])
-    scores = {"bleu": b.score, "chrf": c.score, "bleu_lc": lc.score,
-              "report": f"{b}  ({bleu.get_signature()})\n{c}  ({chrf.get_signature()})\n"
-                        f"{lc}  ({lower.get_signature()})"}
+    {"bleu", "chrf", "bleu_lc", "cer", "wer"} as numbers (bleu_lc: lowercased); with
+    n_bootstrap > 1, also "bleu_ci", "chrf_ci", "bleu_lc_ci": the half-width of the 95%
+    confidence interval from that many bootstrap resamples of the sentences (sacreBLEU's
+    --confidence); and "report": sacreBLEU's lines, each with its signature (what a paper
+    should quote; "bs:1000" says the interval's resamples)."""
+    scores, lines = {}, []
+    for name, metric in metrics().items():
+        result = metric.corpus_score(hypotheses, [references], n_bootstrap=max(n_bootstrap, 1))
+        scores[name] = result.score
+        if n_bootstrap > 1:
+            scores[f"{name}_ci"] = float(result._ci)  # sacreBLEU's attribute for its ± figure
+        lines.append(f"{result}  ({metric.get_signature()})")
+    scores["report"] = "\n".join(lines)
     if error_rates:
         scores["cer"] = error_rate(hypotheses, references, words=False)
         scores["wer"] = error_rate(hypotheses, references, words=True)
     return scores
+
+
+def compare(systems, references, n_bootstrap: int = BOOTSTRAP_SAMPLES,
+            n_randomization: int = RANDOMIZATION_SAMPLES) -> dict:
+    """Paired significance tests of systems against the first (the baseline), on the same
+    sentences: `systems` is a list of (name, hypotheses). For BLEU and chrF each system gets
+    its score, the 95% confidence interval's half-width and, after the first, the p-values of
+    its difference from the first by paired bootstrap resampling (Koehn 2004) and by paired
+    approximate randomization (Riezler and Maxwell 2005), both sacreBLEU's own. Returns
+    {"systems": names, "bleu"/"chrf": [{"score", "ci", "p_bs", "p_ar"}, ...] (p None for the
+    baseline; 1 for a system whose translations are the baseline's, line for line),
+    "signatures": {metric: signature of each test}}."""
+    from sacrebleu.significance import PairedTest
+    chosen = metrics(lowercase_bleu=False)
+    found = {"systems": [name for name, _ in systems], "signatures": {}}
+    for test, samples in (("bs", n_bootstrap), ("ar", n_randomization)):
+        signatures, results = PairedTest(list(systems), {m.upper(): chosen[m] for m in chosen},
+                                         [list(references)], test_type=test,
+                                         n_samples=samples)()
+        for name, (key, signature) in zip(chosen, signatures.items()):  # key: BLEU, chrF2
+            rows = found.setdefault(name, [{} for _ in systems])
+            found["signatures"].setdefault(name, []).append(str(signature))
+            for row, result in zip(rows, results[key]):
+                row["score"] = result.score
+                row[f"p_{test}"] = result.p_value
+                if result.ci is not None:
+                    row["ci"] = float(result.ci)
+    for (_, hypotheses), *rows in zip(systems[1:], found["bleu"][1:], found["chrf"][1:]):
+        if list(hypotheses) == list(systems[0][1]):  # sacreBLEU gives a zero difference its
+            for row in rows:                          # smallest p: the same output is no gain
+                row["p_bs"] = row["p_ar"] = 1.0
+    return found

@@ -51,13 +51,16 @@ def scores_section(results: dict) -> list:
     if not results:
         return ["The corpus has no test split: no test score. Score a test set with",
                 "`python translate.py --preload best --input SRC --reference REF`.", ""]
-    lines = ["The best checkpoint by validation BLEU, on each test set of the corpus:", "",
+    lines = ["The best checkpoint by validation BLEU, on each test set of the corpus (± the "
+             "half-width of the 95% confidence interval, by bootstrap resampling):", "",
              "| test set | sentences | decoding | BLEU | chrF | BLEU lowercased |",
              "|---|---|---|---|---|---|"]
     for test_name, scored in results["tests"].items():
         for name, s in scored["scores"].items():
-            lines.append(f"| {test_name} | {scored['sentences']} | {name} | {s['bleu']:.2f} | "
-                         f"{s['chrf']:.2f} | {s['bleu_lc']:.2f} |")
+            cells = [f"{s[m]:.2f}" + (f" ± {s[m + '_ci']:.2f}" if m + "_ci" in s else "")
+                     for m in ("bleu", "chrf", "bleu_lc")]  # (results of earlier versions: none)
+            lines.append(f"| {test_name} | {scored['sentences']} | {name} | "
+                         f"{' | '.join(cells)} |")
     first = next(iter(results["tests"].values()))["scores"]
     signatures = first[next(iter(first))]["report"].splitlines()
     lines += ["", "sacreBLEU signatures:", "", "```"]

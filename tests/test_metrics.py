@@ -2,7 +2,7 @@
 
 import pytest
 
-from metrics import edit_distance, error_rate, score
+from metrics import compare, edit_distance, error_rate, score
 
 
 def test_edit_distance_cer_and_wer():
@@ -32,3 +32,48 @@ def test_score_gives_sacrebleus_numbers_and_signatures():
     assert s["cer"] == pytest.approx(error_rate(hyps, refs, words=False))
     assert "cer" not in score(hyps, refs, error_rates=False)
     assert score(refs, refs)["bleu"] == pytest.approx(100.0)
+
+
+def test_every_score_carries_sacrebleus_bootstrap_confidence_interval():
+    """Issue 42: a score without its uncertainty cannot tell a gain from a draw's noise. Each
+    BLEU and chrF carries the half-width of sacreBLEU's own 95% interval (1000 resamples, its
+    seed), and the signature says so; validation during training skips it (n_bootstrap 1)."""
+    from sacrebleu.metrics import BLEU, CHRF
+    hyps = [f"the cat number {i} sat on {'the' if i % 3 else 'a'} mat" for i in range(30)]
+    refs = [f"the cat number {i} sat on the mat" for i in range(30)]
+    s = score(hyps, refs, error_rates=False)
+    assert s["bleu_ci"] == pytest.approx(BLEU().corpus_score(hyps, [refs], n_bootstrap=1000)._ci)
+    assert s["chrf_ci"] == pytest.approx(CHRF().corpus_score(hyps, [refs], n_bootstrap=1000)._ci)
+    assert 0 < s["bleu_ci"] < 20 and s["bleu_lc_ci"] > 0
+    assert all("bs:1000|seed:12345" in line and "±" in line for line in s["report"].splitlines())
+    quick = score(hyps, refs, n_bootstrap=1)
+    assert "bleu_ci" not in quick and "bs:" not in quick["report"]
+    assert quick["bleu"] == s["bleu"]
+
+
+def test_paired_tests_tell_a_real_gain_from_none():
+    """Issue 42: compare's p-values are sacreBLEU's paired bootstrap and approximate
+    randomization against the first system: small for a much better system, large for one
+    that differs from the baseline by chance, 1 for the baseline's own output."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+    refs = [f"a dog number {i} runs through the green grass" for i in range(60)]
+    one, other = "runs on the grass", "runs through grass"  # two ways, as good as each other
+    base = [f"a dog number {i} {one if i % 2 else other}" for i in range(60)]
+    better = [r if i % 2 else b for i, (r, b) in enumerate(zip(refs, base))]
+    noise = [f"a dog number {i} {other if i % 2 else one}" for i in range(60)]  # swapped
+    found = compare([("base", base), ("better", better), ("noise", noise), ("same", base)],
+                    refs)
+    assert found["systems"] == ["base", "better", "noise", "same"]
+    for metric in ("bleu", "chrf"):
+        rows = found[metric]
+        assert rows[0]["p_bs"] is None and rows[0]["p_ar"] is None and rows[1]["ci"] > 0
+        assert rows[1]["p_bs"] < 0.01 and rows[1]["p_ar"] < 0.01 and \
+            rows[1]["score"] > rows[0]["score"]
+        assert rows[3]["p_bs"] == rows[3]["p_ar"] == 1.0
+    assert found["bleu"][2]["p_ar"] > 0.05 and found["bleu"][2]["p_bs"] > 0.05  # no difference
+    own = PairedTest([("base", base), ("better", better)], {"BLEU": BLEU()}, [refs],
+                     test_type="ar", n_samples=10000)()[1]["BLEU"][1]
+    assert found["bleu"][1]["p_ar"] == own.p_value and found["bleu"][1]["score"] == own.score
+    assert "|bs:1000|" in found["signatures"]["bleu"][0]
+    assert "|ar:10000|" in found["signatures"]["bleu"][1]

@@ -497,6 +497,10 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
     # issue 45: only the first test file was scored, silently; every one is, by name
     assert "test test_b (6 sentences, best checkpoint, beam4)" in out
     assert {n: r["sentences"] for n, r in results["tests"].items()} == {"test": 10, "test_b": 6}
+    # issue 42: every test score with its 95% confidence interval, the signature saying so
+    scores = results["tests"]["test"]["scores"]["beam4"]
+    assert all(scores[f"{m}_ci"] >= 0 for m in ("bleu", "chrf", "bleu_lc"))
+    assert "|bs:1000|" in scores["report"] and "±" in scores["report"]
     assert "10 test pairs (test), 6 test pairs (test_b)" in t.stderr.decode()
     # the test scores are the best checkpoint's: translate.py with it gives the same, greedy
     # and beam 4, cased and lowercased (the literature's Multi30k figures are lowercased)
@@ -759,10 +763,11 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
     assert f"- {steps} optimizer steps in 2 epoch(s)" in card and "precision fp32" in card
     n = torch.get_num_threads()  # issue 45: "1 threads"
     assert f"- device: cpu, {n} thread{'s' if n > 1 else ''} (" in card
-    for name, s in results["tests"]["test"]["scores"].items():
-        assert f"| test | 4 | {name} | {s['bleu']:.2f} | {s['chrf']:.2f} | {s['bleu_lc']:.2f} |" \
-            in card
-    assert "BLEU: nrefs:1|case:mixed" in card and "chrF2: nrefs:1" in card
+    for name, s in results["tests"]["test"]["scores"].items():  # issue 42: each with its CI
+        assert (f"| test | 4 | {name} | {s['bleu']:.2f} ± {s['bleu_ci']:.2f} | {s['chrf']:.2f} "
+                f"± {s['chrf_ci']:.2f} | {s['bleu_lc']:.2f} ± {s['bleu_lc_ci']:.2f} |") in card
+    assert "BLEU: nrefs:1|bs:1000|seed:12345|case:mixed" in card and "chrF2: nrefs:1|bs:1000" \
+        in card
     test_sources = [src for src, _ in number_pairs(4, seed=9)]
     assert card.count("- source: ") == 3 and f"- source: {test_sources[0]}" in card
     assert "python translate.py --model_folder weights --preload best" in card

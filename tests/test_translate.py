@@ -72,7 +72,8 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
                  "test.it", "--beam", "2", cwd=home)
     assert t.returncode == 0, t.stderr.decode()
     assert len((home / "test.hyp").read_text().splitlines()) == 5
-    assert "BLEU = " in t.stderr.decode() and "nrefs:1" in t.stderr.decode()
+    assert "BLEU = " in t.stderr.decode() and "nrefs:1|bs:1000|" in t.stderr.decode()
+    assert "±" in t.stderr.decode()  # issue 42: with its 95% confidence interval
     assert "chrF2 = " in t.stderr.decode()
 
 

@@ -1,0 +1,79 @@
+"""Is one system's score really higher than another's? Paired significance tests of translation
+files against a baseline, on the same references: sacreBLEU's BLEU and chrF, each with its 95%
+confidence interval, and the p-value of each system's difference from the first by paired
+bootstrap resampling (Koehn 2004) and by paired approximate randomization (Riezler and Maxwell
+2005).
+
+    python translate.py $A --input test.en --output a.hyp          # decode each system
+    python translate.py $B --input test.en --output b.hyp
+    python compare.py a.hyp b.hyp --reference test.de              # a: the baseline
+
+p < 0.05: a difference this large would be rare if the two systems were equally good on
+sentences like these. Test once, on the split the systems were not chosen on.
+"""
+
+from pathlib import Path
+
+from config import ArgumentParser, UserError, run_main
+from corpus import read_lines
+from metrics import BOOTSTRAP_SAMPLES, RANDOMIZATION_SAMPLES, compare
+
+
+def read_systems(paths, reference):
+    """(references, [(name, hypotheses)]): each file's lines, every file as long as the
+    reference (one line, else)."""
+    references = read_lines(reference)
+    if not references:
+        raise UserError(f"{reference} is empty: nothing to score against")
+    names = [Path(p).name for p in paths]
+    if len(set(names)) < len(names):  # two files of one name in different folders
+        names = [str(p) for p in paths]
+    systems = []
+    for path, name in zip(paths, names):
+        lines = read_lines(path)
+        if len(lines) != len(references):
+            raise UserError(f"{path} has {len(lines)} lines but the reference {reference} has "
+                            f"{len(references)}: the systems must translate the same sentences")
+        systems.append((name, lines))
+    return references, systems
+
+
+def table(found: dict) -> str:
+    """The systems a row each: BLEU and chrF with their 95% confidence intervals, and the
+    p-values of each difference from the baseline (the first row)."""
+    width = max(len(name) for name in found["systems"]) + 2
+    head = f"{'system':<{width}}" + "".join(
+        f"{metric:>16}{'p (bs)':>9}{'p (ar)':>9}" for metric in ("BLEU ± 95% CI", "chrF ± 95% CI"))
+    lines = [head]
+    for n, name in enumerate(found["systems"]):
+        cells = f"{name:<{width}}"
+        for metric in ("bleu", "chrf"):
+            row = found[metric][n]
+            cells += f"{row['score']:>9.2f} ± {row['ci']:<4.2f}"
+            cells += "".join(f"{'baseline' if n == 0 else format(row[p], '.4f'):>9}"
+                             for p in ("p_bs", "p_ar"))
+        lines.append(cells)
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__)
+    parser.add_argument("hypotheses", nargs="+", metavar="HYP",
+                        help="translation files, one sentence a line; the first is the baseline")
+    parser.add_argument("--reference", required=True, help="the reference translations")
+    args = parser.parse_args(argv)
+    if len(args.hypotheses) < 2:
+        parser.error("give two or more translation files: the baseline first, then the "
+                     "systems to test against it")
+    references, systems = read_systems(args.hypotheses, args.reference)
+    found = compare(systems, references)
+    print(table(found))
+    print(f"\n{len(references)} sentences; paired bootstrap resampling ({BOOTSTRAP_SAMPLES} "
+          f"resamples) and approximate randomization ({RANDOMIZATION_SAMPLES} trials) against "
+          f"{found['systems'][0]}; sacreBLEU signatures:")
+    for metric, signatures in found["signatures"].items():
+        print(f"  {metric}: {' / '.join(signatures)}")
+
+
+if __name__ == "__main__":
+    run_main("compare.py", main)
