@@ -372,16 +372,18 @@ def _bool(text):
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
-def add_config_arguments(parser, visible=None, helps=None):
+def add_config_arguments(parser, visible=None, helps=None, skip=()):
     """One --flag per Config field (same name, same type, default from the dataclass), and
     --preset. `visible`: the fields --help lists (default all, and then --preset);
-    `helps`: other help texts by name."""
+    `helps`: other help texts by name; `skip`: fields whose flag the script defines itself."""
     if visible is None:
         parser.add_argument("--preset", choices=sorted(PRESETS), help="set several flags at "
                             "once (flags given beside it win): " + "; ".join(
                                 f"{name}: " + " ".join(f"--{k} {v}" for k, v in values.items())
                                 for name, values in PRESETS.items()))
     for f in dataclasses.fields(Config):
+        if f.name in skip:
+            continue
         hidden = visible is not None and f.name not in visible
         switch = f.type in (bool, "bool")  # --compile alone means --compile true
         kind = _bool if switch else {"int": int, "float": float, "str": str}.get(f.type, f.type)
@@ -432,10 +434,12 @@ def parse_config(argv=None, parser=None):
 
 # ---- the command line of translate.py and export.py -------------------------------------------
 
-def add_locating_arguments(parser):
+def add_locating_arguments(parser, own=()):
     """The flags that find a trained model (--model_folder, --preload, --checkpoint,
     --average) and the translate-time settings (decoding limits, device, batch size), with
-    the architecture flags (checked against the checkpoint) hidden from --help."""
+    the architecture flags (checked against the checkpoint) hidden from --help. `own`: the
+    names of training settings the script uses for a flag of its own (translate.py's --seed:
+    the samples', stored under another name; the checkpoint's stays the config's)."""
     parser.add_argument("--checkpoint", help="checkpoint file (default: --preload in "
                         "--model_folder, i.e. the newest)")
     parser.add_argument("--average", type=int, default=1, help="average the weights of the "
@@ -445,7 +449,7 @@ def add_locating_arguments(parser):
                        f"the checkpoint's{'' if name in TRANSLATE_FIELDS else '; must match'})"
                        for name in (TRANSLATE_FIELDS | model_fields) - fields_where(group="run")
                        - {"batch_size"}}
-    add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, helps={
+    add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, skip=own, helps={
         **from_checkpoint,
         "batch_size": "sentences translated at once (default: 64)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",

@@ -8,9 +8,11 @@ validation, test scoring, translate.py and the benchmarks call.
 `model` may also be a CTranslate2 engine (engine.Engine): anything with a translate_ids method.
 """
 
+import hashlib
 import sys
 import unicodedata
 from copy import deepcopy
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -79,6 +81,91 @@ def new_cache(model: Transformer, capacity: int = 0) -> KVCache:
     return KVCache(len(model.decoder.layers), capacity)
 
 
+# ---- what a search carries: one model's state, or an ensemble's (an addition) -------------------
+
+class Ensemble(nn.Module):
+    """Several trained models decoding as one: at each step the mean of their log-probabilities
+    (Marian's rule; fairseq averages probabilities instead). Each model keeps its own encoder
+    output and key/value cache, and may have its own design, size and source tokenizer; they
+    share the target vocabulary. The searches take one source batch per model."""
+
+    def __init__(self, models):
+        super().__init__()
+        self.members = nn.ModuleList(models)
+
+
+class ModelState:
+    """One model's part of a search over a batch: its encoder output, source mask and
+    key/value cache, kept row for row with the search's hypotheses."""
+    normalized = False  # scores() gives logits
+
+    def __init__(self, model: Transformer, src, src_mask, capacity: int, use_cache: bool = True):
+        self.model, self.src_mask = model, src_mask
+        self.memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
+        self.cache = new_cache(model, capacity) if use_cache else None
+
+    def scores(self, ys, banned):
+        """The next token's logits after each row's prefix ys (rows, step), `banned` tokens at
+        -inf: (rows, vocab). Without the cache the decoder re-reads the whole prefix (the
+        write-ups' way; the reference)."""
+        if self.cache is not None:
+            out = self.model.decode(self.memory, self.src_mask, ys[:, -1:], None, self.cache)
+        else:
+            mask = causal_mask(ys.size(1), ys.device)
+            out = self.model.decode(self.memory, self.src_mask, ys, mask)  # (rows, step, d)
+        logits = self.model.project(out[:, -1]).float()  # (rows, vocab)
+        return logits.index_fill_(1, banned, float("-inf"))
+
+    def repeat(self, k: int):
+        """Each row k times in a row (beam search's beams, sampling's samples)."""
+        self.memory = self.memory.repeat_interleave(k, dim=0)  # (rows*k, src_len, d_model)
+        self.src_mask = self.src_mask.repeat_interleave(k, dim=0)  # (rows*k, 1, 1, src_len)
+
+    def keep(self, rows):
+        """Only these rows, in this order (finished sentences leave the batch)."""
+        self.memory, self.src_mask = self.memory[rows], self.src_mask[rows]
+        if self.cache is not None:
+            self.cache.reorder(rows)
+
+    def follow(self, rows):
+        """Row i continues the prefix of row rows[i], of its own sentence (beam search)."""
+        self.cache.reorder(rows, self_only=True)
+
+
+class EnsembleState:
+    """An ensemble's part of a search: each model's ModelState; scores() the mean of their
+    log-probabilities (each model's normalized without the banned tokens)."""
+    normalized = True  # scores() gives log-probabilities
+
+    def __init__(self, states):
+        self.states = states
+
+    def scores(self, ys, banned):
+        return torch.stack([state.scores(ys, banned).log_softmax(dim=-1)
+                            for state in self.states]).mean(dim=0)  # (rows, vocab)
+
+    def repeat(self, k: int):
+        for state in self.states:
+            state.repeat(k)
+
+    def keep(self, rows):
+        for state in self.states:
+            state.keep(rows)
+
+    def follow(self, rows):
+        for state in self.states:
+            state.follow(rows)
+
+
+def start(model, src, src_mask, capacity: int, use_cache: bool = True):
+    """The search state of `model` over a source batch: for an Ensemble, src and src_mask are
+    lists of one batch per model (each model's own source tokens)."""
+    if isinstance(model, Ensemble):
+        return EnsembleState([ModelState(m, s, mask, capacity, use_cache)
+                              for m, s, mask in zip(model.members, src, src_mask)])
+    return ModelState(model, src, src_mask, capacity, use_cache)
+
+
 # ---- the searches -------------------------------------------------------------------------------
 
 def output_limits(src_lengths, max_len_a: float, max_len_b: int, seq_len: int):
@@ -129,6 +216,8 @@ def decoding_model(model: Transformer, rows: int = 64) -> Transformer:
     of its W_QKV's `weight`, so its queries, keys and values are computed unpacked). Elsewhere
     (a GPU, bf16 weights, quantized layers, a torch without these internal operators), or if a
     packed product does not match: the model itself. `rows`: the batch the packing is tuned for."""
+    if isinstance(model, Ensemble):
+        return Ensemble([decoding_model(member, rows) for member in model.members])
     proj = model.projection_layer.proj
     if type(proj) is not nn.Linear or proj.weight.device.type != "cpu" or \
             proj.weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
@@ -148,30 +237,24 @@ def decoding_model(model: Transformer, rows: int = 64) -> Transformer:
 @torch.no_grad()
 def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
                   use_cache: bool = True, banned=(), min_len: int = 0):
-    """Greedy decoding of a batch. src (batch, src_len), src_mask (batch, 1, 1, src_len);
-    max_len: most tokens to output per sentence before its [EOS] (an int or a (batch,)
-    tensor); min_len: fewest.
+    """Greedy decoding of a batch. src (batch, src_len), src_mask (batch, 1, 1, src_len) (for
+    an Ensemble, one of each per model); max_len: most tokens to output per sentence before its
+    [EOS] (an int or a (batch,) tensor); min_len: fewest.
 
     Returns one list of token ids per sentence, without [SOS] and [EOS]. Finished sentences
     leave the batch, so they stop costing work. use_cache=False re-runs the decoder over the
     whole prefix every step (the write-ups' way; kept as the reference)."""
-    batch = src.size(0)
-    limit = torch.as_tensor(max_len, device=src.device).expand(batch).clone()  # (batch,)
-    memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
-    ys = torch.full((batch, 1), sos_id, dtype=torch.long, device=src.device)  # (batch, 1)
-    alive = torch.arange(batch, device=src.device)  # original row of each row still decoding
-    cache = new_cache(model, int(limit.max()) + 1) if use_cache else None
-    banned = torch.tensor(list(banned), dtype=torch.long, device=src.device)
+    device = first(src).device
+    batch = first(src).size(0)
+    limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)
+    state = start(model, src, src_mask, int(limit.max()) + 1, use_cache)
+    ys = torch.full((batch, 1), sos_id, dtype=torch.long, device=device)  # (batch, 1)
+    alive = torch.arange(batch, device=device)  # original row of each row still decoding
+    banned = torch.tensor(list(banned), dtype=torch.long, device=device)
     results = [None] * batch
     for step in range(1, int(limit.max()) + 2):
-        if use_cache:
-            out = model.decode(memory, src_mask, ys[:, -1:], None, cache)  # (alive, 1, d)
-        else:
-            mask = causal_mask(ys.size(1), src.device)
-            out = model.decode(memory, src_mask, ys, mask)  # (alive, step, d_model)
-        logits = model.project(out[:, -1]).float()  # (alive, vocab)
-        logits.index_fill_(1, banned, float("-inf"))  # never generated ([PAD], [SOS], ...)
-        next_token = restrict(logits, step, limit[alive], min_len, eos_id).argmax(dim=-1)
+        scores = state.scores(ys, banned)  # (alive, vocab): [PAD], [SOS]... never generated
+        next_token = restrict(scores, step, limit[alive], min_len, eos_id).argmax(dim=-1)
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
         done = next_token == eos_id  # (alive,)
         if done.any():
@@ -180,10 +263,14 @@ def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, m
             keep = (~done).nonzero().flatten()  # (still alive,)
             if keep.numel() == 0:
                 break
-            ys, memory, src_mask, alive = ys[keep], memory[keep], src_mask[keep], alive[keep]
-            if cache is not None:
-                cache.reorder(keep)
+            ys, alive = ys[keep], alive[keep]
+            state.keep(keep)
     return results
+
+
+def first(src):
+    """The source batch of a model, or of an ensemble's first model."""
+    return src[0] if isinstance(src, (list, tuple)) else src
 
 
 def length_penalty(length, alpha: float):
@@ -218,24 +305,21 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
     exact once the beam holds every prefix (tests/test_decoding.py), and it scored 0.1 higher on
     validation for 8% more time (docs/performance.md). Returns per sentence the `nbest` best
     (tokens without [SOS]/[EOS], score), best first."""
-    batch, k, device = src.size(0), beam, src.device
+    batch, k, device = first(src).size(0), beam, first(src).device
     limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)
-    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (batch*k, src_len, d)
-    src_mask = src_mask.repeat_interleave(k, dim=0)  # (batch*k, 1, 1, src_len)
+    state = start(model, src, src_mask, int(limit.max()) + 1)
+    state.repeat(k)  # each sentence's k beams: rows (batch*k)
     tokens = torch.full((batch * k, 1), sos_id, dtype=torch.long, device=device)
     scores = torch.zeros(batch, k, device=device)  # (batch, k) summed log-probabilities
     scores[:, 1:] = float("-inf")  # at first all beams are the same [SOS]: keep one
     alive = torch.arange(batch, device=device)  # original sentence of each live sentence
     finished = [[] for _ in range(batch)]  # per sentence: (tokens, normalised score)
     banned = torch.tensor(list(banned), dtype=torch.long, device=device)
-    cache = new_cache(model, int(limit.max()) + 1)
     for step in range(1, int(limit.max()) + 2):
         n = alive.numel()
-        out = model.decode(memory, src_mask, tokens[:, -1:], None, cache)  # (n*k, 1, d_model)
-        logits = model.project(out[:, -1]).float()  # (n*k, vocab)
-        logits.index_fill_(1, banned, float("-inf"))  # never generated ([PAD], [SOS], ...)
-        logp = restrict(logits.log_softmax(dim=-1), step,
-                        limit[alive].repeat_interleave(k), min_len, eos_id)  # (n*k, vocab)
+        scores_now = state.scores(tokens, banned)  # (n*k, vocab): [PAD], [SOS]... never
+        logp = restrict(scores_now if state.normalized else scores_now.log_softmax(dim=-1),
+                        step, limit[alive].repeat_interleave(k), min_len, eos_id)  # (n*k, V)
         top_scores, beam_idx, token = best_continuations(scores, logp, k)  # (n, 2k) each
         # A candidate [EOS] ends its hypothesis; only those ranked in the top k are kept.
         ends = token == eos_id  # (n, 2k)
@@ -250,7 +334,7 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
         rows = (torch.arange(n, device=device).unsqueeze(1) * k
                 + beam_idx.gather(1, order)).flatten()  # (n*k,)
         tokens = torch.cat([tokens[rows], token.gather(1, order).reshape(-1, 1)], dim=1)
-        cache.reorder(rows, self_only=True)  # rows stay within their sentence
+        state.follow(rows)  # rows stay within their sentence
         # Done: past its limit, k finished, or (early_stop) its best candidate ended, nbest in.
         counts = torch.tensor([len(finished[s]) for s in alive.tolist()], device=device)  # (n,)
         best_ended = (token[:, 0] == eos_id) & torch.isfinite(top_scores[:, 0])  # (n,)
@@ -261,10 +345,93 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
             if keep.numel() == 0:
                 break
             keep_rows = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).flatten()
-            tokens, memory, src_mask = tokens[keep_rows], memory[keep_rows], src_mask[keep_rows]
-            scores, alive = scores[keep], alive[keep]
-            cache.reorder(keep_rows)
+            tokens, scores, alive = tokens[keep_rows], scores[keep], alive[keep]
+            state.keep(keep_rows)
     return [sorted(hyps, key=lambda t: -t[1])[:nbest] for hyps in finished]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Ancestral sampling: `n` samples of each sentence, each token drawn from the model's
+    distribution with its log-probabilities divided by `temperature`, cut to the `top_k` most
+    likely tokens (0: no cut) and to the nucleus, the fewest most likely tokens whose
+    probability reaches `top_p` (1: no cut; Holtzman et al. 2020). `seed`: with the sentence's
+    tokens and the sample's number, it fixes each sample's draws, so that a sentence's samples
+    do not depend on the sentences decoded beside it."""
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def generator(self, ids, j: int, device) -> torch.Generator:
+        """The random stream of sample j of the sentence of source tokens `ids`."""
+        digest = hashlib.sha256(f"{self.seed} {j} {list(ids)}".encode()).digest()
+        return torch.Generator(device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def filter_logits(logits, top_k: int, top_p: float):
+    """Logits (rows, vocab) with -inf outside each row's top_k tokens (0: none cut) and
+    outside its nucleus of probability top_p (1: none cut; the most likely token always in)."""
+    if 0 < top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (rows, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1:
+        ranked, order = logits.sort(dim=-1, descending=True)  # (rows, vocab) each
+        probs = ranked.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # the mass of the more likely tokens
+        logits = logits.scatter(1, order, ranked.masked_fill(before >= top_p, float("-inf")))
+    return logits
+
+
+@torch.no_grad()
+def sample(model, src, src_mask, sos_id: int, eos_id: int, max_len, generators,
+           sampling: Sampling, banned=(), min_len: int = 0):
+    """`sampling.n` samples of each sentence of a batch (src, src_mask and max_len as in
+    greedy_decode), drawn token by token; the length rules and banned tokens as in the other
+    searches. The draw is the Gumbel-max trick on the filtered log-probabilities, with the
+    noise of row r (sample j of sentence i is row i*n + j) from generators[r] alone. Returns
+    per sentence its n samples as (tokens without [SOS]/[EOS], log P under the model)."""
+    batch, n, device = first(src).size(0), sampling.n, first(src).device
+    limit = torch.as_tensor(max_len, device=device).expand(batch).repeat_interleave(n)
+    state = start(model, src, src_mask, int(limit.max()) + 1)
+    state.repeat(n)  # (batch*n rows)
+    ys = torch.full((batch * n, 1), sos_id, dtype=torch.long, device=device)  # (batch*n, 1)
+    total = torch.zeros(batch * n, device=device)  # (batch*n,) log P of each sample so far
+    alive = torch.arange(batch * n, device=device)
+    banned = torch.tensor(list(banned), dtype=torch.long, device=device)
+    results = [None] * (batch * n)
+    for step in range(1, int(limit.max()) + 2):
+        scores = state.scores(ys, banned)  # (alive, vocab)
+        logp = restrict(scores if state.normalized else scores.log_softmax(dim=-1), step,
+                        limit[alive], min_len, eos_id)  # (alive, vocab)
+        logits = filter_logits(logp / sampling.temperature, sampling.top_k, sampling.top_p)
+        noise = torch.stack([torch.rand(logits.size(-1), generator=generators[r],
+                                        device=device) for r in alive.tolist()])
+        next_token = (logits - (-noise.log()).log()).argmax(dim=-1)  # (alive,) Gumbel-max
+        total[alive] += logp.gather(1, next_token.unsqueeze(1)).squeeze(1)
+        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
+        done = next_token == eos_id  # (alive,)
+        if done.any():
+            for row in done.nonzero().flatten().tolist():
+                results[alive[row]] = (ys[row, 1:-1].tolist(), total[alive[row]].item())
+            keep = (~done).nonzero().flatten()  # (still alive,)
+            if keep.numel() == 0:
+                break
+            ys, alive = ys[keep], alive[keep]
+            state.keep(keep)
+    return [results[i * n:(i + 1) * n] for i in range(batch)]
+
+
+def source_batches(model, ids, seq_len: int, sos_id: int, eos_id: int, pad_id: int, device):
+    """(src, src_mask) of sentences' ids on `device`; for an Ensemble, ids[i] holds sentence
+    i's ids for each model, and each is a list of one batch per model."""
+    if not isinstance(model, Ensemble):
+        src, src_mask = source_batch(ids, seq_len, sos_id, eos_id, pad_id)
+        return src.to(device), src_mask.to(device)  # (batch, src_len), (batch, 1, 1, src_len)
+    batches = [source_batch([sentence[m] for sentence in ids], seq_len, sos_id, eos_id, pad_id)
+               for m in range(len(model.members))]
+    return [src.to(device) for src, _ in batches], [mask.to(device) for _, mask in batches]
 
 
 @torch.no_grad()
@@ -272,27 +439,38 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
                   seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
                   nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
                   use_cache: bool = True, unk_id: int = None, progress=None,
-                  early_stop: bool = True):
-    """Translates lists of source token ids (no special tokens) in batches of similar length.
+                  early_stop: bool = True, sampling: Sampling = None):
+    """Translates lists of source token ids (no special tokens) in batches of similar length;
+    for an Ensemble, each sentence's ids for each of its models.
 
     Each sentence outputs at most max_len_a · its length + max_len_b tokens (capped by
-    seq_len) and at least min_len (1: never an empty translation). [PAD], [SOS] and `unk_id`
-    are never generated. Sources longer than seq_len allows are cut (translate.py warns
-    first). `progress`: called with the number of sentences of each batch done (a progress
-    bar; it may raise to stop). Returns per sentence the output ids (beam 1: greedy), or with
-    nbest > 1 a list of (ids, score)."""
+    seq_len; an ensemble counts its first model's source tokens) and at least min_len (1:
+    never an empty translation). [PAD], [SOS] and `unk_id` are never generated. Sources longer
+    than seq_len allows are cut (translate.py warns first). `progress`: called with the number
+    of sentences of each batch done (a progress bar; it may raise to stop). Returns per
+    sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score), or
+    with `sampling` its n samples as (ids, log P)."""
     device = next(model.parameters()).device
     banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
-    model = decoding_model(model, batch_size * beam)  # CPU: the weights prepacked
-    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))  # similar lengths
+    ensemble = isinstance(model, Ensemble)
+    if sampling:
+        batch_size = max(1, batch_size // sampling.n)  # rows: sentences x samples
+    model = decoding_model(model, batch_size * (sampling.n if sampling else beam))  # prepacked
+    key = [ids[0] if ensemble else ids for ids in src_ids]  # the first model's tokens
+    order = sorted(range(len(src_ids)), key=lambda i: len(key[i]))  # similar lengths
     results = [None] * len(src_ids)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        src, src_mask = source_batch([src_ids[i] for i in idx], seq_len, sos_id, eos_id, pad_id)
-        src, src_mask = src.to(device), src_mask.to(device)  # (batch, src_len), (b, 1, 1, len)
-        lengths = (src != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
+        src, src_mask = source_batches(model, [src_ids[i] for i in idx], seq_len, sos_id,
+                                       eos_id, pad_id, device)
+        lengths = (first(src) != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
         max_len = output_limits(lengths, max_len_a, max_len_b, seq_len)  # (batch,)
-        if beam == 1 and nbest == 1:
+        if sampling:
+            generators = [sampling.generator(key[i], j, device) for i in idx
+                          for j in range(sampling.n)]
+            outputs = sample(model, src, src_mask, sos_id, eos_id, max_len, generators,
+                             sampling, banned, min_len)
+        elif beam == 1 and nbest == 1:
             outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache,
                                     banned, min_len)
         else:
@@ -323,25 +501,35 @@ def decoding_limits(config: Config) -> dict:
 
 
 def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=0.6,
-              nbest=1, batch_size=None, progress=None):
-    """Translations of `sentences` (an empty sentence gives an empty translation); with
-    nbest > 1 a list of (translation, score) per sentence. `progress`: see translate_ids."""
+              nbest=1, batch_size=None, progress=None, sampling: Sampling = None):
+    """Translations of `sentences`, each one line (control characters a model may output, line
+    breaks among them, become spaces; an empty sentence gives an empty translation); with
+    nbest > 1 a list of (translation, score) per sentence, and with `sampling` its samples
+    likewise. For an Ensemble, tokenizer_src is a list: each model's source tokenizer.
+    `progress`: see translate_ids."""
     sentences = [clean(s) for s in sentences]
-    ids = [e.ids for e in tokenizer_src.encode_batch(sentences)]
-    for n, i in enumerate(ids, 1):
-        if len(i) + 2 > config.seq_len:
-            print(f"warning: sentence {n} has {len(i)} tokens; only the first "
+    ensemble = isinstance(model, Ensemble)
+    encoded = [[e.ids for e in tok.encode_batch(sentences)]
+               for tok in (tokenizer_src if ensemble else [tokenizer_src])]  # per model
+    ids = [list(per_model) if ensemble else per_model[0] for per_model in zip(*encoded)]
+    for n in range(len(sentences)):
+        longest = max(len(per_model[n]) for per_model in encoded)
+        if longest + 2 > config.seq_len:
+            print(f"warning: sentence {n + 1} has {longest} tokens; only the first "
                   f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",
                   file=sys.stderr)
     todo = [n for n, s in enumerate(sentences) if s]
-    decode = getattr(model, "translate_ids", None) or partial(translate_ids, model)
+    decode = getattr(model, "translate_ids", None) or partial(translate_ids, model,
+                                                              sampling=sampling)
     outputs = decode([ids[n] for n in todo], SOS, EOS, PAD, config.seq_len, beam=beam,
                      alpha=alpha, nbest=nbest, batch_size=batch_size or 64, unk_id=UNK,
                      **decoding_limits(config), progress=progress)
-    results = [[("", 0.0)] if nbest > 1 else "" for _ in sentences]
+    listed = nbest > 1 or sampling is not None  # (translation, score) lists
+    results = [[("", 0.0)] * (sampling.n if sampling else 1) if listed else ""
+               for _ in sentences]
     for n, out in zip(todo, outputs):
-        if nbest > 1:
-            results[n] = [(detokenize(tokenizer_tgt, h), s) for h, s in out]
+        if listed:
+            results[n] = [(clean(detokenize(tokenizer_tgt, h)), s) for h, s in out]
         else:
-            results[n] = detokenize(tokenizer_tgt, out)
+            results[n] = clean(detokenize(tokenizer_tgt, out))
     return results

@@ -1,17 +1,20 @@
 """A trained model rebuilt from the config its checkpoint carries: the model a config describes
-(`build_model`), its weights loaded with an architecture mismatch said in one line, and the
-model with its tokenizers for inference (`load_translator`: translate.py, export.py, the
-benchmarks)."""
+(`build_model`), its weights loaded with an architecture mismatch said in one line, the model
+with its tokenizers for inference (`load_translator`: translate.py, export.py, the
+benchmarks), and several models as one ensemble (`load_ensemble`: translate.py --ensemble)."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_averaged,
                         merge_config, resolve_preload)
 from config import TRANSLATE_FIELDS, Config
+from decoding import Ensemble
 from model import build_transformer
 from runtime import setup_device, use_threads
-from tokenizer import load_tokenizer, tokenizer_keys, tokenizer_path, tokenizer_recipe
+from tokenizer import (load_tokenizer, tokenizer_fingerprint, tokenizer_keys, tokenizer_path,
+                       tokenizer_recipe)
 
 
 def build_model(config: Config, src_vocab_size: int, tgt_vocab_size: int):
@@ -81,3 +84,37 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     load_model_weights(model, state, path)
     model.loaded_from = loaded  # said by export.py
     return model.to(device).eval(), config, tokenizer_src, tokenizer_tgt
+
+
+def load_ensemble(config: Config, given, paths, average: int = 1):
+    """(Ensemble, config, [each model's source tokenizer], target tokenizer): the models of
+    `paths` (each a model folder, loaded at --preload, or a checkpoint file), each rebuilt from
+    its own config, with --average applied to each. They may differ in design, size and source
+    tokenizer, but must share the target tokenizer (the tokens whose log-probabilities are
+    averaged): otherwise one CheckpointError line. The config is the first model's, with the
+    shortest seq_len of all."""
+    models, sources, target, first = [], [], None, None
+    for path in paths:
+        one, named = dataclasses.replace(config), set(given)
+        if Path(path).is_dir():
+            one.model_folder, checkpoint = str(path), None
+            named.add("model_folder")
+        elif Path(path).is_file():
+            checkpoint = path
+        else:
+            raise CheckpointError(f"--ensemble {path}: no such model folder or checkpoint file")
+        model, one, tokenizer_src, tokenizer_tgt = load_translator(one, named, checkpoint,
+                                                                   average)
+        if target is None:
+            target, first = tokenizer_tgt, (path, one)
+        elif tokenizer_fingerprint(tokenizer_tgt) != tokenizer_fingerprint(target):
+            raise CheckpointError(
+                f"--ensemble: {path} has another target tokenizer than {first[0]} "
+                f"({tokenizer_tgt.get_vocab_size()} tokens, fingerprint "
+                f"{tokenizer_fingerprint(tokenizer_tgt)}, against {target.get_vocab_size()}, "
+                f"{tokenizer_fingerprint(target)}): an ensemble averages the models' "
+                f"probabilities of the same target tokens")
+        models.append(model)
+        sources.append(tokenizer_src)
+        first[1].seq_len = min(first[1].seq_len, one.seq_len)
+    return Ensemble(models), first[1], sources, target

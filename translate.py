@@ -5,6 +5,8 @@
     python translate.py --example 42                           # validation example + reference
     python translate.py --input test.en --output test.hyp --reference test.de   # + sacreBLEU
     cat sentences.txt | python translate.py                    # one output line per input line
+    python translate.py --ensemble weights/a weights/b --beam 4 "..."   # models as one
+    python translate.py --sample 5 --top_p 0.9 --input mono.de      # 5 samples a line
 """
 
 import argparse
@@ -18,10 +20,10 @@ from config import (ArgumentParser, Config, UserError, add_locating_arguments, c
 from corpus import column, decode_lines, load_corpus
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
-from decoding import clean, translate
+from decoding import Sampling, clean, translate
 from engine import load_engine
 from metrics import score
-from trained_model import load_translator
+from trained_model import load_ensemble, load_translator
 
 
 class InputError(UserError):
@@ -67,11 +69,35 @@ def parse_args(argv):
                         "the (single) sentence to this PNG file")
     parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
                         "by export.py, on the CTranslate2 engine")
-    add_locating_arguments(parser)
+    parser.add_argument("--ensemble", nargs="+", metavar="MODEL", help="translate with several "
+                        "models as one (the mean of their log-probabilities at each step): "
+                        "model folders (each at --preload) or checkpoint files, sharing the "
+                        "target tokenizer")
+    parser.add_argument("--sample", type=int, default=0, metavar="N", help="draw N samples of "
+                        "each translation instead of searching (N lines an input; with "
+                        "--nbest N, index, log-probability and text)")
+    parser.add_argument("--temperature", type=float, help="--sample: divide the "
+                        "log-probabilities by this (default 1; below 1, closer to greedy)")
+    parser.add_argument("--top_k", type=int, help="--sample: draw from the K most likely "
+                        "tokens only (default 0: all)")
+    parser.add_argument("--top_p", type=float, help="--sample: draw from the nucleus, the "
+                        "fewest most likely tokens whose probability reaches P (default 1: all)")
+    parser.add_argument("--seed", type=int, dest="sample_seed", help="--sample: the draws' "
+                        "seed (default 0); a sentence's samples depend on it, the sentence and "
+                        "nothing else")
+    add_locating_arguments(parser, own={"seed"})
     args = parser.parse_args(argv)
     config, given = checkpoint_config(parser, args)
-    if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam and args.beam > 1:
+    if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam > 1:
         parser.error("--beam and --nbest must be positive, with --nbest at most --beam")
+    check_sampling(parser, args)
+    if args.ensemble:
+        located = given & {"model_folder", "model_basename"} | \
+            ({"checkpoint"} if args.checkpoint else set()) | \
+            ({"ctranslate2"} if args.ctranslate2 else set()) | \
+            ({"attention"} if args.attention else set())
+        if located:
+            parser.error(f"--ensemble names its models: not with --{sorted(located)[0]}")
     if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
         parser.error("give one of a sentence, --input and --example")
     if args.reference and (args.sentence is not None or args.example is not None):
@@ -84,11 +110,45 @@ def parse_args(argv):
                            | fields_where(group="model")) | \
             ({"checkpoint"} if args.checkpoint else set()) | \
             ({"average"} if args.average > 1 else set()) | \
-            ({"attention"} if args.attention else set())
+            ({"attention"} if args.attention else set()) | ({"sample"} if args.sample else set())
         if located:
             parser.error(f"--ctranslate2 takes the exported model as it is: not with "
                          f"--{sorted(located)[0]} (export another model with export.py)")
     return args, config, given
+
+
+def check_sampling(parser, args):
+    """--sample's settings in their ranges, and only with --sample (one line, exit 2)."""
+    options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+               "seed": args.sample_seed}
+    if args.sample <= 0:
+        given = [f"--{name}" for name, value in options.items() if value is not None]
+        if args.sample < 0 or given:
+            parser.error(f"{' '.join(given) or '--sample'}: "
+                         f"{'goes' if len(given) < 2 else 'go'} with --sample N (N >= 1)")
+        return
+    if args.beam > 1:
+        parser.error("--sample draws translations and --beam searches for one: not both")
+    if args.nbest > 1 and args.nbest != args.sample:
+        parser.error(f"--nbest {args.nbest} with --sample {args.sample}: the n-best format "
+                     f"lists every sample (--nbest {args.sample}), or leave --nbest out")
+    if args.temperature is not None and not args.temperature > 0:
+        parser.error(f"--temperature must be above 0 (got {args.temperature}); near 0 is greedy")
+    if args.top_k is not None and args.top_k < 0:
+        parser.error(f"--top_k must not be negative (got {args.top_k}; 0: all tokens)")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        parser.error(f"--top_p must lie in (0, 1] (got {args.top_p}; 1: all tokens)")
+    if args.reference and args.sample > 1:
+        parser.error("--reference scores one translation a sentence: --sample 1")
+
+
+def sampling(args):
+    """The Sampling that --sample and its settings describe, or None."""
+    if not args.sample:
+        return None
+    given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+             "seed": args.sample_seed}
+    return Sampling(n=args.sample, **{k: v for k, v in given.items() if v is not None})
 
 
 def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
@@ -118,11 +178,15 @@ def write_outputs(args, sentences, outputs, reference):
     """Translations to --output or stdout (n-best: index, score, text a line); a validation
     example is printed with its source and reference."""
     if reference is not None:
-        print(f"{'SOURCE:':>12} {sentences[0]}\n{'TARGET:':>12} {reference}\n"
-              f"{'PREDICTED:':>12} {outputs[0]}")
+        predicted = [text for text, _ in outputs[0]] if isinstance(outputs[0], list) \
+            else [outputs[0]]  # n-best or samples: each
+        print(f"{'SOURCE:':>12} {sentences[0]}\n{'TARGET:':>12} {reference}")
+        print("\n".join(f"{'PREDICTED:':>12} {text}" for text in predicted))
         return
     if args.nbest > 1:
         lines = [f"{n}\t{s:.4f}\t{text}" for n, hyps in enumerate(outputs) for text, s in hyps]
+    elif args.sample:  # n samples an input, one a line
+        lines = [text for samples in outputs for text, _ in samples]
     else:
         lines = outputs
     text = "".join(line + "\n" for line in lines)
@@ -140,14 +204,21 @@ def main(argv=None):
     if args.ctranslate2:  # (load_translator applies --threads to this repo's decoder)
         model, config, tokenizer_src, tokenizer_tgt = load_engine(args.ctranslate2, config,
                                                                   given, config.threads)
+    elif args.ensemble:
+        model, config, tokenizer_src, tokenizer_tgt = load_ensemble(config, given, args.ensemble,
+                                                                    args.average)
     else:
         model, config, tokenizer_src, tokenizer_tgt = load_translator(
             config, given, args.checkpoint, args.average)
-    sentences, reference, refs = read_sources(args, config, tokenizer_src, tokenizer_tgt)
+    first_src = tokenizer_src[0] if args.ensemble else tokenizer_src  # for --example
+    sentences, reference, refs = read_sources(args, config, first_src, tokenizer_tgt)
     outputs = translate(model, config, tokenizer_src, tokenizer_tgt, sentences,
-                        max(args.beam, args.nbest), args.alpha, args.nbest, args.batch_size)
+                        max(args.beam, 1 if args.sample else args.nbest), args.alpha,
+                        1 if args.sample else args.nbest, args.batch_size,
+                        sampling=sampling(args))
     write_outputs(args, sentences, outputs, reference)
-    best = outputs if args.nbest == 1 else [hyps[0][0] for hyps in outputs]
+    listed = args.nbest > 1 or args.sample  # (translation, score) lists: the first of each
+    best = [hyps[0][0] for hyps in outputs] if listed else outputs
     if args.attention:
         save_attention_map(model, tokenizer_src, tokenizer_tgt, clean(sentences[0]), best[0],
                            args.attention)

@@ -303,3 +303,145 @@ def test_beam_search_without_the_early_stop_finds_the_exhaustive_searchs_best(mi
         assert min_len <= len(out) <= 3 and score <= expected[1] + 1e-4
         if min_len == 0 and alpha >= 1:
             assert out == [6] and score < expected[1] - 0.02  # the early stop's miss
+
+
+# ---- ensembles and sampling (issue 42) ----------------------------------------------------------
+
+def step_log_probs(models, sources, prefix, banned=(PAD, SOS)):
+    """The reference: each model re-decodes the whole prefix (no cache) from its own source
+    (ids without [SOS]/[EOS]); the mean of their log-probabilities of the next token, (vocab,),
+    each model normalized without the banned tokens."""
+    rows = []
+    for model, ids in zip(models, sources):
+        src = torch.tensor([[SOS] + ids + [EOS]])
+        ys = torch.tensor([[SOS] + prefix])
+        mask = causal_mask(ys.size(1))
+        out = model.decode(model.encode(src, None), None, ys, mask)
+        logits = model.project(out[:, -1]).float()[0]
+        logits[list(banned)] = float("-inf")
+        rows.append(logits.log_softmax(dim=-1))
+    return torch.stack(rows).mean(dim=0)
+
+
+def test_an_ensemble_of_one_model_decodes_as_that_model(memorized):
+    """Issue 42: the ensemble's path (its state, caches, the mean of log-probabilities) with
+    one model, or with one model twice, gives that model's translations and beam scores."""
+    from decoding import Ensemble
+    model, pairs, _, _ = memorized
+    untrained = tiny_model(vocab=20, seed=3)
+    srcs = [s for s, _ in pairs] + [[4, 9, 13, 5, 6]]
+    for m in (model, untrained):
+        for beam, nbest in ((1, 1), (3, 1), (3, 3)):
+            alone = translate_ids(m, srcs, SOS, EOS, PAD, seq_len=32, beam=beam, nbest=nbest)
+            for members in ([m], [m, m]):
+                together = translate_ids(Ensemble(members), [[s] * len(members) for s in srcs],
+                                         SOS, EOS, PAD, seq_len=32, beam=beam, nbest=nbest)
+                if nbest == 1:
+                    assert together == alone
+                else:
+                    assert [[h for h, _ in hyps] for hyps in together] == \
+                        [[h for h, _ in hyps] for hyps in alone]
+                    assert [s for hyps in together for _, s in hyps] == pytest.approx(
+                        [s for hyps in alone for _, s in hyps], abs=1e-5)
+
+
+def test_an_ensemble_averages_its_models_log_probabilities_at_each_step():
+    """Issue 42: two models of other sizes and designs and their own source vocabularies
+    (other ids for the same sentence): greedy picks the best mean log-probability at each step
+    and beam's scores are the mean log-probabilities summed, as the models re-decoding every
+    prefix give them: each model's cache follows the beams' reordering."""
+    from decoding import Ensemble, length_penalty
+    a = tiny_model(vocab=20, seed=5)
+    torch.manual_seed(6)
+    b = build_transformer(30, 20, 32, 32, d_model=16, N=1, h=2, d_ff=32, dropout=0.0,
+                          norm="rms", ffn="swiglu", pos="rope").eval()
+    ensemble = Ensemble([a, b])
+    sources = [([4, 5, 6, 7], [21, 22, 23]), ([9, 9, 12], [25, 4, 28, 29, 8]), ([15], [16])]
+    greedy = translate_ids(ensemble, [list(s) for s in sources], SOS, EOS, PAD, seq_len=32,
+                           max_len_a=0, max_len_b=6)
+    for (src_a, src_b), out in zip(sources, greedy):
+        prefix = []
+        for _ in range(len(out) + 1):
+            logp = step_log_probs([a, b], [src_a, src_b], prefix)
+            if len(prefix) < 1:
+                logp[EOS] = float("-inf")  # min_len 1
+            prefix.append(int(logp.argmax()))
+            if prefix[-1] == EOS or len(prefix) == 6:
+                break
+        assert out == [t for t in prefix if t != EOS]
+    beams = translate_ids(ensemble, [list(s) for s in sources], SOS, EOS, PAD, seq_len=32,
+                          beam=3, nbest=3, max_len_a=0, max_len_b=6)
+    for (src_a, src_b), hyps in zip(sources, beams):
+        for tokens, score in hyps:
+            total = sum(step_log_probs([a, b], [src_a, src_b], tokens[:i])[t]
+                        for i, t in enumerate(tokens + [EOS]))
+            assert score == pytest.approx(float(total) / length_penalty(len(tokens) + 1, 0.6),
+                                          abs=1e-4)
+
+
+def sampled(model, srcs, batch_size=64, **options):
+    from decoding import Sampling
+    return translate_ids(model, srcs, SOS, EOS, PAD, seq_len=32, batch_size=batch_size,
+                         sampling=Sampling(**options))
+
+
+SOURCES = [[4, 5, 6], [5, 9], [6, 6, 4, 13], [13, 4], [9, 10, 11], [7], [8, 12, 14, 15, 16]]
+
+
+def test_sampling_with_top_k_1_or_a_temperature_near_0_is_greedy():
+    """Issue 42: a sample that may only take the most likely token is the greedy translation,
+    whatever its random draws."""
+    model = tiny_model(vocab=20, seed=2)
+    greedy = translate_ids(model, SOURCES, SOS, EOS, PAD, seq_len=32)
+    for options in ({"top_k": 1}, {"temperature": 1e-4}, {"top_p": 1e-6}):
+        for seed in (0, 1):
+            out = sampled(model, SOURCES, n=3, seed=seed, **options)
+            assert [[ids for ids, _ in samples] for samples in out] == [[g] * 3 for g in greedy]
+    diverse = sampled(model, SOURCES, n=3)  # and without a cut, the draws differ
+    assert sum(len({tuple(ids) for ids, _ in samples}) > 1 for samples in diverse) >= 5
+
+
+@pytest.mark.parametrize("options", [{"top_k": 3}, {"top_p": 0.3}, {"top_p": 0.6,
+                                                                      "temperature": 1.5}])
+def test_no_sampled_token_lies_outside_the_top_k_or_the_nucleus(options):
+    """Issue 42: every token of every sample, checked against the model's own distribution
+    after its prefix (re-decoded without the cache): within the k most likely, or within the
+    fewest most likely tokens whose probability (after the temperature) reaches top_p. Each
+    sample's score is its log-probability under the model."""
+    model = tiny_model(vocab=20, seed=4)
+    outside = 0
+    for src, samples in zip(SOURCES, sampled(model, SOURCES, n=6, seed=3, **options)):
+        for tokens, score in samples:
+            total = 0.0
+            for i, token in enumerate(tokens + [EOS]):
+                logp = step_log_probs([model], [src], tokens[:i])
+                if i < 1:
+                    logp[EOS] = float("-inf")  # min_len 1
+                if i == int(1.2 * len(src) + 10):  # the length limit: [EOS] is the only choice
+                    logp = torch.full_like(logp, float("-inf")).index_fill_(0, torch.tensor(
+                        [EOS]), float(logp[EOS]))
+                total += float(logp[token])
+                ranked = (logp / options.get("temperature", 1.0)).softmax(-1).sort(
+                    descending=True)
+                position = ranked.indices.tolist().index(token)
+                if "top_k" in options:
+                    outside += position >= options["top_k"]
+                else:
+                    before = float(ranked.values[:position].sum())
+                    outside += before >= options["top_p"] + 1e-6
+            assert score == pytest.approx(total, abs=1e-4)
+    assert outside == 0
+
+
+def test_a_seed_gives_the_same_samples_in_a_batch_and_one_by_one():
+    """Issue 42: a sentence's samples depend on the seed, the sentence and the sample's number,
+    never on the sentences decoded beside it, nor on the batch size; another seed draws
+    others."""
+    model = tiny_model(vocab=20, seed=2)
+    batched = sampled(model, SOURCES, n=4, seed=7, top_p=0.9)
+    alone = [sampled(model, [s], n=4, seed=7, top_p=0.9)[0] for s in SOURCES]
+    small_batches = sampled(model, SOURCES, batch_size=4, n=4, seed=7, top_p=0.9)
+    assert [[t for t, _ in s] for s in batched] == [[t for t, _ in s] for s in alone] == \
+        [[t for t, _ in s] for s in small_batches]
+    other = sampled(model, SOURCES, n=4, seed=8, top_p=0.9)
+    assert [[t for t, _ in s] for s in other] != [[t for t, _ in s] for s in batched]

@@ -98,6 +98,21 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "--attention maps one sentence"),
     (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
      "corpus/val.it has 8 lines but the input has 64"),
+    # issue 42: sampling's settings out of range, or without --sample; an ensemble's models
+    (["--sample", "2", "--top_p", "0", "hi"], None, "--top_p must lie in (0, 1]"),
+    (["--sample", "2", "--top_p", "1.5", "hi"], None, "--top_p must lie in (0, 1]"),
+    (["--sample", "2", "--top_k", "-1", "hi"], None, "--top_k must not be negative"),
+    (["--sample", "2", "--temperature", "0", "hi"], None, "--temperature must be above 0"),
+    (["--temperature", "0.5", "--seed", "3", "hi"], None, "--temperature --seed: go with --sample"),
+    (["--sample", "-1", "hi"], None, "--sample: goes with --sample N (N >= 1)"),
+    (["--sample", "2", "--beam", "4", "hi"], None, "--beam searches for one: not both"),
+    (["--sample", "2", "--nbest", "3", "hi"], None, "the n-best format lists every sample"),
+    (["--sample", "2", "--input", "corpus/val.en", "--reference", "corpus/val.it"], None,
+     "--reference scores one translation a sentence"),
+    (["--ensemble", "corpus", "weights", "hi"], None, "no checkpoint in corpus/"),
+    (["--ensemble", "nowhere", "hi"], None, "--ensemble nowhere: no such model folder"),
+    (["--ensemble", "weights", "--model_folder", "weights", "hi"], None,
+     "--ensemble names its models: not with --model_folder"),
 ])
 def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
     """Issue 45: an empty input with --reference ended in sacreBLEU's IndexError."""
@@ -209,10 +224,14 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
         out = capsys.readouterr().out
         assert f"SOURCE: {val.src_texts[n]}\n" in out and f"TARGET: {val.tgt_texts[n]}\n" in out
     for args, message in ((["--example", "4"], "(0 to 3)"),
-                          (["--example", "0", "--seed", "7"], "--seed is a training setting")):
+                          (["--example", "0", "--seed", "7"], "--seed: goes with --sample N")):
         with pytest.raises(SystemExit) as e:
             run_main("translate.py", lambda a=args: translate.main(a))
         assert e.value.code == 2 and message in capsys.readouterr().err
+    # issue 42: --seed is the samples' seed; the held-out split stays the checkpoint's
+    translate.main(["--example", "2", "--sample", "2", "--seed", "7"])
+    out = capsys.readouterr().out
+    assert f"SOURCE: {val.src_texts[2]}\n" in out and out.count("PREDICTED:") == 2
 
 
 def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
@@ -221,3 +240,63 @@ def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
     home, _ = trained
     t = run_here("translate.py", "--seq_len", "100000", "one two three", cwd=home)
     assert t.returncode == 0 and t.stdout.decode().strip(), t.stderr.decode()
+
+
+def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(trained):
+    """Issue 42: --ensemble takes model folders (each at --preload) and checkpoint files; the
+    mean of one model's log-probabilities with its own is that model: the same translations,
+    greedy and beam, for --input and --example."""
+    from checkpoint import latest_checkpoint_path
+    from config import Config
+    home, _ = trained
+    latest = latest_checkpoint_path(Config(model_folder=str(home / "weights")))
+    both = ["--ensemble", "weights", f"weights/{latest.name}"]  # the same checkpoint twice
+    for extra in ([], ["--beam", "3"]):
+        alone = run_here("translate.py", "--input", "corpus/val.en", *extra, cwd=home)
+        together = run_here("translate.py", *both, "--input", "corpus/val.en", *extra, cwd=home)
+        assert together.returncode == 0, together.stderr.decode()
+        assert together.stdout.decode() == alone.stdout.decode()
+        assert together.stderr.decode().count(f"loaded weights/{latest.name}") == 2
+    example = run_here("translate.py", *both, "--example", "2", cwd=home)
+    assert example.returncode == 0 and "PREDICTED:" in example.stdout.decode()
+
+
+def test_an_ensemble_refuses_models_of_another_target_vocabulary(trained, monkeypatch):
+    """Issue 42: the log-probabilities of different target vocabularies cannot be averaged."""
+    import trained_model
+    home, _ = trained
+    real = trained_model.load_translator
+    calls = []
+
+    def other_target(config, given, checkpoint=None, average=1):
+        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average)
+        calls.append(1)
+        return model, config, tok_src, tok_src if len(calls) == 2 else tok_tgt
+
+    monkeypatch.setattr(trained_model, "load_translator", other_target)
+    t = run_here("translate.py", "--ensemble", "weights", "weights/tmodel_00.pt", "hi", cwd=home)
+    err = t.stderr.decode().strip().splitlines()[-1]
+    assert t.returncode == 2 and "weights/tmodel_00.pt has another target tokenizer than " \
+        "weights" in err and "same target tokens" in err
+
+
+def test_samples_are_n_lines_an_input_and_repeat_with_their_seed(trained):
+    """Issue 42: --sample N writes N lines per input line (or, with --nbest N, the n-best
+    format with each sample's log-probability); the same seed draws the same samples, another
+    seed others; --sample 1 is scored against a reference."""
+    home, _ = trained
+    args = ["--input", "corpus/val.en", "--sample", "3", "--top_p", "0.95"]
+    first = run_here("translate.py", *args, cwd=home)
+    assert first.returncode == 0, first.stderr.decode()
+    lines = first.stdout.decode().splitlines()
+    assert len(lines) == 3 * 8
+    assert run_here("translate.py", *args, cwd=home).stdout.decode() == first.stdout.decode()
+    other = run_here("translate.py", *args, "--seed", "5", cwd=home).stdout.decode()
+    assert other != first.stdout.decode() and len(other.splitlines()) == 24
+    nbest = run_here("translate.py", *args, "--nbest", "3", cwd=home).stdout.decode()
+    rows = [line.split("\t") for line in nbest.splitlines()]
+    assert [int(r[0]) for r in rows] == [n for n in range(8) for _ in range(3)]
+    assert [r[2] for r in rows] == lines and all(float(r[1]) <= 0 for r in rows)
+    scored = run_here("translate.py", "--input", "corpus/val.en", "--sample", "1",
+                      "--reference", "corpus/val.it", cwd=home)
+    assert scored.returncode == 0 and "BLEU = " in scored.stderr.decode()
