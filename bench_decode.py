@@ -8,6 +8,8 @@ One run, one trained model, the same sentences, the same thread count, the same 
              with its early stop (OpenNMT's, the default) and with fairseq's (k finished
              hypotheses: exact, and slower), and, with --variants, the same greedy in bf16 and
              with dynamic int8 linear layers;
+  with --ensemble_with MODEL [MODEL ...]: the model and those as one ensemble (the mean of
+             their log-probabilities, translate.py --ensemble), greedy and beam;
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
              float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
              calls it: greedy one call per batch, beam one call per output-length limit).
@@ -33,7 +35,7 @@ from corpus import read_lines
 from decoding import decoding_model, translate_ids
 from metrics import score
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
-from trained_model import load_translator
+from trained_model import load_ensemble, load_translator
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
@@ -118,9 +120,32 @@ def parse_args(argv):
     parser.add_argument("--single", type=int, default=0, metavar="N", help="also the "
                         "write-ups' decoder on the first N sentences: one at a time, the whole "
                         "prefix re-decoded for every token (no cache)")
+    parser.add_argument("--ensemble_with", nargs="+", metavar="MODEL", default=[],
+                        help="also decode with the model and these (model folders or "
+                        "checkpoint files) as one ensemble")
     add_locating_arguments(parser)
     args = parser.parse_args(argv)
     return args, *checkpoint_config(parser, args)
+
+
+def ensemble_decoders(args, config, given, sources, ids, common: dict):
+    """The ensemble of the model and --ensemble_with's, greedy and beam, as this_repos_decoders
+    gives its decoders (each model reads the sentences with its own source tokenizer)."""
+    if not args.ensemble_with:
+        return []
+    ensemble, _, tokenizers, _ = load_ensemble(
+        config, given, [args.checkpoint or config.model_folder, *args.ensemble_with],
+        args.average)
+    encoded = [[e.ids for e in tok.encode_batch(sources)] for tok in tokenizers]
+    per_model = {tuple(ids[i]): [e[i] for e in encoded] for i in range(len(ids))}
+    packed = decoding_model(ensemble, common["batch_size"])
+    packed_beam = decoding_model(ensemble, common["batch_size"] * args.beam)
+    name = f"this repo, ensemble of {len(ensemble.members)}"
+    return [(f"{name}, greedy", lambda part: translate_ids(
+                packed, [per_model[tuple(i)] for i in part], **common), range(len(ids))),
+            (f"{name}, beam {args.beam}", lambda part: translate_ids(
+                packed_beam, [per_model[tuple(i)] for i in part], **common, beam=args.beam,
+                alpha=args.alpha), range(len(ids)))]
 
 
 def this_repos_decoders(args, model, n: int, common: dict):
@@ -209,6 +234,7 @@ def main(argv=None):
           f"{'s' * (threads != 1)}; batches of {batch}; "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
     runs = this_repos_decoders(args, model, len(ids), common)
+    runs += ensemble_decoders(args, config, given, sources, ids, common)
     with tempfile.TemporaryDirectory() as tmp:
         exported = engines(model, config, tok_src, tok_tgt, Path(tmp), threads)
         runs += engine_decoders(args, exported, len(ids), common)

@@ -35,15 +35,19 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
     home, _ = trained
     t = run_here("bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
                  "--split", "val", "--sentences", "5", "--repeats", "2", "--threads", "1",
-                   "--beam", "3", cwd=home)
+                 "--beam", "3", "--ensemble_with", "weights/tmodel_01.pt", cwd=home)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     rows = {line[:40].strip(): line.split() for line in out.splitlines() if "/5" in line}
     assert set(rows) == {"this repo, greedy", "this repo, beam 3", "this repo, beam 3, k finished",
+                         "this repo, ensemble of 2, greedy", "this repo, ensemble of 2, beam 3",
                          "CTranslate2 float32, greedy", "CTranslate2 float32, beam 3",
                          "CTranslate2 int8, greedy"}, out
     assert rows["this repo, greedy"][-1] == "5/5" and rows["CTranslate2 float32, greedy"][-1] \
         in ("4/5", "5/5"), out
+    # issue 42: the model with itself as an ensemble is the model (and costs about twice)
+    assert rows["this repo, ensemble of 2, greedy"][-1] == "5/5", out
+    assert rows["this repo, ensemble of 2, beam 3"][-3:-1] == rows["this repo, beam 3"][-3:-1]
     assert "5 sentences of corpus/val.en" in out and "the median of the 2 passes' ratios" in out
 
 
