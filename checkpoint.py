@@ -17,6 +17,9 @@ plain values (loaded with weights_only=True):
   tokenizers            [source, target]: the tokenizers' fingerprints (their vocabulary and
                         merges; absent in earlier versions): checked wherever the checkpoint
                         meets tokenizer files
+  coverage              {"source", "target"}: what the tokenizers made of the validation texts
+                        (tokenizer.coverage; absent in earlier versions): --init_from compares
+                        a new corpus with it
 
 A training checkpoint (tmodel_05.pt after epoch 5, tmodel_05_s0001234.pt mid-epoch) adds what
 an exact resume needs:
@@ -197,7 +200,7 @@ def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch:
         "format": FORMAT, "model_state_dict": run.model.state_dict(),
         "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
         "corpus": run.data.corpus, "tokenizers": run.data.tokenizers,
-        "optimizer_state_dict": run.optimizer.state_dict(),
+        "coverage": run.data.coverage, "optimizer_state_dict": run.optimizer.state_dict(),
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "next_epoch": next_epoch, "next_batch": next_batch, "world_size": run.world_size,
         **rng[0], "rank_rng_states": rng if run.world_size > 1 else None,
@@ -211,7 +214,7 @@ def best_checkpoint(run, step: int, epoch: int, validation: dict) -> dict:
     return {"format": FORMAT, "model_state_dict": run.model.state_dict(),
             "config": run.config.to_dict(), "epoch": epoch, "global_step": step,
             "corpus": run.data.corpus, "tokenizers": run.data.tokenizers,
-            "validation": validation}
+            "coverage": run.data.coverage, "validation": validation}
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict:

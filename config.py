@@ -134,6 +134,10 @@ class Config:
                              group="run", translate=True)
     preload: str = _f("latest", "checkpoint to start from: latest, none, or an epoch (05); "
                                 "translate.py also takes best", group="run", translate=True)
+    init_from: str = _f("", "start a new run from a trained model's weights (fine-tuning): "
+                            "its folder (the best checkpoint) or a checkpoint file; its "
+                            "architecture and tokenizers are kept, the optimizer, schedule, "
+                            "steps and history start afresh")
     save_every: int = _f(0, "also save every this many optimizer steps mid-epoch (0 = off)")
     keep_last: int = _f(3, "mid-epoch checkpoints kept on disk, at least 1 (per-epoch ones are "
                            "kept apart; --save_every 0 saves none)")

@@ -22,8 +22,8 @@ from tqdm import tqdm
 from config import Config
 from corpus import DataError, column, corpus_source, digest, load_corpus, note, quiet_datasets
 from runtime import is_main
-from tokenizer import (EOS, PAD, SOS, get_tokenizers, recipe_path, tokenizer_fingerprint,
-                       tokenizer_keys, tokenizer_path)
+from tokenizer import (EOS, PAD, SOS, coverage, get_tokenizers, recipe_path,
+                       tokenizer_fingerprint, tokenizer_keys, tokenizer_path)
 
 # ---- the dataset and its batches ----------------------------------------------------------------
 
@@ -269,6 +269,7 @@ class Data:
     key: str = None  # what the prepared data was made from (see prepared_key)
     corpus: dict = None  # {"source", "fingerprint"}: the corpus (recorded in checkpoints)
     tokenizers: list = None  # the tokenizers' fingerprints, [source, target] (the same)
+    coverage: dict = None  # per side, tokenizer.coverage of the validation texts
 
 
 def encode_pairs(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: int):
@@ -483,5 +484,8 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
          + "".join(f", {len(src)} test pairs ({name})" for name, (src, _) in (test or {}).items())
          + f"; vocabulary {vocabulary}")
+    cover = {"source": coverage(tokenizer_src, validation.src_texts),
+             "target": coverage(tokenizer_tgt, validation.tgt_texts)}
     return Data(tokenizer_src, tokenizer_tgt, train, validation, held_out=meta["held_out"],
-                test=test, key=meta["key"], corpus=corpus, tokenizers=parts["tokenizers"])
+                test=test, key=meta["key"], corpus=corpus, tokenizers=parts["tokenizers"],
+                coverage=cover)

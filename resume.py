@@ -2,7 +2,8 @@
 the config merged from it and the command line (refusing what cannot continue the saved run
 exactly: another corpus, another batch order mid-epoch, another number of processes mid-epoch,
 another held-out validation split), the random state, the validation history, and the later
-checkpoints that training on from an earlier epoch sets aside."""
+checkpoints that training on from an earlier epoch sets aside. And what a new run takes from a
+trained model it starts from (--init_from: its weights, architecture and tokenizers)."""
 
 import dataclasses
 import json
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, history_path,
-                        list_checkpoints, load_checkpoint, merge_config, resolve_preload)
+from checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
+                        history_path, list_checkpoints, load_checkpoint, merge_config,
+                        resolve_preload)
 from config import Config, fields_where
 from files import write_text_atomic
+from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
 from trained_model import load_model_weights
 
 
@@ -53,6 +56,11 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     if config.preload == "best":
         raise CheckpointError("--preload best is for translate.py (the best checkpoint holds "
                               "the weights only); resume training with latest or an epoch")
+    source = Path(config.init_from)
+    if config.init_from and (source if source.is_dir() else source.parent).resolve() == \
+            Path(config.model_folder).resolve():
+        raise CheckpointError(f"--init_from {source} is in --model_folder: a new run trains into "
+                              f"a folder of its own (the source is never written)")
     path = resolve_preload(config)
     if path is None:
         refuse_to_overwrite(config)
@@ -130,6 +138,31 @@ def restore_training(state: dict, path: Path, model, optimizer, scaler):
         scaler.load_state_dict(state["scaler_state_dict"])
 
 
+def restore_progress(config: Config, progress, path: Path, state: dict, steps: int,
+                     learning_rate) -> int:
+    """Puts `progress` (train.Progress) where the run saved in `state` was (position,
+    validation history, the commands that made it) and returns the run length to lay the
+    learning-rate schedule out for: as saved (the warm-up and decay go on as laid out), but a
+    cosine over the run's new length `steps` if it changed (`learning_rate`: train.py's, for
+    the rates it says)."""
+    progress.epoch, progress.batch = state["next_epoch"], state["next_batch"]
+    progress.step = state["global_step"]
+    progress.history = read_history(config, up_to_step=progress.step)
+    made = state.get("provenance") or {}
+    progress.commands, progress.seconds_before = list(made.get("commands", [])), \
+        made.get("seconds", 0.0)
+    saved = state.get("schedule_steps", steps)
+    if config.lr_schedule == "cosine" and saved != steps:
+        old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))
+        print(f"the run is now {steps} steps long (was {saved}): the cosine schedule is laid "
+              f"out again over its new length; the learning rate goes on at {new:.2e} (it was "
+              f"to be {old:.2e})")
+        saved = steps
+    print(f"resumed from {path}: epoch {progress.epoch}, batch {progress.batch}, "
+          f"step {progress.step}")
+    return saved
+
+
 def restore_rng(state: dict, rank: int, world_size: int, device, seed: int):
     """This rank's saved random state (dropout goes on exactly); with another number of
     processes than saved (allowed between epochs only), a fresh dropout stream per rank."""
@@ -164,6 +197,75 @@ def set_aside_later(config: Config, path: Path):
         shutil.copy2(history_path(config), folder / history_path(config).name)
     print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
           f"({', '.join(p.name for p in later)}) to {folder}; training goes on from {path.name}")
+
+
+# ---- a new run from a trained model's weights (--init_from) ------------------------------------
+
+def init_state(config: Config, given: set):
+    """--init_from for a run with nothing to resume: ((path, state) of the trained model it
+    starts from, the config to train with), or (None, config) without the flag. A model folder
+    gives its best checkpoint (or, before any validation, its newest). The model fields
+    (architecture, languages, vocabulary, seq_len) are the checkpoint's, and a flag given with
+    another value is refused; the other settings are this command's where given, else the
+    checkpoint's, as on a resume. The optimizer, schedule, step count and history start
+    afresh; the source folder is only read."""
+    if not config.init_from:
+        return None, config
+    source = Path(config.init_from)
+    if source.is_dir():
+        found = dataclasses.replace(config, model_folder=str(source), preload="latest")
+        path = best_checkpoint_path(found) if best_checkpoint_path(found).exists() else \
+            resolve_preload(found)
+        if path is None:
+            raise CheckpointError(f"--init_from {source}: no checkpoint in it{elsewhere(source)}")
+    elif source.is_file():
+        path = source
+    else:
+        raise CheckpointError(f"--init_from {source}: no such model folder or checkpoint file")
+    state = load_checkpoint(path)
+    saved = Config.from_dict(state["config"])
+    for name in sorted(given & fields_where(group="model")):
+        if getattr(config, name) != getattr(saved, name):
+            raise CheckpointError(
+                f"--{name} {getattr(config, name)}: the model of --init_from {path} has --{name} "
+                f"{getattr(saved, name)}, and a run started from it keeps its architecture and "
+                f"vocabulary; drop the flag")
+    overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
+    merged = merge_config(saved, config, given, path, overrides)
+    merged.preload, merged.init_from = "latest", str(path)
+    problem = merged.validate()
+    if problem:
+        raise CheckpointError(f"with the settings of --init_from {path}: {problem}")
+    return (path, state), merged
+
+
+def copy_tokenizers(path: Path, state: dict, config: Config):
+    """The tokenizer files beside the checkpoint `path` (and their recipes), copied into the
+    new run's model folder: it keeps its source's vocabulary, never trains its own. Refused in
+    one line if the folder holds another tokenizer of that name."""
+    source = dataclasses.replace(Config.from_dict(state["config"]), model_folder=str(path.parent))
+    for key in dict.fromkeys(tokenizer_keys(config)):  # one file with a joint vocabulary
+        src, dst = tokenizer_path(source, key), tokenizer_path(config, key)
+        if not src.exists():
+            raise CheckpointError(f"--init_from {path}: its tokenizer {src} is not beside it")
+        if dst.exists() and dst.read_bytes() != src.read_bytes():
+            raise CheckpointError(f"{dst} is another tokenizer than {src}, which --init_from "
+                                  f"{path} was trained with: give a new --model_folder")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        for a, b in ((recipe_path(src), recipe_path(dst)), (src, dst)):  # the file last
+            if a.exists():
+                shutil.copyfile(a, b)
+
+
+def coverage_note(state: dict, data):
+    """What --init_from's vocabulary makes of the new corpus (its validation texts), beside what
+    it made of its own (recorded in the checkpoint)."""
+    mine, own = data.coverage, state.get("coverage") or {}
+    return "vocabulary on the new corpus: " + "; ".join(
+        f"{side} {c['tokens_per_word']:.2f} tokens a word, {100 * c['fallback']:.1f}% single "
+        f"bytes" + (f" (on its own corpus: {own[side]['tokens_per_word']:.2f}, "
+                    f"{100 * own[side]['fallback']:.1f}%)" if side in own else "")
+        for side, c in mine.items())
 
 
 # ---- the validation history -------------------------------------------------------------------

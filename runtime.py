@@ -5,6 +5,7 @@ import ctypes
 import datetime
 import os
 import platform
+import sys
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -80,6 +81,14 @@ def native_bf16(device: torch.device) -> bool:
     if torch.version.hip:
         return True
     return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def note_precision(device: torch.device, precision: str):
+    """A word where a precision is a poor choice for the device (said, not refused)."""
+    if device.type == "cpu" and precision == "fp16":
+        print("note: --precision fp16 on a CPU: float16 autocast and the gradient scaler, which "
+              "most CPUs run without hardware support; bf16 or fp32 is the usual choice there",
+              file=sys.stderr)
 
 
 def autocast_dtype(config: Config, device: torch.device):

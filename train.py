@@ -20,6 +20,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -38,15 +39,16 @@ from evaluation import run_validation, score_test_sets
 from files import FolderLock, check_writable, removed_if_left_empty
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from model_card import write_run_card
-from resume import (check_corpus, check_resume_data, read_history, restore_rng, restore_training,
-                    resume_state, rng_states, set_aside_later, write_history)
+from resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
+                    restore_progress, restore_rng, restore_training, resume_state, rng_states,
+                    set_aside_later, write_history)
 from runtime import (autocast, autocast_dtype, gather_to_main, get_device, main_first,
-                     max_over_ranks, setup_device, start_distributed, stop_distributed,
-                     sum_over_ranks, use_threads)
+                     max_over_ranks, note_precision, setup_device, start_distributed,
+                     stop_distributed, sum_over_ranks, use_threads)
 from stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint, launcher,
                       resume_command, stop_message)
 from tokenizer import PAD
-from trained_model import build_model
+from trained_model import build_model, load_model_weights
 
 # ---- sections 5.3 and 5.4: Adam, its learning rate, and the label-smoothed loss -----------------
 
@@ -69,7 +71,7 @@ def learning_rate(config: Config, step: int, total_steps: int) -> float:
                   paper's exact values (7.0e-4 for 512 and 4000).
     cosine:       linear warm-up to lr, then half a cosine that would reach 0 one step after
                   the last: every step of the run learns. A run lengthened on resume is laid
-                  out again over its new length (see `restore`)."""
+                  out again over its new length (resume.restore_progress)."""
     step, peak = max(step, 1), config.peak_lr()
     warmup = warmup_steps(config, total_steps)
     if config.lr_schedule == "inverse_sqrt":
@@ -170,38 +172,41 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
-    device = get_device(config.device)  # a missing device is refused before any work
-    if device.type == "cpu" and config.precision == "fp16":
-        print("note: --precision fp16 on a CPU: float16 autocast and the gradient scaler, which "
-              "most CPUs run without hardware support; bf16 or fp32 is the usual choice there",
-              file=sys.stderr)
+    note_precision(get_device(config.device), config.precision)  # no device: refused here
     lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
     try:
         with main_first() as shared:  # rank 0's `shared` reaches the others
             resume, config = resume_state(config, given, world)
+            init, config = init_state(config, given) if not resume else (None, config)
             if rank == 0:
                 check_writable(config.model_folder)
                 lock.acquire()
-            checks = (lambda corpus: check_corpus(resume[1], resume[0], corpus),
-                      lambda src, tgt: check_tokenizers(resume[1], resume[0], src, tgt)) \
-                if resume and rank == 0 else (None, None)  # (path, state): before preparing
-            data = get_ds(config, shared.get("data_key"), *checks)
+                if init:  # a new run from a trained model: its tokenizers, not new ones
+                    copy_tokenizers(*init, config)
+            start = (resume or init) if rank == 0 else None  # (path, state): before preparing
+            data = get_ds(config, shared.get("data_key"),
+                          partial(check_corpus, *resume[::-1]) if resume and start else None,
+                          partial(check_tokenizers, *start[::-1]) if start else None)
             shared["data_key"] = data.key
             if resume:
                 check_resume_data(resume[1], resume[0], config, data)
                 if rank == 0 and config.preload not in ("latest", "none"):
                     set_aside_later(config, resume[0])
+            elif init:
+                print(f"a new run from {init[0]}: {coverage_note(init[1], data)}")
         if config.data_dir:  # a checkpoint's corpus is found from any working directory
             config.data_dir = data.corpus["source"]
-        return build_run(config, data, resume, rank, world, lock)
+        return build_run(config, data, resume, rank, world, lock, init)
     except BaseException:
         lock.release()
         raise
 
 
-def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: FolderLock):
+def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: FolderLock,
+              init=None):
     """(run, progress): the device, the model (seeded: the same on every rank), Adam, the loss
-    and the batches; restored from `resume` ((path, state), or None for a fresh start)."""
+    and the batches; restored from `resume` ((path, state), or None for a fresh start), or
+    with the weights of `init` (--init_from's (path, state)) and all else fresh."""
     device = setup_device(config.device)
     use_threads(config.threads)
     amp_dtype = autocast_dtype(config, device)
@@ -229,7 +234,10 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if resume:
         restore_training(resume[1], resume[0], model, optimizer, scaler)
         restore_rng(resume[1], rank, world, device, config.seed)
-        schedule_steps = restore(config, progress, *resume, schedule_steps)
+        schedule_steps = restore_progress(config, progress, *resume, schedule_steps,
+                                          learning_rate)
+    elif init:
+        load_model_weights(model, init[1], init[0])
     step_model = model
     if world > 1:  # averages the gradients over the ranks during backward
         step_model = DistributedDataParallel(
@@ -242,29 +250,6 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
                schedule_steps, lock, precision, rank, world, writer), progress
-
-
-def restore(config: Config, progress: Progress, path: Path, state: dict, steps: int) -> int:
-    """Puts `progress` where the run saved in `state` was (position, validation history, the
-    commands that made it) and returns the run length to lay the learning-rate schedule out
-    for: as saved (the warm-up and decay go on as laid out), but a cosine over the run's new
-    length `steps` if it changed."""
-    progress.epoch, progress.batch = state["next_epoch"], state["next_batch"]
-    progress.step = state["global_step"]
-    progress.history = read_history(config, up_to_step=progress.step)
-    made = state.get("provenance") or {}
-    progress.commands, progress.seconds_before = list(made.get("commands", [])), \
-        made.get("seconds", 0.0)
-    saved = state.get("schedule_steps", steps)
-    if config.lr_schedule == "cosine" and saved != steps:
-        old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))
-        print(f"the run is now {steps} steps long (was {saved}): the cosine schedule is laid "
-              f"out again over its new length; the learning rate goes on at {new:.2e} (it was "
-              f"to be {old:.2e})")
-        saved = steps
-    print(f"resumed from {path}: epoch {progress.epoch}, batch {progress.batch}, "
-          f"step {progress.step}")
-    return saved
 
 
 def nothing_to_do(config: Config, progress: Progress):

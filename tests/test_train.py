@@ -794,3 +794,57 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, train_here, monke
     acc.Reload()
     rates = [e.value for e in acc.Scalars("train/tok_s")]
     assert len(rates) >= 2 and min(rates) > 100, rates  # with the pause counted: about 0.2
+
+
+# ---- a new run from a trained model (issue 43: --init_from) ------------------------------------
+
+def test_a_run_from_a_trained_model_starts_where_the_model_stands(trained, tmp_path):
+    """Its first validation, before any step, is the source model's own on the same data; its
+    tokenizers are the source's (copied, never retrained); its optimizer, step count and
+    history start afresh; the source folder is only read."""
+    import evaluation
+    home, _ = trained
+    source = home / "weights"
+    before = {p.name: p.stat().st_mtime_ns for p in source.iterdir()}
+    best = load_checkpoint(source / "tmodel_best.pt")
+    config, given = parse_config(["--init_from", str(source), "--data_dir", str(home / "corpus"),
+                                  "--model_folder", str(tmp_path / "w"),
+                                  "--experiment_name", str(tmp_path / "runs")])
+    run, progress = train.set_up(config, given)
+    try:
+        assert progress.step == 0 and progress.history == [] and not run.optimizer.state
+        assert run.config.init_from == str(source / "tmodel_best.pt")
+        assert run.config.d_model == Config.from_dict(best["config"]).d_model == 32
+        metrics = evaluation.run_validation(run, progress)
+    finally:
+        run.lock.release()
+        run.writer.close()
+    assert metrics["loss"] == pytest.approx(best["validation"]["loss"], abs=1e-6)
+    assert metrics["bleu"] == best["validation"]["bleu"]
+    for name in ("tokenizer_en.json", "tokenizer_it.json"):
+        assert (tmp_path / "w" / name).read_bytes() == (source / name).read_bytes()
+    assert {p.name: p.stat().st_mtime_ns for p in source.iterdir()} == before
+
+
+def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_path,
+                                                                  train_here):
+    """A missing or foreign source, an architecture or vocabulary flag beside it, the source
+    folder as the new one: one line and exit 2, nothing written."""
+    home, _ = trained
+    source = home / "weights"
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.pt").write_text("{}")
+    for args, said in (
+            (["--init_from", tmp_path / "nowhere"], "no such model folder or checkpoint file"),
+            (["--init_from", tmp_path / "empty"], "no checkpoint in it"),
+            (["--init_from", tmp_path / "notes.pt"], "is a JSON file, not a checkpoint"),
+            (["--init_from", source, "--d_model", "64"], "--d_model 64: the model of --init_from"),
+            (["--init_from", source, "--vocab_size", "500"], "keeps its architecture and vocab"),
+            (["--init_from", source, "--lang_tgt", "fr"], "--lang_tgt fr: the model of"),
+            (["--init_from", source / "tmodel_01.pt", "--model_folder", source],
+             "is in --model_folder: a new run trains into a folder of its own")):
+        code, _, err = train_here(*map(str, args), "--data_dir", str(home / "corpus"),
+                                  *(["--model_folder", "new"] if "--model_folder" not in args
+                                    else []))
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "new").exists()
