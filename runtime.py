@@ -42,6 +42,22 @@ def use_threads(threads: int):
         torch.set_num_threads(threads)
 
 
+def busy_note(device: torch.device):
+    """A warning when other work already keeps this machine's cores busy (the 1-minute load
+    average, less this process's own core): torch's threads on top of it slow every process
+    sharing the cores several times over. None when it fits, off CPU, or where the load average
+    is not known."""
+    if device.type != "cpu" or not hasattr(os, "getloadavg"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    others, threads = max(os.getloadavg()[0] - 1, 0), torch.get_num_threads()
+    if others < 1 or others + threads <= cores:
+        return None
+    return (f"warning: this machine is busy (load {others + 1:.1f} on {cores} cores, this run "
+            f"takes {threads} thread{'s' * (threads != 1)}): processes sharing cores slow each "
+            f"other several times over; give each --threads N so that they fit")
+
+
 def setup_device(name: str = "auto") -> torch.device:
     """The device, made ready: TF32 matmuls on CUDA (Ampere and newer), the allocator setting
     below on CPU."""

@@ -42,7 +42,7 @@ from model_card import write_run_card
 from resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
                     restore_progress, restore_rng, restore_training, resume_state, rng_states,
                     set_aside_later, write_history)
-from runtime import (autocast, autocast_dtype, gather_to_main, get_device, main_first,
+from runtime import (autocast, autocast_dtype, busy_note, gather_to_main, get_device, main_first,
                      max_over_ranks, note_precision, setup_device, start_distributed,
                      stop_distributed, sum_over_ranks, use_threads)
 from stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint, launcher,
@@ -209,6 +209,8 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     with the weights of `init` (--init_from's (path, state)) and all else fresh."""
     device = setup_device(config.device)
     use_threads(config.threads)
+    if rank == 0 and busy_note(device):
+        print(busy_note(device), file=sys.stderr)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
           + (f", {world} processes (torchrun)" if world > 1 else ""))

@@ -70,3 +70,22 @@ def test_the_host_side_group_waits_as_long_as_the_gpu_group(monkeypatch):
     monkeypatch.setattr(runtime, "_flags_group", None)
     runtime.start_distributed("cuda")
     assert calls["gloo"]["timeout"] == calls["nccl"]["timeout"] >= datetime.timedelta(hours=1)
+
+
+def test_a_busy_machine_is_said_before_training(monkeypatch):
+    """Issue 45: two trainings on a shared 2-core CPU, each with torch's default threads, ran
+    at 5.9 s a step against 1.2 s with one thread each, and nothing warned."""
+    import os
+
+    from runtime import busy_note
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    cpu = torch.device("cpu")
+    for load, warned in ((1.0, False), (1.8, False), (3.1, True), (2.2, True)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        note = busy_note(cpu)
+        assert (note is not None) == warned, (load, note)
+    assert "load 2.2 on 2 cores, this run takes 2 threads" in busy_note(cpu)  # the last load set
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 2.0, 2.0))  # one other run, 1 thread
+    assert busy_note(cpu) is None and busy_note(torch.device("cuda")) is None
