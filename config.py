@@ -134,6 +134,10 @@ class Config:
                              group="run", translate=True)
     preload: str = _f("latest", "checkpoint to start from: latest, none, or an epoch (05); "
                                 "translate.py also takes best", group="run", translate=True)
+    bpe_dropout: float = _f(0.0, "subword regularization (BPE-dropout): each merge skipped "
+                                 "with this probability as training pairs are batched, so each "
+                                 "epoch sees other segmentations; validation, test and "
+                                 "translation keep the plain one (0 = off; bpe tokenizers)")
     init_from: str = _f("", "start a new run from a trained model's weights (fine-tuning): "
                             "its folder (the best checkpoint) or a checkpoint file; its "
                             "architecture and tokenizers are kept, the optimizer, schedule, "
@@ -188,6 +192,11 @@ class Config:
         if self.max_len_a + self.max_len_b < max(self.min_len, 1):
             return (f"--max_len_a {self.max_len_a} and --max_len_b {self.max_len_b} leave no "
                     f"room for --min_len {self.min_len} output tokens")
+        if not 0 <= self.bpe_dropout < 1:
+            return (f"--bpe_dropout must lie in [0, 1) (got {self.bpe_dropout}): the probability "
+                    f"of skipping each merge")
+        if self.bpe_dropout and self.tokenizer_type != "bpe":
+            return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
         if self.keep_last < 1:
             return (f"--keep_last must be at least 1 (got {self.keep_last}): the newest mid-epoch "
                     f"checkpoint is what a stopped run resumes from; --save_every 0 saves none")

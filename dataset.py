@@ -12,6 +12,7 @@ import shutil
 import time
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +129,8 @@ class Collator:
     inside attention, so the flash kernel can run), and for right-padded targets that is
     enough, since a real position never sees a later padded one and the loss ignores padding."""
 
-    def __init__(self, pad_id: int = PAD):
-        self.pad_id = pad_id
+    def __init__(self, pad_id: int = PAD, resegment=None):
+        self.pad_id, self.resegment = pad_id, resegment  # resegment: a BPEDropout, or None
 
     def __call__(self, items):
         if isinstance(items, dict):  # ids BilingualDataset.__getitems__ has padded
@@ -142,8 +143,48 @@ class Collator:
                       padding_value=self.pad_id)  # (batch, tgt_len)
             label = pad([it["label"] for it in items], batch_first=True,
                         padding_value=self.pad_id)  # (batch, tgt_len)
+        if self.resegment is not None:
+            enc, dec, label = self.resegment(enc, label, self.pad_id)
         return {"encoder_input": enc, "decoder_input": dec, "label": label,
                 "encoder_mask": encoder_mask(enc, self.pad_id)}  # (batch, 1, 1, src_len)
+
+
+class BPEDropout:
+    """Subword regularization (BPE-dropout, Provilkov et al. 2020): each pair of a training
+    batch segmented afresh, every merge skipped with probability p (the tokenizers library's
+    own dropout), so that each epoch sees other segmentations of the same sentences. It works
+    on the batch's prepared ids (decoded to their text, byte-level BPE being lossless, and
+    encoded again): the prepared data and the batches' order stay as they are; a pair whose new
+    segmentation outgrows seq_len keeps its plain one. Draws are not seeded (the library's
+    random source is its own)."""
+
+    def __init__(self, tokenizer_src, tokenizer_tgt, p: float, seq_len: int):
+        from tokenizers import Tokenizer
+        self.plain, self.seq_len = (tokenizer_src, tokenizer_tgt), seq_len
+        copies = {}
+        for tok in self.plain:  # a joint vocabulary: one copy for both sides
+            if id(tok) not in copies:
+                copies[id(tok)] = Tokenizer.from_str(tok.to_str())
+                copies[id(tok)].model.dropout = p
+        self.dropped = tuple(copies[id(tok)] for tok in self.plain)
+
+    def segment(self, side: int, rows):
+        """Lists of ids segmented afresh (those that outgrow seq_len left as they were)."""
+        texts = self.plain[side].decode_batch(rows)
+        new = [e.ids for e in self.dropped[side].encode_batch(texts)]
+        return [n if len(n) + 2 <= self.seq_len else old for n, old in zip(new, rows)]
+
+    def __call__(self, enc, label, pad_id: int):
+        """(encoder input, decoder input, label) of a padded batch, segmented afresh."""
+        src = [row[row != pad_id][1:-1].tolist() for row in enc]  # less [SOS] and [EOS]
+        tgt = [row[row != pad_id][:-1].tolist() for row in label]  # less [EOS]
+        src, tgt = self.segment(0, src), self.segment(1, tgt)
+        pad = partial(torch.nn.utils.rnn.pad_sequence, batch_first=True, padding_value=pad_id)
+        as_tensor = partial(torch.tensor, dtype=torch.int64)
+        enc = pad([as_tensor([SOS, *ids, EOS]) for ids in src])  # (batch, src_len)
+        dec = pad([as_tensor([SOS, *ids]) for ids in tgt])  # (batch, tgt_len)
+        label = pad([as_tensor([*ids, EOS]) for ids in tgt])  # (batch, tgt_len)
+        return enc, dec, label
 
 
 def framed_source(ids, seq_len: int = None, sos_id: int = SOS, eos_id: int = EOS):

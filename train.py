@@ -34,7 +34,7 @@ from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path, 
                         epoch_checkpoint_path, latest_checkpoint_path, prune_checkpoints,
                         save_checkpoint, step_checkpoint_path, training_checkpoint)
 from config import ArgumentParser, Config, parse_config, run_main
-from dataset import Collator, Data, TokenBatchSampler, get_ds, real_tokens
+from dataset import BPEDropout, Collator, Data, TokenBatchSampler, get_ds, real_tokens
 from evaluation import run_validation, score_test_sets
 from files import FolderLock, check_writable, removed_if_left_empty
 from kernels import BlockwiseLabelSmoothedCrossEntropy
@@ -224,7 +224,9 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
                                 shuffle=True, seed=config.seed, rank=rank, world_size=world)
     workers = config.num_workers
     # the sampler is driven from this process: set_epoch reaches workers kept between epochs
-    loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(),
+    resegment = BPEDropout(data.tokenizer_src, data.tokenizer_tgt, config.bpe_dropout,
+                           config.seq_len) if config.bpe_dropout else None
+    loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(PAD, resegment),
                         num_workers=workers, pin_memory=device.type == "cuda",
                         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
                         worker_init_fn=ignore_sigint if workers else None,

@@ -57,6 +57,10 @@ def test_flags_beside_a_preset_win_over_its_token_batches():
     (["--d_model", "72", "--h", "8", "--pos", "rope"], "--pos rope needs an even head width"),
     (["--keep_last", "0"], "--keep_last must be at least 1"),
     (["--seq_len", "10", "--min_len", "9"], "--min_len 9 is more than a translation can hold"),
+    (["--bpe_dropout", "1"], "--bpe_dropout must lie in [0, 1)"),  # issue 43
+    (["--bpe_dropout", "-0.1"], "--bpe_dropout must lie in [0, 1)"),
+    (["--bpe_dropout", "0.1", "--tokenizer_type", "word"], "--bpe_dropout needs --tokenizer_type"),
+    (["--keep_optimizer", "-1"], "--keep_optimizer must not be negative"),  # issue 45
     (["--lr_schedule", "linear"], "invalid choice: 'linear'"),
 ])
 def test_shapes_and_values_the_model_cannot_use_are_one_line(argv, message, capsys):

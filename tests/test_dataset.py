@@ -244,3 +244,68 @@ def test_a_full_disk_while_preparing_is_one_line_and_leaves_no_files(tmp_path, c
         get_ds(cfg(tmp_path, corpus))
     folder = tmp_path / "weights"
     assert not folder.exists() or not any(folder.iterdir()), list(folder.iterdir())
+
+
+# ---- subword regularization (issue 43: --bpe_dropout) ------------------------------------------
+
+def test_bpe_dropout_segments_each_batch_afresh_into_the_same_text():
+    """Each pair of a training batch is encoded again with every merge skipped with
+    probability p: the same sentences (decoded, they read as before) in other, longer
+    segmentations, drawn afresh at every call; framed as the plain batch is ([SOS] ... [EOS]);
+    a pair that would outgrow seq_len keeps its plain ids; p = 0 changes nothing."""
+    from tokenizer import build_tokenizer
+    pairs = number_pairs(40, seed=3, max_len=8)
+    src_tok = build_tokenizer("bpe", 300, [s for s, _ in pairs])
+    tgt_tok = build_tokenizer("bpe", 300, [t for _, t in pairs])
+    items = []
+    for s, t in pairs:
+        src, tgt = src_tok.encode(s).ids, tgt_tok.encode(t).ids
+        items.append({"encoder_input": torch.tensor([dataset.SOS, *src, dataset.EOS]),
+                      "decoder_input": torch.tensor([dataset.SOS, *tgt]),
+                      "label": torch.tensor([*tgt, dataset.EOS])})
+    plain = dataset.Collator()(items)
+    same = dataset.Collator(resegment=dataset.BPEDropout(src_tok, tgt_tok, 0.0, 64))(items)
+    assert all(torch.equal(same[k], plain[k]) for k in plain)
+
+    def texts(batch, tok, key, cut):
+        return [tok.decode([i for i in row.tolist() if i != dataset.PAD][cut]) for row in
+                batch[key]]
+
+    draws = [dataset.Collator(resegment=dataset.BPEDropout(src_tok, tgt_tok, 0.5, 64))(items)
+             for _ in range(2)]
+    for batch in draws:
+        assert texts(batch, src_tok, "encoder_input", slice(1, -1)) == \
+            texts(plain, src_tok, "encoder_input", slice(1, -1))
+        assert texts(batch, tgt_tok, "label", slice(None, -1)) == \
+            texts(plain, tgt_tok, "label", slice(None, -1))
+        unframed = torch.where(batch["label"] == dataset.EOS, dataset.PAD, batch["label"])
+        assert torch.equal(batch["decoder_input"][:, 1:], unframed[:, :-1])  # [SOS] + the same
+        assert (batch["encoder_input"][:, 0] == dataset.SOS).all()
+        assert (batch["label"] != dataset.PAD).sum() > (plain["label"] != dataset.PAD).sum()
+    assert not torch.equal(draws[0]["label"], draws[1]["label"])  # afresh at every call
+    tight = plain["encoder_input"].size(1)  # the longest plain source just fits
+    cut = dataset.Collator(resegment=dataset.BPEDropout(src_tok, tgt_tok, 0.9, tight))(items)
+    assert cut["encoder_input"].size(1) <= tight
+
+
+def test_training_batches_are_resegmented_and_validation_is_not(tmp_path):
+    """--bpe_dropout reaches the training loader (validation and test decode sentences, never
+    these batches); the prepared data is the same with or without it (not part of its key)."""
+    import train
+    from config import parse_config
+    write_aligned(tmp_path / "c", "train", number_pairs(40, seed=1))
+    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    keys = []
+    for extra in ([], ["--bpe_dropout", "0.2"]):
+        config, given = parse_config(["--data_dir", str(tmp_path / "c"), "--vocab_size", "300",
+                                      "--model_folder", str(tmp_path / "w"), "--d_model", "16",
+                                      "--N", "1", "--h", "2", "--d_ff", "32", "--preload",
+                                      "none", "--experiment_name", str(tmp_path / "r"), *extra])
+        run, _ = train.set_up(config, given)
+        run.lock.release()
+        run.writer.close()
+        keys.append(run.data.key)
+        reseg = run.loader.collate_fn.resegment
+        assert (reseg is None) == (not extra) and (reseg is None or reseg.dropped[0].model.dropout
+                                                   == pytest.approx(0.2))
+    assert keys[0] == keys[1]
