@@ -40,6 +40,14 @@ class Config:
     data_dir: str = _f("", "folder of local parallel files (train.en/train.de, pairs.tsv or "
                            "train.jsonl); empty = load `datasource` from the hub", group="data",
                            translate=True)
+    extra_data_dir: str = _f("", "folder of extra training pairs, such as back-translations "
+                                 "(train.xx/train.yy, train.tsv or train.jsonl, the same "
+                                 "languages): added to the training split, never to validation",
+                             group="data")
+    extra_tag: str = _f("", "a tag put before each source of --extra_data_dir's pairs (tagged "
+                            "back-translation, e.g. '<BT>'; empty: none)", group="data")
+    upsample: int = _f(1, "with --extra_data_dir: the corpus's own training pairs repeated this "
+                          "many times", group="data")
     lang_src: str = _f("en", "source language code", group="model")
     lang_tgt: str = _f("it", "target language code", group="model")
     seq_len: int = _f(350, "longest sequence in tokens, [SOS]/[EOS] included; longer training "
@@ -192,6 +200,10 @@ class Config:
         if self.max_len_a + self.max_len_b < max(self.min_len, 1):
             return (f"--max_len_a {self.max_len_a} and --max_len_b {self.max_len_b} leave no "
                     f"room for --min_len {self.min_len} output tokens")
+        if (self.extra_tag or self.upsample != 1) and not self.extra_data_dir:
+            return "--extra_tag and --upsample go with --extra_data_dir (the extra pairs)"
+        if self.upsample < 1:
+            return f"--upsample must be at least 1 (got {self.upsample})"
         if not 0 <= self.bpe_dropout < 1:
             return (f"--bpe_dropout must lie in [0, 1) (got {self.bpe_dropout}): the probability "
                     f"of skipping each merge")

@@ -6,6 +6,7 @@ load_corpus -> {"train", "validation", maybe "test": {name: ...}}: `datasets.Dat
                the corpus (recorded in checkpoints)
 """
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -327,19 +328,49 @@ def load_corpus(config: Config, wanted=SPLITS):
     name of each test set (file stem or hub split): its Dataset} if there are any, and
     "fingerprint": what identifies the corpus. Without a validation split of its own, a seeded
     `val_fraction` of train is held out, and splits["held_out"] is True. `wanted` names the
-    splits to read (without "train", nothing is held out)."""
+    splits to read (without "train", nothing is held out). With --extra_data_dir, its pairs
+    join the training split (see _with_extra)."""
     splits = _load_local(config, wanted) if config.data_dir else _load_hub(config, wanted)
+    if "train" in wanted:
+        if len(splits["train"]) < 2:
+            raise DataError("the training split has fewer than 2 usable pairs")
+        if "validation" not in splits:
+            parts = splits["train"].train_test_split(test_size=config.val_fraction,
+                                                     seed=config.seed)
+            splits["train"], splits["validation"] = parts["train"], parts["test"]
+            splits["held_out"] = True
+    return _with_extra(config, splits, wanted) if config.extra_data_dir else splits
+
+
+def _with_extra(config: Config, splits: dict, wanted):
+    """The training pairs of --extra_data_dir (the synthetic pairs of back-translation, say)
+    added to the training split, after any validation split was drawn from it (never from
+    them): each of their sources prefixed with --extra_tag (tagged back-translation, Caswell et
+    al. 2019), and the corpus's own pairs repeated --upsample times. The fingerprint covers
+    them; splits["real"] keeps the corpus's own training pairs (the tokenizers train on those
+    alone, so that a run with extra pairs keeps the vocabulary of one without)."""
+    from datasets import concatenate_datasets
+    try:
+        extra = _load_local(dataclasses.replace(config, data_dir=config.extra_data_dir),
+                            ("train",) if "train" in wanted else ())
+    except DataError as e:
+        raise DataError(str(e).replace("--data_dir", "--extra_data_dir")) from None
+    splits["fingerprint"] = digest([splits["fingerprint"], extra["fingerprint"],
+                                    config.extra_tag, config.upsample])
     if "train" not in wanted:
         return splits
-    if len(splits["train"]) < 2:
-        raise DataError("the training split has fewer than 2 usable pairs")
-    if "validation" not in splits:
-        parts = splits["train"].train_test_split(test_size=config.val_fraction,
-                                                 seed=config.seed)
-        splits["train"], splits["validation"] = parts["train"], parts["test"]
-        splits["held_out"] = True
+    synthetic = extra["train"]
+    if config.extra_tag:
+        synthetic = synthetic.map(
+            lambda batch: {"src": [f"{config.extra_tag} {s}" for s in batch["src"]]},
+            batched=True, new_fingerprint=uuid.uuid4().hex)
+    splits["real"] = splits["train"]
+    splits["train"] = concatenate_datasets([splits["real"]] * config.upsample + [synthetic])
+    note(f"training pairs: {len(splits['real'])} of the corpus"
+         + (f" x {config.upsample}" if config.upsample > 1 else "")
+         + f", {len(synthetic)} from --extra_data_dir {config.extra_data_dir}"
+         + (f" (their sources tagged '{config.extra_tag}')" if config.extra_tag else ""))
     return splits
-
 
 
 def digest(obj) -> str:

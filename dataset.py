@@ -462,7 +462,7 @@ def prepare_once(config: Config, folder: Path):
             for p in (tokenizer_path(config, key), recipe_path(tokenizer_path(config, key)))
             if not p.exists()]
     try:
-        tokenizer_src, tokenizer_tgt = get_tokenizers(config, full["train"])
+        tokenizer_src, tokenizer_tgt = get_tokenizers(config, full.get("real", full["train"]))
         parts = prepared_parts(config, full["fingerprint"], tokenizer_src, tokenizer_tgt,
                                bool(full.get("held_out")))
         prepare(folder, parts, full, tokenizer_src, tokenizer_tgt, config.seq_len)

@@ -4,7 +4,7 @@ laid out like a hub repository), and the one-line refusals."""
 import json
 
 import pytest
-from conftest import number_pairs, write_aligned
+from conftest import number_pairs, run_here, write_aligned
 
 from config import Config
 from corpus import DataError, column, load_corpus
@@ -200,3 +200,43 @@ def test_empty_lines_are_skipped_and_counted(tmp_path, capsys):
     splits = load_corpus(cfg(tmp_path, data_dir=str(folder), val_fraction=0.5))
     assert len(splits["train"]) + len(splits["validation"]) == 2
     assert "skipped 2 pair(s) with an empty side" in capsys.readouterr().err
+
+
+# ---- extra training pairs (issue 43: back-translation) ------------------------------------------
+
+def test_extra_pairs_join_train_tagged_and_never_validation(tmp_path):
+    """--extra_data_dir's pairs are added to the training split after the held-out validation
+    pairs are drawn (all from the corpus's own), each source prefixed with --extra_tag, the
+    corpus's pairs repeated --upsample times; the fingerprint says so (another corpus for a
+    resume and for prepared data); "real" keeps the corpus's own pairs."""
+    real, synthetic = number_pairs(30, seed=1), [(f"synthetic {i}.", f"sintetico {i}.")
+                                                 for i in range(7)]
+    write_aligned(tmp_path / "c", "train", real)
+    write_aligned(tmp_path / "bt", "train", synthetic)
+    plain = load_corpus(cfg(tmp_path, data_dir=str(tmp_path / "c")))
+    both = load_corpus(cfg(tmp_path, data_dir=str(tmp_path / "c"),
+                           extra_data_dir=str(tmp_path / "bt"), extra_tag="<BT>", upsample=2))
+    assert column(both["validation"], "src") == column(plain["validation"], "src")
+    assert column(both["real"], "src") == column(plain["train"], "src")
+    sources = column(both["train"], "src")
+    assert sources == column(plain["train"], "src") * 2 + [f"<BT> {s}" for s, _ in synthetic]
+    assert column(both["train"], "tgt")[-7:] == [t for _, t in synthetic]
+    assert both["fingerprint"] != plain["fingerprint"]
+    partial = load_corpus(cfg(tmp_path, data_dir=str(tmp_path / "c"),
+                              extra_data_dir=str(tmp_path / "bt"), extra_tag="<BT>",
+                              upsample=2), wanted=("validation", "test"))
+    assert partial["fingerprint"] == both["fingerprint"]  # what get_ds checks before preparing
+
+
+def test_extra_pairs_of_other_languages_or_flags_without_them_are_one_line(tmp_path):
+    write_aligned(tmp_path / "c", "train", number_pairs(30, seed=1))
+    (tmp_path / "bt").mkdir()
+    for lang, text in (("en", "one.\n"), ("fr", "un.\n")):
+        (tmp_path / "bt" / f"train.{lang}").write_text(text)
+    for args, said in ((["--extra_data_dir", "bt"], "--extra_data_dir bt has no train.it"),
+                       (["--extra_tag", "<BT>"], "--extra_tag and --upsample go with"),
+                       (["--extra_data_dir", "bt", "--upsample", "0"], "--upsample must be")):
+        t = run_here("train.py", "--data_dir", "c", "--lang_tgt", "it", *args, cwd=tmp_path)
+        err = t.stderr.decode()
+        assert t.returncode == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "weights").exists()

@@ -309,3 +309,23 @@ def test_training_batches_are_resegmented_and_validation_is_not(tmp_path):
         assert (reseg is None) == (not extra) and (reseg is None or reseg.dropped[0].model.dropout
                                                    == pytest.approx(0.2))
     assert keys[0] == keys[1]
+
+
+def test_extra_pairs_are_trained_on_but_leave_the_vocabulary_as_it_was(tmp_path):
+    """Issue 43: the tokenizers train on the corpus's own pairs only, so that a run with
+    back-translated pairs keeps the vocabulary of the run without; the prepared data holds
+    both (and is another prepared data: another key)."""
+    from tokenizer import tokenizer_fingerprint
+    write_aligned(tmp_path / "c", "train", number_pairs(40, seed=1))
+    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    write_aligned(tmp_path / "bt", "train", [(f"zzyzx qwv {i}.", f"kkrq jjw {i}.")
+                                             for i in range(30)])
+    found = []
+    for name, extra in (("plain", {}), ("bt", {"extra_data_dir": str(tmp_path / "bt")})):
+        data = dataset.get_ds(Config(data_dir=str(tmp_path / "c"), model_folder=str(
+            tmp_path / name), vocab_size=300, seq_len=24, **extra))
+        found.append(([tokenizer_fingerprint(t) for t in (data.tokenizer_src,
+                                                         data.tokenizer_tgt)], len(data.train),
+                      data.key))
+    assert found[0][0] == found[1][0] and found[1][1] == found[0][1] + 30
+    assert found[0][2] != found[1][2]
