@@ -200,15 +200,8 @@ class Config:
         if self.max_len_a + self.max_len_b < max(self.min_len, 1):
             return (f"--max_len_a {self.max_len_a} and --max_len_b {self.max_len_b} leave no "
                     f"room for --min_len {self.min_len} output tokens")
-        if (self.extra_tag or self.upsample != 1) and not self.extra_data_dir:
-            return "--extra_tag and --upsample go with --extra_data_dir (the extra pairs)"
-        if self.upsample < 1:
-            return f"--upsample must be at least 1 (got {self.upsample})"
-        if not 0 <= self.bpe_dropout < 1:
-            return (f"--bpe_dropout must lie in [0, 1) (got {self.bpe_dropout}): the probability "
-                    f"of skipping each merge")
-        if self.bpe_dropout and self.tokenizer_type != "bpe":
-            return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
+        if self.data_problem():
+            return self.data_problem()
         if self.keep_last < 1:
             return (f"--keep_last must be at least 1 (got {self.keep_last}): the newest mid-epoch "
                     f"checkpoint is what a stopped run resumes from; --save_every 0 saves none")
@@ -232,20 +225,34 @@ class Config:
                 return f"--{name} must be in [0, 1), got {getattr(self, name)}"
         if not 0 <= self.label_smoothing < 1:
             return f"--label_smoothing must be in [0, 1), got {self.label_smoothing}"
-        if not 0 < self.val_fraction < 1:
-            return f"--val_fraction must be in (0, 1), got {self.val_fraction}"
         if self.lr < 0:
             return f"--lr must not be negative (0: chosen by model width), got {self.lr}"
-        if not self.lang_src or not self.lang_tgt or self.lang_src == self.lang_tgt:
-            return (f"--lang_src and --lang_tgt must be two different languages "
-                    f"(got '{self.lang_src}' and '{self.lang_tgt}')")
-        if "{0}" not in self.tokenizer_file:
-            return "--tokenizer_file must contain {0} (replaced by the language code)"
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             return f"--device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'"
         if self.preload not in ("latest", "none", "best") and not self.preload.isdigit():
             return (f"--preload must be latest, none or an epoch number (translate.py also "
                     f"takes best), got '{self.preload}'")
+        return None
+
+    def data_problem(self):
+        """validate's checks of the data flags: the corpus, its languages and tokenizers, the
+        extra pairs, subword regularization."""
+        if not self.lang_src or not self.lang_tgt or self.lang_src == self.lang_tgt:
+            return (f"--lang_src and --lang_tgt must be two different languages "
+                    f"(got '{self.lang_src}' and '{self.lang_tgt}')")
+        if "{0}" not in self.tokenizer_file:
+            return "--tokenizer_file must contain {0} (replaced by the language code)"
+        if not 0 < self.val_fraction < 1:
+            return f"--val_fraction must be in (0, 1), got {self.val_fraction}"
+        if (self.extra_tag or self.upsample != 1) and not self.extra_data_dir:
+            return "--extra_tag and --upsample go with --extra_data_dir (the extra pairs)"
+        if self.upsample < 1:
+            return f"--upsample must be at least 1 (got {self.upsample})"
+        if not 0 <= self.bpe_dropout < 1:
+            return (f"--bpe_dropout must lie in [0, 1) (got {self.bpe_dropout}): the probability "
+                    f"of skipping each merge")
+        if self.bpe_dropout and self.tokenizer_type != "bpe":
+            return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
         return None
 
     def to_dict(self):

@@ -91,13 +91,7 @@ def parse_args(argv):
     if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam > 1:
         parser.error("--beam and --nbest must be positive, with --nbest at most --beam")
     check_sampling(parser, args)
-    if args.ensemble:
-        located = given & {"model_folder", "model_basename"} | \
-            ({"checkpoint"} if args.checkpoint else set()) | \
-            ({"ctranslate2"} if args.ctranslate2 else set()) | \
-            ({"attention"} if args.attention else set())
-        if located:
-            parser.error(f"--ensemble names its models: not with --{sorted(located)[0]}")
+    check_models(parser, args, given)
     if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
         parser.error("give one of a sentence, --input and --example")
     if args.reference and (args.sentence is not None or args.example is not None):
@@ -105,6 +99,12 @@ def parse_args(argv):
     if args.attention and args.sentence is None and args.example is None:
         parser.error("--attention maps one sentence: give it as the sentence argument or with "
                      "--example N, not --input or stdin")
+    return args, config, given
+
+
+def check_models(parser, args, given):
+    """--ctranslate2 and --ensemble name their models: the flags that locate or change one
+    model are refused beside them (one line, exit 2)."""
     if args.ctranslate2:
         located = given & ({"checkpoint", "preload", "model_folder", "model_basename"}
                            | fields_where(group="model")) | \
@@ -114,7 +114,13 @@ def parse_args(argv):
         if located:
             parser.error(f"--ctranslate2 takes the exported model as it is: not with "
                          f"--{sorted(located)[0]} (export another model with export.py)")
-    return args, config, given
+    if args.ensemble:
+        located = given & {"model_folder", "model_basename"} | \
+            ({"checkpoint"} if args.checkpoint else set()) | \
+            ({"ctranslate2"} if args.ctranslate2 else set()) | \
+            ({"attention"} if args.attention else set())
+        if located:
+            parser.error(f"--ensemble names its models: not with --{sorted(located)[0]}")
 
 
 def check_sampling(parser, args):
