@@ -40,6 +40,25 @@ def metrics(lowercase_bleu: bool = True) -> dict:
                                              if lowercase_bleu else {})}
 
 
+def corpus_score(metric, hypotheses, references, n_bootstrap: int):
+    """metric.corpus_score with its bootstrap interval. sacreBLEU 2.x takes statistics.mean of
+    resampled scores that mix float and numpy.float32 (chrF, when some resamples score exactly
+    0: small sets), which raises TypeError; then the same resamples (its own function, its
+    seed) are summed up with its significance module's estimate_ci instead: the same interval."""
+    try:
+        return metric.corpus_score(hypotheses, [references], n_bootstrap=n_bootstrap)
+    except TypeError:
+        import numpy as np
+        from sacrebleu.significance import _bootstrap_resample, estimate_ci
+        stats = metric._extract_corpus_statistics(hypotheses, [references])
+        result = metric._aggregate_and_compute(stats)
+        metric.n_bootstrap = n_bootstrap  # the signature's bs:N, as corpus_score sets it
+        metric.seed, resampled = _bootstrap_resample(stats, metric, n_bootstrap)
+        mean, ci = estimate_ci(np.array([float(s.score) for s in resampled]))
+        result._mean, result._ci = float(mean), float(ci)
+        return result
+
+
 def score(hypotheses, references, error_rates: bool = True,
           n_bootstrap: int = BOOTSTRAP_SAMPLES) -> dict:
     """Corpus sacreBLEU BLEU and chrF (and CER/WER) of translations against one reference each:
@@ -50,7 +69,7 @@ def score(hypotheses, references, error_rates: bool = True,
     should quote; "bs:1000" says the interval's resamples)."""
     scores, lines = {}, []
     for name, metric in metrics().items():
-        result = metric.corpus_score(hypotheses, [references], n_bootstrap=max(n_bootstrap, 1))
+        result = corpus_score(metric, hypotheses, references, max(n_bootstrap, 1))
         scores[name] = result.score
         if n_bootstrap > 1:
             scores[f"{name}_ci"] = float(result._ci)  # sacreBLEU's attribute for its ± figure

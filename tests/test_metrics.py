@@ -77,3 +77,14 @@ def test_paired_tests_tell_a_real_gain_from_none():
     assert found["bleu"][1]["p_ar"] == own.p_value and found["bleu"][1]["score"] == own.score
     assert "|bs:1000|" in found["signatures"]["bleu"][0]
     assert "|ar:10000|" in found["signatures"]["bleu"][1]
+
+
+def test_the_interval_of_a_tiny_set_where_sacrebleus_own_mean_fails():
+    """sacreBLEU 2.x's bootstrap takes statistics.mean of chrF scores that mix float and
+    numpy.float32 when some resamples score 0 (a 4-sentence test set: a run's model card failed
+    on it). The same resamples give the interval all the same."""
+    hyps, refs = ["uno due tre quattro", "xx yy", "zz", "ww"], ["uno due tre quattro",
+                                                               "aa bb", "cc", "dd"]
+    s = score(hyps, refs, error_rates=False)
+    assert 0 < s["chrf_ci"] <= 50 and "bs:1000" in s["report"].splitlines()[1]
+    assert s["bleu_ci"] > 0 and "±" in s["report"].splitlines()[1]

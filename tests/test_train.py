@@ -222,7 +222,7 @@ def test_a_resume_with_nothing_to_do_writes_no_event_file_and_says_so(tmp_path, 
 
 def fake_run(tmp_path, patience=0):
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
-    data = types.SimpleNamespace(corpus=None, tokenizers=None)
+    data = types.SimpleNamespace(corpus=None, tokenizers=None, coverage=None)
     return types.SimpleNamespace(config=Config(model_folder=str(tmp_path), patience=patience),
                                  model=model, data=data, rank=0)
 
