@@ -307,6 +307,7 @@ def test_beam_search_without_the_early_stop_finds_the_exhaustive_searchs_best(mi
 
 # ---- ensembles and sampling (issue 42) ----------------------------------------------------------
 
+@torch.no_grad()
 def step_log_probs(models, sources, prefix, banned=(PAD, SOS)):
     """The reference: each model re-decodes the whole prefix (no cache) from its own source
     (ids without [SOS]/[EOS]); the mean of their log-probabilities of the next token, (vocab,),
