@@ -244,22 +244,40 @@ def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, m
     Returns one list of token ids per sentence, without [SOS] and [EOS]. Finished sentences
     leave the batch, so they stop costing work. use_cache=False re-runs the decoder over the
     whole prefix every step (the write-ups' way; kept as the reference)."""
-    device = first(src).device
-    batch = first(src).size(0)
+    batch, device = first(src).size(0), first(src).device
     limit = torch.as_tensor(max_len, device=device).expand(batch).clone()  # (batch,)
     state = start(model, src, src_mask, int(limit.max()) + 1, use_cache)
-    ys = torch.full((batch, 1), sos_id, dtype=torch.long, device=device)  # (batch, 1)
-    alive = torch.arange(batch, device=device)  # original row of each row still decoding
+
+    def most_likely(scores, step, alive):  # scores: (alive, vocab) logits
+        return restrict(scores, step, limit[alive], min_len, eos_id).argmax(dim=-1), None
+    return [tokens for tokens, _ in token_by_token(state, batch, sos_id, eos_id, limit, banned,
+                                                   most_likely)]
+
+
+def token_by_token(state, rows: int, sos_id: int, eos_id: int, limit, banned, pick):
+    """The loop of greedy decoding and of sampling over `rows` rows: each step, every row still
+    decoding takes the token pick(scores, step, alive) gives it ((alive,) tokens, and their
+    log-probabilities or None), from the scores (alive, vocab) of `state` with the `banned`
+    tokens at -inf; a row that takes [EOS] leaves the batch, so it stops costing work. Returns
+    per row (tokens without [SOS] and [EOS], their summed log-probabilities: 0 without)."""
+    device = limit.device
+    ys = torch.full((rows, 1), sos_id, dtype=torch.long, device=device)  # (rows, 1)
+    total = torch.zeros(rows, device=device)  # (rows,) summed log-probabilities
+    alive = torch.arange(rows, device=device)  # original row of each row still decoding
     banned = torch.tensor(list(banned), dtype=torch.long, device=device)
-    results = [None] * batch
+    results, scored = [None] * rows, False
     for step in range(1, int(limit.max()) + 2):
-        scores = state.scores(ys, banned)  # (alive, vocab): [PAD], [SOS]... never generated
-        next_token = restrict(scores, step, limit[alive], min_len, eos_id).argmax(dim=-1)
+        next_token, logp = pick(state.scores(ys, banned), step, alive)  # (alive,) each
+        if logp is not None:
+            total[alive] += logp
+            scored = True
         ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
         done = next_token == eos_id  # (alive,)
         if done.any():
-            for row in done.nonzero().flatten().tolist():
-                results[alive[row]] = ys[row, 1:-1].tolist()
+            ended = done.nonzero().flatten()  # (ended,)
+            sums = total[alive[ended]].tolist() if scored else [0.0] * ended.numel()
+            for row, logp_sum in zip(ended.tolist(), sums):
+                results[alive[row]] = (ys[row, 1:-1].tolist(), logp_sum)
             keep = (~done).nonzero().flatten()  # (still alive,)
             if keep.numel() == 0:
                 break
@@ -396,30 +414,16 @@ def sample(model, src, src_mask, sos_id: int, eos_id: int, max_len, generators,
     limit = torch.as_tensor(max_len, device=device).expand(batch).repeat_interleave(n)
     state = start(model, src, src_mask, int(limit.max()) + 1)
     state.repeat(n)  # (batch*n rows)
-    ys = torch.full((batch * n, 1), sos_id, dtype=torch.long, device=device)  # (batch*n, 1)
-    total = torch.zeros(batch * n, device=device)  # (batch*n,) log P of each sample so far
-    alive = torch.arange(batch * n, device=device)
-    banned = torch.tensor(list(banned), dtype=torch.long, device=device)
-    results = [None] * (batch * n)
-    for step in range(1, int(limit.max()) + 2):
-        scores = state.scores(ys, banned)  # (alive, vocab)
+
+    def draw(scores, step, alive):  # scores: (alive, vocab), logits or log-probabilities
         logp = restrict(scores if state.normalized else scores.log_softmax(dim=-1), step,
                         limit[alive], min_len, eos_id)  # (alive, vocab)
         logits = filter_logits(logp / sampling.temperature, sampling.top_k, sampling.top_p)
         noise = torch.stack([torch.rand(logits.size(-1), generator=generators[r],
                                         device=device) for r in alive.tolist()])
-        next_token = (logits - (-noise.log()).log()).argmax(dim=-1)  # (alive,) Gumbel-max
-        total[alive] += logp.gather(1, next_token.unsqueeze(1)).squeeze(1)
-        ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (alive, step + 1)
-        done = next_token == eos_id  # (alive,)
-        if done.any():
-            for row in done.nonzero().flatten().tolist():
-                results[alive[row]] = (ys[row, 1:-1].tolist(), total[alive[row]].item())
-            keep = (~done).nonzero().flatten()  # (still alive,)
-            if keep.numel() == 0:
-                break
-            ys, alive = ys[keep], alive[keep]
-            state.keep(keep)
+        token = (logits - (-noise.log()).log()).argmax(dim=-1)  # (alive,) Gumbel-max
+        return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)
+    results = token_by_token(state, batch * n, sos_id, eos_id, limit, banned, draw)
     return [results[i * n:(i + 1) * n] for i in range(batch)]
 
 
