@@ -525,8 +525,8 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
          + "".join(f", {len(src)} test pairs ({name})" for name, (src, _) in (test or {}).items())
          + f"; vocabulary {vocabulary}")
-    cover = {"source": coverage(tokenizer_src, validation.src_texts),
-             "target": coverage(tokenizer_tgt, validation.tgt_texts)}
+    cover = {"source": coverage(tokenizer_src, validation.src_texts, validation.src_ids),
+             "target": coverage(tokenizer_tgt, validation.tgt_texts, validation.tgt_ids)}
     return Data(tokenizer_src, tokenizer_tgt, train, validation, held_out=meta["held_out"],
                 test=test, key=meta["key"], corpus=corpus, tokenizers=parts["tokenizers"],
                 coverage=cover)

@@ -27,6 +27,8 @@ from trained_model import load_model_weights
 
 # The settings that fix the order of an epoch's batches: a mid-epoch checkpoint needs them.
 BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
+# What a flag given on the command line may change in a checkpoint's config: all but the model.
+NOT_THE_MODEL = frozenset(f.name for f in dataclasses.fields(Config)) - fields_where(group="model")
 
 
 def refuse_to_overwrite(config: Config):
@@ -72,8 +74,7 @@ def resume_state(config: Config, given: set, world_size: int = 1):
             f"--keep_optimizer ones drop the optimizer state an exact resume needs; resume from "
             f"a newer one (--preload latest), or translate with this one")
     saved = Config.from_dict(state["config"])
-    overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
-    merged = merge_config(saved, config, given, path, overrides)
+    merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
     if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
         for name in BATCH_ORDER_FIELDS:
             if getattr(saved, name) != getattr(merged, name):
@@ -230,8 +231,7 @@ def init_state(config: Config, given: set):
                 f"--{name} {getattr(config, name)}: the model of --init_from {path} has --{name} "
                 f"{getattr(saved, name)}, and a run started from it keeps its architecture and "
                 f"vocabulary; drop the flag")
-    overrides = {f.name for f in dataclasses.fields(Config)} - fields_where(group="model")
-    merged = merge_config(saved, config, given, path, overrides)
+    merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
     merged.preload, merged.init_from = "latest", str(path)
     problem = merged.validate()
     if problem:

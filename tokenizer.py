@@ -160,14 +160,13 @@ def get_tokenizers(config: Config, train):
             get_tokenizer(config, tgt_key, lambda: sample_texts(train, ["tgt"], n)))
 
 
-def coverage(tok, texts) -> dict:
-    """How well a tokenizer's vocabulary covers texts: {"tokens_per_word": tokens over
-    whitespace-separated words, "fallback": the share of tokens that are single bytes (BPE:
-    pieces no merge covers) or [UNK] (word level)}. A vocabulary made for other text cuts it
-    into more, shorter pieces: both rise."""
+def coverage(tok, texts, ids) -> dict:
+    """How well a tokenizer's vocabulary covers texts, from their ids (tok's encoding of
+    them): {"tokens_per_word": tokens over whitespace-separated words, "fallback": the share of
+    tokens that are single bytes (BPE: pieces no merge covers) or [UNK] (word level)}. A
+    vocabulary made for other text cuts it into more, shorter pieces: both rise."""
     single = {i for token, i in tok.get_vocab().items() if len(token) == 1} \
         if type(tok.model).__name__ == "BPE" else {UNK}
-    ids = [e.ids for e in tok.encode_batch(list(texts))]
     tokens = sum(map(len, ids))
     return {"tokens_per_word": tokens / max(1, sum(len(t.split()) for t in texts)),
             "fallback": sum(i in single for seq in ids for i in seq) / max(1, tokens)}

@@ -185,7 +185,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                     copy_tokenizers(*init, config)
             start = (resume or init) if rank == 0 else None  # (path, state): before preparing
             data = get_ds(config, shared.get("data_key"),
-                          partial(check_corpus, *resume[::-1]) if resume and start else None,
+                          partial(check_corpus, *resume[::-1]) if resume and rank == 0 else None,
                           partial(check_tokenizers, *start[::-1]) if start else None)
             shared["data_key"] = data.key
             if resume:
@@ -209,8 +209,9 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     with the weights of `init` (--init_from's (path, state)) and all else fresh."""
     device = setup_device(config.device)
     use_threads(config.threads)
-    if rank == 0 and busy_note(device):
-        print(busy_note(device), file=sys.stderr)
+    busy = busy_note(device) if rank == 0 else None
+    if busy:
+        print(busy, file=sys.stderr)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
           + (f", {world} processes (torchrun)" if world > 1 else ""))
