@@ -13,7 +13,8 @@ plain values (loaded with weights_only=True):
   epoch                 the epoch it was saved in (counting from 0)
   global_step           optimizer steps taken
   corpus                {"source": --data_dir (absolute) or --datasource, "fingerprint": the
-                        corpus files' names, sizes and times, or the hub dataset's fingerprints}
+                        corpus files' names and contents (version 2; their names, sizes and
+                        times before), or the hub dataset's fingerprints}
   tokenizers            [source, target]: the tokenizers' fingerprints (their vocabulary and
                         merges; absent in earlier versions): checked wherever the checkpoint
                         meets tokenizer files

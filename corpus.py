@@ -214,7 +214,8 @@ def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
 def _load_local(config: Config, wanted=SPLITS):
     """Parallel files in config.data_dir: aligned text files, tab-separated pairs or JSON lines
     (see each reader); a split found in one format is not read again from another. The
-    fingerprint is the folder's file names, sizes and modification times."""
+    fingerprint is the names and contents of the folder's files this language pair could read
+    (not their times: a copy of the corpus, or the files unpacked again, is the same corpus)."""
     folder = Path(config.data_dir)
     if folder.is_file():
         raise DataError(f"--data_dir {folder} is a file; give the folder that holds the "
@@ -235,9 +236,9 @@ def _load_local(config: Config, wanted=SPLITS):
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
         reader(folder, src, tgt, splits, wanted)
-    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()
-                   if f.is_file())
-    splits["fingerprint"] = digest(files)
+    readable = {src, tgt, "tsv", "jsonl", "json"}
+    splits["fingerprint"] = digest([(f.name, file_digest(f)) for f in sorted(folder.iterdir())
+                                    if f.is_file() and f.suffix[1:] in readable])
     if "train" in wanted and "train" not in splits:
         raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
                         f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
@@ -373,9 +374,25 @@ def _with_extra(config: Config, splits: dict, wanted):
     return splits
 
 
+# The version of the corpus fingerprint a checkpoint records: 2 reads the files' contents (1, of
+# earlier versions, their names, sizes and modification times).
+CORPUS_FINGERPRINT = 2
+
+
 def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes (about 1 s a gigabyte)."""
+    sha = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                sha.update(block)
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    return sha.hexdigest()[:32]
 
 
 def corpus_source(config: Config) -> str:

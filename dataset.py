@@ -21,7 +21,8 @@ from torch.utils.data import Dataset as TorchDataset
 from tqdm import tqdm
 
 from config import Config
-from corpus import DataError, column, corpus_source, digest, load_corpus, note, quiet_datasets
+from corpus import (CORPUS_FINGERPRINT, DataError, column, corpus_source, digest, load_corpus, note,
+                    quiet_datasets)
 from runtime import is_main
 from tokenizer import (EOS, PAD, SOS, coverage, get_tokenizers, recipe_path,
                        tokenizer_fingerprint, tokenizer_keys, tokenizer_path)
@@ -483,7 +484,7 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     every later start, resume and torchrun rank, as long as corpus, tokenizers and seq_len are
     the same. Validation and test texts are kept in memory; training texts are not. `key`:
     under torchrun, the key of the data rank 0 has just prepared or checked, which the other
-    ranks load (their own copy of the corpus files may differ in modification times).
+    ranks load (without reading their own copy of the corpus to check it again).
     `check_corpus`: called with the corpus ({"source", "fingerprint"}) before anything is
     prepared (a resume refuses another corpus there); `check_tokenizers`: called with the
     tokenizers found in the model folder, before their data is looked for or prepared."""
@@ -492,7 +493,8 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     # the fingerprint, the test texts, and whether validation must be held out of train
     splits = load_corpus(config, wanted=("validation", "test"))
     held_out = "validation" not in splits
-    corpus = {"source": corpus_source(config), "fingerprint": splits["fingerprint"]}
+    corpus = {"source": corpus_source(config), "fingerprint": splits["fingerprint"],
+              "version": CORPUS_FINGERPRINT}
     if check_corpus is not None:
         check_corpus(corpus)
     prepared = None

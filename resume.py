@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -100,13 +101,19 @@ def check_corpus(state: dict, path: Path, corpus: dict):
     length, another validation set for the best checkpoint): called before any data is
     prepared. Checkpoints of earlier versions do not record their corpus."""
     saved = state.get("corpus")
-    if saved and saved["fingerprint"] != corpus["fingerprint"]:
-        same = saved["source"] == corpus["source"]
-        raise CheckpointError(
-            f"{path} was trained on {'another version of ' if same else ''}the corpus "
-            f"{saved['source']}" + ("" if same else f", not {corpus['source']}")
-            + (" (its files changed since: names, sizes or modification times)" if same else "")
-            + "; resume with that corpus, or train on this one into another --model_folder")
+    if not saved or saved["fingerprint"] == corpus["fingerprint"]:
+        return
+    same = saved["source"] == corpus["source"]
+    if same and saved.get("version", 1) < corpus["version"] and Path(saved["source"]).is_absolute():
+        # earlier versions fingerprinted a folder by its files' times, which a copy changes
+        print(f"{path} records its corpus folder by the files' times (an earlier version): "
+              f"not checked", file=sys.stderr)
+        return
+    raise CheckpointError(
+        f"{path} was trained on {'another version of ' if same else ''}the corpus "
+        f"{saved['source']}" + ("" if same else f", not {corpus['source']}")
+        + (" (the text of its files changed since)" if same else "")
+        + "; resume with that corpus, or train on this one into another --model_folder")
 
 
 def check_resume_data(state: dict, path: Path, config: Config, data):

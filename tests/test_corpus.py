@@ -240,3 +240,23 @@ def test_extra_pairs_of_other_languages_or_flags_without_them_are_one_line(tmp_p
         err = t.stderr.decode()
         assert t.returncode == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "weights").exists()
+
+
+def test_the_fingerprint_is_the_text_not_the_files_times(tmp_path, corpus):
+    """A checkpoint refuses to resume on another corpus by this fingerprint. It was the files'
+    names, sizes and times, so the same corpus copied or unpacked again refused every resume
+    (and prepared its data again); now it is their contents, and only the files the language
+    pair can read."""
+    import os
+    import shutil
+    first = load_corpus(cfg(tmp_path, data_dir=str(corpus)))["fingerprint"]
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus, copy)  # new times
+    for f in copy.iterdir():
+        os.utime(f, (1, 1))
+    (copy / "train.fr").write_text("un autre côté\n")  # not this pair's
+    assert load_corpus(cfg(tmp_path, data_dir=str(copy)))["fingerprint"] == first
+    pairs = number_pairs(64, seed=1)
+    pairs[3] = (pairs[3][0], pairs[3][1] + " x")  # one word more in one target sentence
+    write_aligned(copy, "train", pairs)
+    assert load_corpus(cfg(tmp_path, data_dir=str(copy)))["fingerprint"] != first

@@ -210,10 +210,13 @@ def test_other_ranks_load_rank_0s_data_and_never_prepare_their_own(tmp_path, cor
     made = get_ds(config)  # rank 0 prepares ...
     monkeypatch.setattr(dataset, "is_main", lambda: False)
     assert len(get_ds(config).train) == 64  # ... and the others load it
-    # another machine's copy of the corpus, same text but other modification times: with the
-    # key rank 0 passes on, its processes load the same prepared data
+    # another machine's copy of the corpus with other modification times is the same corpus;
+    # one whose text differs is not, but with the key rank 0 passes on, its processes load
+    # rank 0's prepared data
     for f in corpus.iterdir():
         os.utime(f, (f.stat().st_atime, f.stat().st_mtime + 3600))
+    assert get_ds(config).key == made.key
+    write_aligned(corpus, "val", number_pairs(8, seed=3))
     with pytest.raises(dataset.DataError, match="shared filesystem"):
         get_ds(config)
     again = get_ds(config, made.key)

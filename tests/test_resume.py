@@ -119,3 +119,25 @@ def test_a_checkpoint_without_its_optimizer_state_is_not_resumed(tmp_path):
     with pytest.raises(CheckpointError, match="tmodel_00.pt holds the weights only: .* resume "
                                               "from a newer one"):
         resume_state(Config(model_folder=str(tmp_path), preload="00"), {"preload"})
+
+
+def test_another_corpus_is_refused_but_a_fingerprint_by_times_is_not_checked(tmp_path, capsys):
+    """A checkpoint resumed on a corpus whose text changed: one line. One of an earlier version
+    recorded its folder by the files' times, which no longer says anything: it resumes with a
+    note rather than being refused for a copy of the same corpus."""
+    from resume import check_corpus
+    source = str(tmp_path / "corpus")
+    now = {"source": source, "fingerprint": "new", "version": 2}
+    check_corpus({"corpus": dict(now)}, tmp_path / "t.pt", now)  # the same: nothing said
+    with pytest.raises(CheckpointError, match="t.pt was trained on another version of the "
+                                              "corpus .*corpus \\(the text of its files"):
+        check_corpus({"corpus": {**now, "fingerprint": "old"}}, tmp_path / "t.pt", now)
+    with pytest.raises(CheckpointError, match="corpus .*/a, not .*corpus"):
+        check_corpus({"corpus": {**now, "source": str(tmp_path / "a"), "fingerprint": "a"}},
+                     tmp_path / "t.pt", now)
+    assert capsys.readouterr().err == ""
+    check_corpus({"corpus": {"source": source, "fingerprint": "by times"}}, tmp_path / "t.pt", now)
+    assert "by the files' times (an earlier version): not checked" in capsys.readouterr().err
+    with pytest.raises(CheckpointError):  # a hub dataset's fingerprint did not change its kind
+        check_corpus({"corpus": {"source": "org/set", "fingerprint": "old"}}, tmp_path / "t.pt",
+                     {**now, "source": "org/set"})
