@@ -20,6 +20,7 @@ from decoding import decoding_limits, translate, translate_ids
 from files import write_text_atomic
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from metrics import score
+from runtime import gather_to_main, sum_over_ranks
 from stopping import StopRequested
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
 from trained_model import build_model, load_model_weights
@@ -46,13 +47,14 @@ def decoding_bar(run, progress, total: int, what: str):
 def validation_loss(run) -> dict:
     """Per target token over the validation split, teacher-forced: the training loss (label-
     smoothed) as `loss`, the negative log-likelihood of the labels as `nll` (nats), and the
-    perplexity exp(nll) as `ppl`."""
+    perplexity exp(nll) as `ppl`. Under torchrun each rank takes its share of the batches and
+    the sums are added up over the ranks (on every rank)."""
     config, val, device = run.config, run.data.validation, run.device
-    sampler = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
-                                shuffle=False)
+    batches = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
+                                shuffle=False).batches()[run.rank::run.world_size]
     nll_fn = BlockwiseLabelSmoothedCrossEntropy(0.0, ignore_index=PAD)
     loss_sum, nll_sum, tokens = 0.0, 0.0, 0
-    for batch in DataLoader(val, batch_sampler=sampler, collate_fn=Collator()):
+    for batch in DataLoader(val, batch_sampler=batches, collate_fn=Collator()):
         src, mask = batch["encoder_input"].to(device), batch["encoder_mask"].to(device)
         label = batch["label"].to(device)  # (batch, tgt_len)
         with run.amp():
@@ -61,23 +63,51 @@ def validation_loss(run) -> dict:
             loss_sum += run.loss_fn(x, run.model.projection_layer, label).item()
             nll_sum += nll_fn(x, run.model.projection_layer, label).item()
         tokens += (label != PAD).sum().item()
+    loss_sum, nll_sum, tokens = sum_over_ranks(loss_sum, nll_sum, tokens)
     nll = nll_sum / max(tokens, 1)
     return {"loss": loss_sum / max(tokens, 1), "nll": nll, "ppl": math.exp(min(nll, 700))}
+
+
+def validation_translations(run, progress, n: int):
+    """Greedy translations of the first n validation sentences: each rank decodes every
+    world_size-th one from its rank on, and rank 0 gathers them, in order (None elsewhere). A
+    stop signal on any rank stops its share at the next batch; rank 0 then raises
+    StopRequested, once every rank has reported."""
+    config, val, rank, world = run.config, run.data.validation, run.rank, run.world_size
+    try:
+        with decoding_bar(run, progress, len(range(rank, n, world)), "validating") as advance:
+            mine = translate_ids(run.model, val.src_ids[rank:n:world], SOS, EOS, PAD,
+                                 config.seq_len, unk_id=UNK, **decoding_limits(config),
+                                 progress=advance,
+                                 batch_size=max(config.max_tokens // 40, config.batch_size, 1))
+    except StopRequested:
+        mine = None
+    shares = gather_to_main(mine)
+    if rank:
+        return None
+    if any(share is None for share in shares):
+        raise StopRequested()
+    outputs = [None] * n
+    for r, share in enumerate(shares):
+        outputs[r:n:world] = share
+    return outputs
 
 
 @torch.no_grad()
 def run_validation(run, progress) -> dict:
     """Validation loss, then greedy decoding of the validation set (or its first
-    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples."""
+    val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples. Under
+    torchrun every rank computes its share and rank 0 scores the whole: the metrics on rank 0,
+    None on the others."""
     config, val = run.config, run.data.validation
     run.model.eval()
     losses = validation_loss(run)
     n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
     started = time.time()
-    with decoding_bar(run, progress, n, "validating") as advance:
-        outputs = translate_ids(run.model, val.src_ids[:n], SOS, EOS, PAD, config.seq_len,
-                                unk_id=UNK, **decoding_limits(config), progress=advance,
-                                batch_size=max(config.max_tokens // 40, config.batch_size, 1))
+    outputs = validation_translations(run, progress, n)
+    if run.rank:
+        run.model.train()
+        return None
     predictions = [detokenize(run.data.tokenizer_tgt, ids) for ids in outputs]
     metrics = {**losses, **score(predictions, val.tgt_texts[:n], n_bootstrap=1)}
     for name, value in metrics.items():

@@ -141,7 +141,7 @@ def start_distributed(device_name: str = "auto"):
         gpu = device.type == "cuda"
         if gpu:
             torch.cuda.set_device(device)
-        # rank 0 prepares data and validates while the others wait (in the Gloo group):
+        # rank 0 prepares the data while the others wait (in the Gloo group):
         # both groups allow WAIT_TIMEOUT for it, not torch's 30-minute default
         dist.init_process_group("nccl" if gpu else "gloo", timeout=WAIT_TIMEOUT)
         _flags_group = (dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT) if gpu

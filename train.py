@@ -381,17 +381,17 @@ def save(run: Run, progress: Progress, next_epoch: int, next_batch: int, path: P
 
 
 def validate(run: Run, progress: Progress) -> Stop:
-    """Validation (evaluation.py), once, on rank 0 while the others wait; a new best (by BLEU,
-    ties broken by the lower loss: a young model at BLEU 0.00 still gets better while its loss
-    falls) is saved as the best checkpoint. Returns, on every rank, Stop.PATIENCE if patience
-    has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
+    """Validation (evaluation.py): every rank decodes its share, rank 0 scores the whole; a new
+    best (by BLEU, ties broken by the lower loss: a young model at BLEU 0.00 still gets better
+    while its loss falls) is saved as the best checkpoint. Returns, on every rank, Stop.PATIENCE
+    if patience has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
     stop, config, history = Stop.NONE, run.config, progress.history
+    try:
+        metrics = run_validation(run, progress)  # None on ranks other than 0
+    except StopRequested:  # (rank 0, told by any rank)
+        run.model.train()
+        return Stop(max_over_ranks(Stop.SIGNAL))
     if run.rank == 0:
-        try:
-            metrics = run_validation(run, progress)
-        except StopRequested:
-            run.model.train()
-            return Stop(max_over_ranks(Stop.SIGNAL))
         history.append({"step": progress.step, "epoch": progress.epoch,
                         **{k: v for k, v in metrics.items() if k != "report"}})
         write_history(config, history)

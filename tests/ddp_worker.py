@@ -3,7 +3,8 @@
     torchrun --standalone --nproc_per_node=2 tests/ddp_worker.py OUT.pt [train.py flags]
 
 Rank 0 writes to OUT.pt what every rank saw: its starting weights, its batches of epoch 0,
-its gradient after one DDP step on its first batch, and its weights after one epoch."""
+its gradient after one DDP step on its first batch, its weights after one epoch, and the
+validation loss and translations (each rank its share, gathered on rank 0)."""
 
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import parse_config  # noqa: E402
 from dataset import Collator  # noqa: E402
+from evaluation import validation_loss, validation_translations  # noqa: E402
 from runtime import gather_to_main, stop_distributed  # noqa: E402
 from tokenizer import PAD  # noqa: E402
 from train import set_up, train_epoch, train_step  # noqa: E402
@@ -36,6 +38,9 @@ def main():
     train_epoch(run, progress)
     report["end"] = gather_to_main(flat(run.model))
     report["world_size"] = run.world_size
+    run.model.eval()
+    report["validation"] = (validation_loss(run),
+                            validation_translations(run, progress, len(run.data.validation)))
     if run.rank == 0:
         torch.save(report, out)
     run.writer.close()

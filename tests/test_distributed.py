@@ -47,7 +47,7 @@ def test_ranks_get_disjoint_equal_shares_that_cover_the_epoch(world_size):
 
 def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     write_aligned(tmp_path / "corpus", "train", number_pairs(120, seed=3))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=4))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(9, seed=4))  # shares of 5 and 4
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
              "--attention_dropout", "0", "--activation_dropout", "0",
              "--model_folder", "w", "--experiment_name", "runs/w", "--val_examples", "0"]
@@ -84,6 +84,22 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
         for rank in (0, 1):
             torch.testing.assert_close(report["grads"][rank][name], p.grad, rtol=1e-4,
                                        atol=1e-6)
+
+    # issue 44: validation shared out over the ranks: the loss and the translations (so every
+    # score) of one process with the same weights
+    from types import SimpleNamespace
+    from contextlib import nullcontext
+    from evaluation import validation_loss, validation_translations
+    from train import Progress
+    torch.nn.utils.vector_to_parameters(report["end"][0], model.parameters())
+    config.max_tokens = 120
+    one = SimpleNamespace(config=config, data=data, model=model.eval(), device=torch.device("cpu"),
+                          amp=nullcontext, loss_fn=make_loss(config), rank=0, world_size=1)
+    losses, outputs = report["validation"]
+    assert len(outputs) == 9 and any(outputs)
+    assert outputs == validation_translations(one, Progress(), 9)
+    for name, value in validation_loss(one).items():
+        assert losses[name] == pytest.approx(value, rel=1e-6), name
 
 
 def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
