@@ -245,8 +245,9 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
         load_model_weights(model, init[1], init[0])
     step_model = model
     if world > 1:  # averages the gradients over the ranks during backward
-        step_model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+        step_model = DistributedDataParallel(  # no buffer changes (the positional tables):
+            model, device_ids=[device.index] if device.type == "cuda" else None,  # none sent
+            broadcast_buffers=False, gradient_as_bucket_view=True)  # nor gradients copied
     if config.compile:
         step_model = torch.compile(step_model, dynamic=True)
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
@@ -283,16 +284,21 @@ def accumulation_groups(run: Run, epoch: int, start: int = 0):
             group = []
 
 
+def target_tokens(group, pad_id: int = PAD) -> int:
+    """The target tokens of a group of batches, counted on the host: no GPU synchronisation."""
+    return sum(int((b["label"] != pad_id).sum()) for b in group)
+
+
 def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scaler=None,
-               world_size: int = 1, no_sync=None):
+               world_size: int = 1, no_sync=None, n_tokens: int = None):
     """Forward and backward over a group of batches (gradient accumulation). The loss is summed
-    over tokens and divided by the token count of the whole update, on every rank, so that k
-    accumulated batches on N ranks give the gradients of one k·N-times batch. `no_sync` (DDP's)
-    skips the gradient all-reduce on all but the last batch. Returns (mean loss per token of
-    this rank's batches, as a tensor: reading it waits for the GPU; tokens of the update)."""
-    n_tokens = sum(int((b["label"] != pad_id).sum()) for b in group)  # on the host: no sync
-    if world_size > 1:
-        n_tokens = int(sum_over_ranks(n_tokens)[0])
+    over tokens and divided by the token count of the whole update (`n_tokens`, over all ranks;
+    counted here when not given), on every rank, so that k accumulated batches on N ranks give
+    the gradients of one k·N-times batch. `no_sync` (DDP's) skips the gradient all-reduce on
+    all but the last batch. Returns (mean loss per token of this rank's batches, as a tensor:
+    reading it waits for the GPU; tokens of the update)."""
+    if n_tokens is None:
+        n_tokens = int(sum_over_ranks(target_tokens(group, pad_id))[0])
     loss_total = torch.zeros((), device=device)
     for i, b in enumerate(group):
         last = i == len(group) - 1
@@ -414,10 +420,17 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
     bar = tqdm(total=end, desc=f"epoch {epoch:02d}", dynamic_ncols=True, mininterval=1.0,
                initial=progress.batch, disable=run.rank != 0)
     tokens_seen, started = 0, time.time()  # `started` moves past validations: tok_s trains
+    stop = Stop.NONE
     no_sync = getattr(run.step_model, "no_sync", None)
     for group, done in accumulation_groups(run, epoch, progress.batch):
+        # the step's one exchange between the ranks' hosts: the update's target tokens, and
+        # whether a stop signal came to any rank during the last step (then stop before this)
+        n_tokens, signals = sum_over_ranks(target_tokens(group), progress.signal is not None)
+        if signals:
+            stop = Stop.SIGNAL
+            break
         loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
-                             run.scaler, run.world_size, no_sync)
+                             run.scaler, run.world_size, no_sync, int(n_tokens))
         lr = run.lr(progress.step + 1)
         optimizer_step(run, progress, loss, lr)
         progress.step, progress.batch = progress.step + 1, done
@@ -430,30 +443,25 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
                          / (time.time() - started))
         if logging or run.device.type == "cpu":  # a read from the device: free on a CPU
             check_updates(run, progress)
-        # a stop (a signal on any rank, or max_steps) and periodic saves
-        stop = Stop(max_over_ranks(Stop.SIGNAL if progress.signal else Stop.NONE))
-        if not stop and config.max_steps and progress.step >= config.max_steps:
+        if config.max_steps and progress.step >= config.max_steps:  # on every rank at once
             stop = Stop.MAX_STEPS
-        periodic = config.save_every and done < end and progress.step % config.save_every == 0
-        if (stop or periodic) and not (stop is Stop.MAX_STEPS and done == end):
+            break
+        if config.save_every and done < end and progress.step % config.save_every == 0:
             save(run, progress, epoch, done, step_checkpoint_path(config, epoch, progress.step))
-        if stop:
-            bar.close()  # before the stop message: the bar is not drawn again under it
-            if stop is Stop.SIGNAL or done < end:
-                tqdm.write(stop_message(run, progress, stop))
-            return stop
         if config.eval_every and progress.step % config.eval_every == 0 and done < end:
             paused = time.time()  # (the epoch's end validates anyway)
             stop = validate(run, progress)
             started += time.time() - paused
-            if stop:
-                save(run, progress, epoch, done, step_checkpoint_path(config, epoch, progress.step))
-                bar.close()
-                if stop is Stop.SIGNAL:
-                    tqdm.write(stop_message(run, progress, stop) + " (validation at this step "
-                               "was interrupted and is not recorded)")
-                return stop
-    bar.close()
+            if stop:  # patience ran out, or a signal came while validating (not recorded)
+                break
+    bar.close()  # before a stop message: the bar is not drawn again under it
+    if stop:  # (at max_steps on the epoch's last batch, the epoch's own checkpoint follows)
+        if stop is not Stop.MAX_STEPS or progress.batch < end:
+            save(run, progress, epoch, progress.batch,
+                 step_checkpoint_path(config, epoch, progress.step))
+        if stop is Stop.SIGNAL or (stop is Stop.MAX_STEPS and progress.batch < end):
+            tqdm.write(stop_message(run, progress, stop))
+        return stop
     run.writer.add_scalar("train/epoch_tokens_per_s",
                           tokens_seen * run.world_size / (time.time() - started), progress.step)
     return Stop.NONE

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, number_pairs, run_here, write_aligned
+from conftest import ROOT, TINY, number_pairs, run_here, run_script, write_aligned
 
 from bench_data import children
 from dataset import Collator, TokenBatchSampler, split_for_ranks
@@ -84,6 +84,16 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
         for rank in (0, 1):
             torch.testing.assert_close(report["grads"][rank][name], p.grad, rtol=1e-4,
                                        atol=1e-6)
+
+    # issue 44: DDP sends no buffers and keeps gradients in its buckets, and the ranks' hosts
+    # exchange once a step (the update's tokens and a stop): after an epoch, the weights of one
+    # process accumulating each pair of the ranks' batches into one update (--accum_steps 2)
+    alone = run_script("tests/ddp_worker.py", tmp_path / "alone.pt", *flags, "--accum_steps",
+                       "2", "--model_folder", "w1", "--experiment_name", "runs/w1", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr.decode()[-3000:]
+    single = torch.load(tmp_path / "alone.pt")
+    assert [batch for pair in zip(a, b) for batch in pair] == single["batches"][0]
+    torch.testing.assert_close(single["end"][0], report["end"][0], rtol=1e-4, atol=1e-6)
 
     # issue 44: validation shared out over the ranks: the loss and the translations (so every
     # score) of one process with the same weights
