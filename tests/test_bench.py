@@ -110,3 +110,50 @@ def test_bench_takes_a_presets_values_and_the_flags_given_over_them():
     assert config.max_tokens == 1000
     _, config = parse([])
     assert (config.max_tokens, config.dropout, config.seq_len) == (4000, 0.1, 128)
+
+
+def test_the_wmt_like_corpus_has_wmt_lengths_and_one_token_a_word(tmp_path):
+    """Issue 44: the synthetic corpus bench.py --wmt_pairs times: lengths of WMT14 en-de after
+    BPE (mean 28 a side, a tail past 100), aligned files, words from vocab_size - 10 types."""
+    import numpy as np
+    from bench import wmt_like_corpus
+    folder = wmt_like_corpus(tmp_path / "wmt", 20000, 37000, seed=1)
+    src = [len(line.split()) for line in (folder / "train.en").read_text().splitlines()]
+    tgt = [len(line.split()) for line in (folder / "train.de").read_text().splitlines()]
+    assert len(src) == len(tgt) == 20000 and min(src + tgt) >= 1 and max(src + tgt) <= 250
+    assert 27 < np.mean(src) < 29 and 27 < np.mean(tgt) < 30
+    assert 0.003 < np.mean(np.array(src) > 100) < 0.02
+    assert 0.4 < np.corrcoef(src, tgt)[0, 1] < 1  # a pair's sides are alike, not equal
+    words = set((folder / "train.en").read_text().split())
+    assert len(words) > 30000 and all(w[0] == "w" and int(w[1:]) < 36990 for w in words)
+    assert len((folder / "val.en").read_text().splitlines()) == 500
+
+
+def test_padding_shares_and_the_order_by_both_sides():
+    import numpy as np
+    from bench import batches_by_both_sides, padding_shares
+    src, tgt = np.array([4, 2, 4, 2]), np.array([1, 3, 1, 3])
+    assert padding_shares(src, tgt, [np.array([0, 1]), np.array([2, 3])]) == \
+        pytest.approx((0.25, 1 / 3))
+    assert padding_shares(src, tgt, [np.array([0, 2]), np.array([1, 3])]) == (0.0, 0.0)
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 60, 500), rng.integers(1, 60, 500)
+    batches = batches_by_both_sides(src, tgt, 300)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(500))  # each pair once
+    assert all(len(b) * (src[b].max() + tgt[b].max()) <= 600 for b in batches)
+
+
+def test_bench_runs_at_wmt_lengths_with_padding_and_the_loop(tmp_path):
+    """bench.py --wmt_pairs on this CPU at a tiny shape: both models on the same batches, the
+    padding share of each side both ways, and the whole loop against the step."""
+    t = run_here("bench.py", "--wmt_pairs", "400", "--vocab_size", "2000", "--d_model", "32",
+                 "--N", "1", "--h", "2", "--d_ff", "64", "--max_tokens", "1200", "--steps", "2",
+                 "--warmup_steps", "1", "--baseline_steps", "0", "--train_steps", "2",
+                 cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "pairs: 400; tokens a side" in out
+    for name in ("token batches (train.py)", "by both sides' lengths"):
+        assert f"padding, {name}: source " in out
+    assert "torch.nn.Transformer (same batches)" in out and "train.py loop / model step" in out
+    assert (tmp_path / "weights" / "bench_wmt" / "corpus_400" / "train.de").exists()
