@@ -267,15 +267,18 @@ def parse(argv=None):
                         "sentence lengths and a 37,000-token joint vocabulary (0: --data_dir)")
     add_config_arguments(parser)
     args = parser.parse_args(argv)
-    base = Config(data_dir="data/multi30k", lang_src="en", lang_tgt="de", max_tokens=4000,
-                  seq_len=128, dropout=0.1)
-    if args.wmt_pairs:
-        base = dataclasses.replace(base, data_dir=f"weights/bench_wmt/corpus_{args.wmt_pairs}",
-                                   seq_len=256, vocab_size=37000, shared_vocab=True,
-                                   model_folder=f"weights/bench_wmt/{args.wmt_pairs}")
-    config, _ = config_from_args(args, base=base)
-    if args.wmt_pairs:  # the synthetic words are the subword tokens: one id each
-        config.tokenizer_type, config.shared_vocab = "word", True
+    config, _ = config_from_args(args, base=Config(data_dir="data/multi30k", lang_src="en",
+                                                   lang_tgt="de", max_tokens=4000, seq_len=128,
+                                                   dropout=0.1))
+    if args.wmt_pairs:  # the synthetic corpus's own settings, over a preset's (not over flags)
+        n = args.wmt_pairs
+        for name, value in (("data_dir", f"weights/bench_wmt/corpus_{n}"), ("vocab_size", 37000),
+                            ("model_folder", f"weights/bench_wmt/{n}"), ("seq_len", 256)):
+            if getattr(args, name, None) is None:
+                setattr(config, name, value)
+        # the synthetic words are the subword tokens: one id each
+        config.tokenizer_type, config.shared_vocab, config.lang_src, config.lang_tgt = \
+            "word", True, "en", "de"
     if config.model_folder == "weights":  # tokenizers of the benchmark corpus, kept apart
         config.model_folder = f"weights/bench_{config.lang_src}_{config.lang_tgt}"
     problem = config.validate()
