@@ -509,6 +509,8 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
         script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
         progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
         progress.started, stop = time.time(), Stop.NONE
+        if run.config.init_from and progress.step == 0 and not progress.history:
+            stop = validate(run, progress)  # the source model on the new data, before a step
         while progress.epoch < run.config.num_epochs and not stop:
             stop = train_epoch(run, progress)
             if stop is not Stop.SIGNAL:

@@ -51,7 +51,8 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
              "--attention_dropout", "0", "--activation_dropout", "0",
              "--model_folder", "w", "--experiment_name", "runs/w", "--val_examples", "0"]
-    t = torchrun(ROOT / "tests" / "ddp_worker.py", tmp_path / "out.pt", *flags, cwd=tmp_path)
+    t = torchrun(ROOT / "tests" / "ddp_worker.py", tmp_path / "out.pt", *flags,
+                 "--accum_steps", "2", cwd=tmp_path)  # DDP's no_sync on every other batch
     assert t.returncode == 0, t.stderr.decode()[-3000:]
     report = torch.load(tmp_path / "out.pt")
     assert report["world_size"] == 2
@@ -86,10 +87,10 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
                                        atol=1e-6)
 
     # issue 44: DDP sends no buffers and keeps gradients in its buckets, and the ranks' hosts
-    # exchange once a step (the update's tokens and a stop): after an epoch, the weights of one
-    # process accumulating each pair of the ranks' batches into one update (--accum_steps 2)
+    # exchange once a step (the update's tokens and a stop): after an epoch of updates of two
+    # batches a rank, the weights of one process accumulating their four (--accum_steps 4)
     alone = run_script("tests/ddp_worker.py", tmp_path / "alone.pt", *flags, "--accum_steps",
-                       "2", "--model_folder", "w1", "--experiment_name", "runs/w1", cwd=tmp_path)
+                       "4", "--model_folder", "w1", "--experiment_name", "runs/w1", cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr.decode()[-3000:]
     single = torch.load(tmp_path / "alone.pt")
     assert [batch for pair in zip(a, b) for batch in pair] == single["batches"][0]

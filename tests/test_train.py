@@ -799,28 +799,29 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, train_here, monke
 # ---- a new run from a trained model (issue 43: --init_from) ------------------------------------
 
 def test_a_run_from_a_trained_model_starts_where_the_model_stands(trained, tmp_path):
-    """Its first validation, before any step, is the source model's own on the same data; its
-    tokenizers are the source's (copied, never retrained); its optimizer, step count and
-    history start afresh; the source folder is only read."""
-    import evaluation
+    """Its first validation, before any step (train.py makes it, at step 0), is the source
+    model's own on the same data; its tokenizers are the source's (copied, never retrained);
+    its optimizer, step count and history start afresh; the source folder is only read."""
     home, _ = trained
     source = home / "weights"
     before = {p.name: p.stat().st_mtime_ns for p in source.iterdir()}
     best = load_checkpoint(source / "tmodel_best.pt")
-    config, given = parse_config(["--init_from", str(source), "--data_dir", str(home / "corpus"),
-                                  "--model_folder", str(tmp_path / "w"),
-                                  "--experiment_name", str(tmp_path / "runs")])
+    args = ["--init_from", str(source), "--data_dir", str(home / "corpus"),
+            "--model_folder", str(tmp_path / "w"), "--experiment_name", str(tmp_path / "runs")]
+    config, given = parse_config(args)
     run, progress = train.set_up(config, given)
-    try:
-        assert progress.step == 0 and progress.history == [] and not run.optimizer.state
-        assert run.config.init_from == str(source / "tmodel_best.pt")
-        assert run.config.d_model == Config.from_dict(best["config"]).d_model == 32
-        metrics = evaluation.run_validation(run, progress)
-    finally:
-        run.lock.release()
-        run.writer.close()
-    assert metrics["loss"] == pytest.approx(best["validation"]["loss"], abs=1e-6)
-    assert metrics["bleu"] == best["validation"]["bleu"]
+    run.lock.release()
+    run.writer.close()
+    assert progress.step == 0 and progress.history == [] and not run.optimizer.state
+    assert run.config.init_from == str(source / "tmodel_best.pt")
+    assert run.config.d_model == Config.from_dict(best["config"]).d_model == 32
+    args[args.index(str(tmp_path / "w"))] = str(tmp_path / "w2")  # the same, by train.py
+    t = run_here("train.py", *args, "--max_steps", "1", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    first = json.loads((tmp_path / "w2" / "tmodel_validation.json").read_text())[0]
+    assert first["step"] == 0
+    assert first["loss"] == pytest.approx(best["validation"]["loss"], abs=1e-6)
+    assert first["bleu"] == best["validation"]["bleu"]
     for name in ("tokenizer_en.json", "tokenizer_it.json"):
         assert (tmp_path / "w" / name).read_bytes() == (source / name).read_bytes()
     assert {p.name: p.stat().st_mtime_ns for p in source.iterdir()} == before
