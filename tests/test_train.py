@@ -245,6 +245,30 @@ def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatc
     assert validate(5, 4.2) is train.Stop.PATIENCE
 
 
+def test_the_ranks_hosts_exchange_once_a_step(tmp_path, monkeypatch):
+    """Issue 44: two exchanges between the ranks' hosts a step (the update's token count, then
+    the stop decision); now one, carrying both, and none else in an epoch without saves or
+    validations. The token count is the whole update's (the target tokens of its batches)."""
+    write_aligned(tmp_path / "c", "train", number_pairs(60, seed=1))
+    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    monkeypatch.chdir(tmp_path)
+    config, given = parse_config(["--data_dir", "c", *TINY, "--max_tokens", "100",
+                                  "--accum_steps", "2"])
+    run, progress = train.set_up(config, given)
+    run.lock.release()
+    exchanged, groups = [], []
+    monkeypatch.setattr(train, "sum_over_ranks", lambda *v: exchanged.append(v) or v)
+    monkeypatch.setattr(train, "max_over_ranks", lambda v: exchanged.append(("max", v)) or v)
+    steps = train.accumulation_groups
+    monkeypatch.setattr(train, "accumulation_groups", lambda *a: (
+        groups.append(g) or (g, done) for g, done in steps(*a)))
+    assert train.train_epoch(run, progress) is train.Stop.NONE
+    run.writer.close()
+    assert progress.step == len(groups) == len(exchanged) > 2
+    assert exchanged == [(train.target_tokens(g), False) for g in groups]
+    assert any(len(g) == 2 for g in groups)
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, train_here,
                                                                    monkeypatch, signum, code):
