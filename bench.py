@@ -279,8 +279,10 @@ def parse(argv=None):
         # the synthetic words are the subword tokens: one id each
         config.tokenizer_type, config.shared_vocab, config.lang_src, config.lang_tgt = \
             "word", True, "en", "de"
-    if config.model_folder == "weights":  # tokenizers of the benchmark corpus, kept apart
-        config.model_folder = f"weights/bench_{config.lang_src}_{config.lang_tgt}"
+    if args.model_folder is None and not args.wmt_pairs:  # its tokenizers apart, not a run's:
+        c = config  # a folder for each recipe of tokenizers
+        c.model_folder = (f"weights/bench_{c.lang_src}_{c.lang_tgt}_{c.tokenizer_type}"
+                          f"{c.vocab_size}{'_joint' if c.shared_vocab else ''}")
     problem = config.validate()
     if problem:
         parser.error(problem)

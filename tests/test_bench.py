@@ -106,6 +106,7 @@ def test_bench_takes_a_presets_values_and_the_flags_given_over_them():
     for name in ("max_tokens", "dropout", "d_model", "N", "seq_len"):
         assert getattr(config, name) == preset[name], name
     assert config.data_dir == "data/multi30k"  # the benchmark's default, which no preset sets
+    assert config.model_folder == "weights/bench_en_de_bpe10000_joint"  # not the preset's run
     _, config = parse(["--preset", "multi30k_modern", "--max_tokens", "1000"])
     assert config.max_tokens == 1000
     _, config = parse([])
