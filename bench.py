@@ -271,11 +271,10 @@ def parse(argv=None):
                                                    lang_tgt="de", max_tokens=4000, seq_len=128,
                                                    dropout=0.1))
     if args.wmt_pairs:  # the synthetic corpus's own settings, over a preset's (not over flags)
-        n = args.wmt_pairs
-        for name, value in (("data_dir", f"weights/bench_wmt/corpus_{n}"), ("vocab_size", 37000),
-                            ("model_folder", f"weights/bench_wmt/{n}"), ("seq_len", 256)):
-            if getattr(args, name, None) is None:
-                setattr(config, name, value)
+        config.vocab_size, config.seq_len = args.vocab_size or 37000, args.seq_len or 256
+        n = f"{args.wmt_pairs}_{config.vocab_size}"
+        config.data_dir = args.data_dir or f"weights/bench_wmt/corpus_{n}"
+        config.model_folder = args.model_folder or f"weights/bench_wmt/{n}"
         # the synthetic words are the subword tokens: one id each
         config.tokenizer_type, config.shared_vocab, config.lang_src, config.lang_tgt = \
             "word", True, "en", "de"

@@ -157,8 +157,8 @@ def test_bench_runs_at_wmt_lengths_with_padding_and_the_loop(tmp_path):
     for name in ("token batches (train.py)", "by both sides' lengths"):
         assert f"padding, {name}: source " in out
     assert "torch.nn.Transformer (same batches)" in out and "train.py loop / model step" in out
-    assert (tmp_path / "weights" / "bench_wmt" / "corpus_400" / "train.de").exists()
+    assert (tmp_path / "weights" / "bench_wmt" / "corpus_400_2000" / "train.de").exists()
     from bench import parse  # a preset's folder, vocabulary and seq_len never apply to it
     _, config = parse(["--preset", "multi30k_modern", "--wmt_pairs", "400"])
     assert (config.model_folder, config.vocab_size, config.seq_len, config.d_model) == \
-        ("weights/bench_wmt/400", 37000, 256, 128)
+        ("weights/bench_wmt/400_37000", 37000, 256, 128)
