@@ -220,7 +220,7 @@ def rank_pid(launcher: int, rank: int, deadline: float):
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once(tmp_path):
-    write_aligned(tmp_path / "corpus", "train", number_pairs(160, seed=5))
+    write_aligned(tmp_path / "corpus", "train", number_pairs(1000, seed=5))  # epochs of seconds
     write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -241,7 +241,9 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once
 
 def stop_one_rank(proc, tmp_path):
     deadline = time.time() + 120
-    while not (tmp_path / "w" / "tmodel_00.pt").exists() and time.time() < deadline:
+    # after epoch 0's validation (a signal during one stops it there: the epoch's checkpoint
+    # is the one saved, and rank 0 says so), while epoch 1 trains
+    while not (tmp_path / "w" / "tmodel_validation.json").exists() and time.time() < deadline:
         time.sleep(0.01)
     time.sleep(0.3)
     # as a scheduler preempting one machine would: only rank 1 is told; rank 0 must stop too,

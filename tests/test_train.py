@@ -409,8 +409,9 @@ def test_sigint_saves_mid_epoch_exits_130_and_resumes_there(kill_corpus):
     args[args.index("--num_epochs") + 1] = "50"
     args[args.index("--save_every") + 1] = "0"
     proc = popen_train(home, args, merged=True)
-    deadline = time.time() + 120
-    while not (home / "interrupted" / "tmodel_00.pt").exists() and time.time() < deadline:
+    deadline = time.time() + 120  # after epoch 0's validation, while epoch 1 trains
+    while not (home / "interrupted" / "tmodel_validation.json").exists() \
+            and time.time() < deadline:
         time.sleep(0.01)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
