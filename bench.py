@@ -21,10 +21,10 @@ padding share of each side under the token batches, and under an order by both s
 import dataclasses
 import math
 import statistics
-from pathlib import Path
 import tempfile
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -351,9 +351,8 @@ def compare(config: Config, data, device, args):
             if n == 0 and config.compile and step is not step_fp32:
                 print(f"  first step of {'ours' if step is step_ours else 'nn.Transformer'}, "
                       f"compiling: {time.perf_counter() - started:.1f}s", flush=True)
-        if timed:  # (all positions; the real tokens' share of them)
-            positions = batch["encoder_input"].numel() + batch["label"].numel()
-            flops.append((model_flops(config, batch, tgt_vocab), real_tokens(batch) / positions))
+        if timed:
+            flops.append(model_flops(config, batch, tgt_vocab))
         times = f"ours {step_ours.times[-1]:.2f}s, nn.Transformer {step_theirs.times[-1]:.2f}s" \
             if timed else "warm-up"
         print(f"  step {n}: {times} ({real_tokens(batch)} real tokens)", flush=True)
@@ -411,8 +410,8 @@ def report(rows, loop, flops, device, args):
     if loop is not None:
         print(f"train.py loop / model step:         {loop / step_ours.tokens_per_s():.2f}x   "
               f"(target >= 0.95)")
-    total = sum(f for f, _ in flops)
-    achieved, real = total / sum(step_ours.times), sum(f * r for f, r in flops) / total
+    total = sum(flops)  # padded positions counted; `real`: the real tokens' share of them
+    achieved, real = total / sum(step_ours.times), sum(step_ours.tokens) / sum(step_ours.padded)
     print(f"model FLOP/s, ours: {achieved / 1e12:.2f} TFLOP/s; nn.Transformer: "
           f"{total / sum(step_theirs.times) / 1e12:.2f} TFLOP/s (same FLOPs per step, padded "
           f"positions counted; {100 * real:.0f}% of them are real tokens)")
