@@ -511,6 +511,9 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
         progress.started, stop = time.time(), Stop.NONE
         if run.config.init_from and progress.step == 0 and not progress.history:
             stop = validate(run, progress)  # the source model on the new data, before a step
+            if stop:  # (a signal: nothing trained, so nothing saved)
+                tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating the "
+                           "model of --init_from, before any step: start the same command again")
         while progress.epoch < run.config.num_epochs and not stop:
             stop = train_epoch(run, progress)
             if stop is not Stop.SIGNAL:

@@ -852,6 +852,29 @@ def test_a_run_from_a_trained_model_starts_where_the_model_stands(trained, tmp_p
     assert {p.name: p.stat().st_mtime_ns for p in source.iterdir()} == before
 
 
+def test_a_stop_while_validating_the_source_model_says_so_and_the_command_starts_again(
+        trained, tmp_path, train_here, monkeypatch):
+    """A signal during --init_from's step-0 validation: nothing was trained, so nothing is saved
+    and there is nothing to resume; one line says so, the exit is 130, and the same command
+    then starts the run."""
+    home, _ = trained
+    real_validate = train.validate
+
+    def interrupted(run, progress):
+        monkeypatch.setattr(train, "validate", real_validate)  # once
+        progress.signal = "SIGINT"
+        return train.Stop.SIGNAL
+    monkeypatch.setattr(train, "validate", interrupted)
+    args = ("--init_from", str(home / "weights"), "--data_dir", str(home / "corpus"),
+            "--max_steps", "1")
+    code, out, _ = train_here(*args)
+    assert code == 130 and "stopped by SIGINT while validating the model of --init_from" in out
+    assert not list((tmp_path / "weights").glob("tmodel_*.pt"))
+    code, _, err = train_here(*args)
+    assert code == 0, err
+    assert [h["step"] for h in history(tmp_path / "weights")][:2] == [0, 1]
+
+
 def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_path,
                                                                   train_here):
     """A missing or foreign source, an architecture or vocabulary flag beside it, the source
