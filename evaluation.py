@@ -20,7 +20,7 @@ from decoding import decoding_limits, translate, translate_ids
 from files import write_text_atomic
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from metrics import score
-from runtime import gather_to_main, sum_over_ranks
+from runtime import gather_to_all, sum_over_ranks
 from stopping import StopRequested
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
 from trained_model import build_model, load_model_weights
@@ -68,29 +68,35 @@ def validation_loss(run) -> dict:
     return {"loss": loss_sum / max(tokens, 1), "nll": nll, "ppl": math.exp(min(nll, 700))}
 
 
-def validation_translations(run, progress, n: int):
-    """Greedy translations of the first n validation sentences: each rank decodes every
-    world_size-th one from its rank on, and rank 0 gathers them, in order (None elsewhere). A
-    stop signal on any rank stops its share at the next batch; rank 0 then raises
+def shared_out(run, progress, n: int, what: str, decode):
+    """The n outputs of `decode(share, advance)` (share: a slice of the n inputs; advance:
+    decoding_bar's) with the work shared out over the ranks: each rank decodes every
+    world_size-th input from its rank on, and every rank gets all n outputs, in order. A stop
+    signal on any rank stops its share at the next batch; every rank then raises
     StopRequested, once every rank has reported."""
-    config, val, rank, world = run.config, run.data.validation, run.rank, run.world_size
+    rank, world = run.rank, run.world_size
     try:
-        with decoding_bar(run, progress, len(range(rank, n, world)), "validating") as advance:
-            mine = translate_ids(run.model, val.src_ids[rank:n:world], SOS, EOS, PAD,
-                                 config.seq_len, unk_id=UNK, **decoding_limits(config),
-                                 progress=advance,
-                                 batch_size=max(config.max_tokens // 40, config.batch_size, 1))
+        with decoding_bar(run, progress, len(range(rank, n, world)), what) as advance:
+            mine = decode(slice(rank, n, world), advance)
     except StopRequested:
         mine = None
-    shares = gather_to_main(mine)
-    if rank:
-        return None
+    shares = gather_to_all(mine)
     if any(share is None for share in shares):
         raise StopRequested()
     outputs = [None] * n
     for r, share in enumerate(shares):
         outputs[r:n:world] = share
     return outputs
+
+
+def validation_translations(run, progress, n: int):
+    """Greedy translations (token ids) of the first n validation sentences, shared out over the
+    ranks (shared_out): all n on every rank."""
+    config, val = run.config, run.data.validation
+    return shared_out(run, progress, n, "validating", lambda share, advance: translate_ids(
+        run.model, val.src_ids[share], SOS, EOS, PAD, config.seq_len, unk_id=UNK,
+        **decoding_limits(config), progress=advance,
+        batch_size=max(config.max_tokens // 40, config.batch_size, 1)))
 
 
 @torch.no_grad()
@@ -134,9 +140,10 @@ def score_test_sets(run, progress):
     dataset) with the best checkpoint (loaded into a model of its own: the run's weights are
     left as they are), greedy and beam 4, and prints, logs and writes (results.json in the model
     folder, each set by name) sacreBLEU BLEU and chrF with their 95% confidence intervals.
-    Returns the results and a few (source,
-    reference, greedy translation) samples of the first set; (None, []) without a test set or
-    when a stop signal interrupts."""
+    Under torchrun every rank translates its share (shared_out) and rank 0 scores the whole.
+    Returns the results and a few (source, reference, greedy translation) samples of the first
+    set (on rank 0); (None, []) without a test set, on other ranks, or when a stop signal
+    interrupts."""
     config, data = run.config, run.data
     path = best_checkpoint_path(config)
     if not data.test or not path.exists():
@@ -151,13 +158,17 @@ def score_test_sets(run, progress):
         for beam in (1, 4):
             name = "greedy" if beam == 1 else f"beam{beam}"
             try:
-                with decoding_bar(run, progress, len(sources), f"{test_name}, {name}") as step:
-                    hyps = translate(best, config, data.tokenizer_src, data.tokenizer_tgt,
-                                     sources, beam=beam, progress=step)
+                hyps = shared_out(run, progress, len(sources), f"{test_name}, {name}",
+                                  lambda share, advance, sources=sources, beam=beam: translate(
+                                      best, config, data.tokenizer_src, data.tokenizer_tgt,
+                                      sources[share], beam=beam, progress=advance))
             except StopRequested:
-                tqdm.write(f"test scoring stopped by {progress.signal}: no results.json written "
-                           f"(translate.py --preload best --input ... --reference ... scores it)")
+                tqdm.write(f"test scoring stopped by {progress.signal or 'a signal'}: no "
+                           f"results.json written (translate.py --preload best --input ... "
+                           f"--reference ... scores it)")
                 return None, []
+            if run.rank:
+                continue
             samples = samples or list(zip(sources[:3], references[:3], hyps[:3]))
             scored["scores"][name] = scores = score(hyps, references, error_rates=False)
             for metric in ("bleu", "chrf"):
@@ -166,6 +177,8 @@ def score_test_sets(run, progress):
             tqdm.write(f"test {test_name} ({len(hyps)} sentences, best checkpoint, {name}):\n"
                        f"{scores['report']}")
         results["tests"][test_name] = scored
+    if run.rank:
+        return None, []
     out = Path(config.model_folder) / "results.json"
     write_text_atomic(out, json.dumps(results, indent=1))
     tqdm.write(f"wrote {out}")

@@ -225,6 +225,15 @@ def gather_to_main(obj):
     return out
 
 
+def gather_to_all(obj):
+    """A list of every rank's `obj`, on every rank."""
+    if rank_and_world()[1] == 1:
+        return [obj]
+    out = [None] * rank_and_world()[1]
+    dist.all_gather_object(out, obj, group=_flags_group)
+    return out
+
+
 def stop_distributed():
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -394,7 +394,7 @@ def validate(run: Run, progress: Progress) -> Stop:
     stop, config, history = Stop.NONE, run.config, progress.history
     try:
         metrics = run_validation(run, progress)  # None on ranks other than 0
-    except StopRequested:  # (rank 0, told by any rank)
+    except StopRequested:  # (every rank, told by any)
         run.model.train()
         return Stop(max_over_ranks(Stop.SIGNAL))
     if run.rank == 0:
@@ -518,9 +518,9 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
             stop = train_epoch(run, progress)
             if stop is not Stop.SIGNAL:
                 stop = end_epoch(run, progress, stop)
-        if run.rank == 0 and stop is not Stop.SIGNAL:
+        if stop is not Stop.SIGNAL:  # (every rank translates its share)
             results, samples = score_test_sets(run, progress)
-            if not progress.signal:  # a finished run: its model card
+            if run.rank == 0 and not progress.signal:  # a finished run: its model card
                 tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
         run.writer.close()
         return progress.signal

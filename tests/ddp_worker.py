@@ -3,8 +3,9 @@
     torchrun --standalone --nproc_per_node=2 tests/ddp_worker.py OUT.pt [train.py flags]
 
 Rank 0 writes to OUT.pt what every rank saw: its starting weights, its batches of epoch 0,
-its gradient after one DDP step on its first batch, its weights after one epoch, and the
-validation loss and translations (each rank its share, gathered on rank 0)."""
+its gradient after one DDP step on its first batch, its weights after one epoch, the
+validation loss and translations (each rank its share, gathered), and the test sets' scores
+(each rank translating its share) with the best checkpoint that validation saves."""
 
 import sys
 from pathlib import Path
@@ -14,10 +15,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import parse_config  # noqa: E402
 from dataset import Collator  # noqa: E402
-from evaluation import validation_loss, validation_translations  # noqa: E402
+from evaluation import score_test_sets, validation_loss, validation_translations  # noqa: E402
 from runtime import gather_to_main, stop_distributed  # noqa: E402
 from tokenizer import PAD  # noqa: E402
-from train import set_up, train_epoch, train_step  # noqa: E402
+from train import set_up, train_epoch, train_step, validate  # noqa: E402
 
 
 def flat(model):
@@ -41,6 +42,8 @@ def main():
     run.model.eval()
     report["validation"] = (validation_loss(run),
                             validation_translations(run, progress, len(run.data.validation)))
+    validate(run, progress)  # (rank 0 saves the best checkpoint)
+    report["test"] = score_test_sets(run, progress)
     if run.rank == 0:
         torch.save(report, out)
     run.writer.close()

@@ -48,6 +48,7 @@ def test_ranks_get_disjoint_equal_shares_that_cover_the_epoch(world_size):
 def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     write_aligned(tmp_path / "corpus", "train", number_pairs(120, seed=3))
     write_aligned(tmp_path / "corpus", "val", number_pairs(9, seed=4))  # shares of 5 and 4
+    write_aligned(tmp_path / "corpus", "test", number_pairs(7, seed=5))
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
              "--attention_dropout", "0", "--activation_dropout", "0",
              "--model_folder", "w", "--experiment_name", "runs/w", "--val_examples", "0"]
@@ -111,6 +112,15 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     assert outputs == validation_translations(one, Progress(), 9)
     for name, value in validation_loss(one).items():
         assert losses[name] == pytest.approx(value, rel=1e-6), name
+    # and the test sets, each rank translating its share with the best checkpoint: the scores
+    # of one process translating them all
+    from evaluation import score_test_sets
+    from train import NoWriter
+    one.writer = NoWriter()
+    (results, samples), (expected, expected_samples) = report["test"], score_test_sets(
+        one, Progress())
+    assert results["tests"]["test"]["sentences"] == 7 and len(set(s[2] for s in samples)) > 1
+    assert results["tests"] == expected["tests"] and samples == expected_samples
 
 
 def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
