@@ -45,7 +45,8 @@ class Config:
                                  "languages): added to the training split, never to validation",
                              group="data")
     extra_tag: str = _f("", "a tag put before each source of --extra_data_dir's pairs (tagged "
-                            "back-translation, e.g. '<BT>'; empty: none)", group="data")
+                            "back-translation, e.g. '<BT>'; one token of the source vocabulary; "
+                            "empty: none)", group="data")
     upsample: int = _f(1, "with --extra_data_dir: the corpus's own training pairs repeated this "
                           "many times", group="data")
     lang_src: str = _f("en", "source language code", group="model")
@@ -246,6 +247,8 @@ class Config:
             return f"--val_fraction must be in (0, 1), got {self.val_fraction}"
         if (self.extra_tag or self.upsample != 1) and not self.extra_data_dir:
             return "--extra_tag and --upsample go with --extra_data_dir (the extra pairs)"
+        if self.extra_tag and self.extra_tag.split() != [self.extra_tag]:
+            return f"--extra_tag must be one word, without spaces (got '{self.extra_tag}')"
         if self.upsample < 1:
             return f"--upsample must be at least 1 (got {self.upsample})"
         if not 0 <= self.bpe_dropout < 1:

@@ -349,7 +349,8 @@ def _with_extra(config: Config, splits: dict, wanted):
     them): each of their sources prefixed with --extra_tag (tagged back-translation, Caswell et
     al. 2019), and the corpus's own pairs repeated --upsample times. The fingerprint covers
     them; splits["real"] keeps the corpus's own training pairs (the tokenizers train on those
-    alone, so that a run with extra pairs keeps the vocabulary of one without)."""
+    alone, so that a run with extra pairs keeps the vocabulary of one without, plus the tag: one
+    token, tokenizer.build_tokenizer)."""
     from datasets import concatenate_datasets
     try:
         extra = _load_local(dataclasses.replace(config, data_dir=config.extra_data_dir),

@@ -521,6 +521,10 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
                               config.seq_len, "validation")
     test = {name: (column(ds, "src"), column(ds, "tgt"))
             for name, ds in sorted(splits.get("test", {}).items())} or None
+    if config.extra_tag and tokenizer_src.token_to_id(config.extra_tag) is None:
+        note(f"the source tokenizer has no token for --extra_tag {config.extra_tag} (made "
+             f"without the flag, or before tags became tokens): the tag is encoded as text, "
+             f"{len(tokenizer_src.encode(config.extra_tag).ids)} tokens")
     vocabulary = (f"{tokenizer_src.get_vocab_size()} (joint)" if config.shared_vocab else
                   f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
                   f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")

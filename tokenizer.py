@@ -22,12 +22,15 @@ def tokenizer_path(config: Config, lang: str) -> Path:
     return p if p.is_absolute() else Path(config.model_folder) / p
 
 
-def build_tokenizer(kind: str, vocab_size: int, texts):
+def build_tokenizer(kind: str, vocab_size: int, texts, tag: str = ""):
     """bpe: byte-level BPE (every string encodes, decoding restores it exactly);
     word: the write-ups' word-level tokenizer (words seen fewer than twice become [UNK]), with
     word boundaries kept (Metaspace) so that decoding restores the spacing: "doesn't" comes
-    back as "doesn't", not "doesn ' t"."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    back as "doesn't", not "doesn ' t". `tag` (--extra_tag), if any, becomes one token after
+    the trained vocabulary, which takes the space after it: "<BT> A man" is the tag's id and
+    then the ids of "A man"."""
+    from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                            trainers)
     if kind == "word":
         tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(),
@@ -44,6 +47,8 @@ def build_tokenizer(kind: str, vocab_size: int, texts):
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    if tag:
+        tok.add_tokens([AddedToken(tag, normalized=False, rstrip=True)])
     tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
     return tok
 
@@ -74,9 +79,11 @@ def recipe_path(path: Path) -> Path:
 
 
 def tokenizer_recipe(config: Config, lang: str) -> dict:
-    """What a tokenizer file was trained as; saved beside it and checked on every load."""
+    """What a tokenizer file was trained as; saved beside it and checked on every load. The
+    source side's records --extra_tag where one is given (its vocabulary holds the tag)."""
+    tagged = config.extra_tag and lang == tokenizer_keys(config)[0]
     return {"lang": lang, "tokenizer_type": config.tokenizer_type,
-            "vocab_size": config.vocab_size}
+            "vocab_size": config.vocab_size, **({"extra_tag": config.extra_tag} if tagged else {})}
 
 
 def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
@@ -101,7 +108,7 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
     if recipe and saved.exists():
         was = json.loads(saved.read_text(encoding="utf-8"))
         for key, value in recipe.items():
-            if was.get(key) != value:
+            if was.get(key) != value and key != "extra_tag":  # (a tag: see tag_note)
                 flag = "lang_src/--lang_tgt" if key == "lang" else key
                 raise DataError(f"tokenizer file {path} was trained with --{flag} {was.get(key)}"
                                 f", not {value}; keep that value, or train into another "
@@ -128,7 +135,7 @@ def get_tokenizer(config: Config, lang: str, texts):
     if path.exists():
         return load_tokenizer(path, config.tokenizer_type, recipe)
     tok = build_tokenizer(config.tokenizer_type, config.vocab_size,
-                          texts() if callable(texts) else texts)
+                          texts() if callable(texts) else texts, recipe.get("extra_tag", ""))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tok.save(str(tmp))

@@ -235,7 +235,8 @@ def test_extra_pairs_of_other_languages_or_flags_without_them_are_one_line(tmp_p
         (tmp_path / "bt" / f"train.{lang}").write_text(text)
     for args, said in ((["--extra_data_dir", "bt"], "--extra_data_dir bt has no train.it"),
                        (["--extra_tag", "<BT>"], "--extra_tag and --upsample go with"),
-                       (["--extra_data_dir", "bt", "--upsample", "0"], "--upsample must be")):
+                       (["--extra_data_dir", "bt", "--upsample", "0"], "--upsample must be"),
+                       (["--extra_data_dir", "bt", "--extra_tag", "<B T>"], "must be one word")):
         t = run_here("train.py", "--data_dir", "c", "--lang_tgt", "it", *args, cwd=tmp_path)
         err = t.stderr.decode()
         assert t.returncode == 2 and said in err and len(err.strip().splitlines()) == 1, err

@@ -332,3 +332,34 @@ def test_extra_pairs_are_trained_on_but_leave_the_vocabulary_as_it_was(tmp_path)
                       data.key))
     assert found[0][0] == found[1][0] and found[1][1] == found[0][1] + 30
     assert found[0][2] != found[1][2]
+
+
+def test_an_extra_tag_is_one_token_of_the_source_vocabulary(tmp_path, capsys):
+    """Issue 43: --extra_tag becomes one token, after the trained vocabulary, of the source
+    side only, and takes the space after it: a tagged source is the tag's id, then the ids of
+    the untagged sentence (merges and every other id as without the flag); BPE-dropout never
+    splits it. A tokenizer made without the tag keeps encoding it as text, and says so."""
+    from tokenizer import tokenizer_fingerprint
+    write_aligned(tmp_path / "c", "train", number_pairs(40, seed=1))
+    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    write_aligned(tmp_path / "bt", "train", number_pairs(30, seed=3))
+    base = {"data_dir": str(tmp_path / "c"), "vocab_size": 300, "seq_len": 24,
+            "extra_data_dir": str(tmp_path / "bt")}
+    plain = dataset.get_ds(Config(model_folder=str(tmp_path / "plain"), **base))
+    tagged = dataset.get_ds(Config(model_folder=str(tmp_path / "tagged"), extra_tag="<BT>",
+                                   **base))
+    src, tgt = tagged.tokenizer_src, tagged.tokenizer_tgt
+    tag = src.token_to_id("<BT>")
+    assert tag == plain.tokenizer_src.get_vocab_size() == src.get_vocab_size() - 1
+    assert tgt.token_to_id("<BT>") is None
+    assert tokenizer_fingerprint(tgt) == tokenizer_fingerprint(plain.tokenizer_tgt)
+    assert {k: v for k, v in src.get_vocab().items() if v != tag} == \
+        plain.tokenizer_src.get_vocab()
+    sentence = number_pairs(1, seed=3)[0][0]
+    ids = src.encode(f"<BT> {sentence}").ids
+    assert ids == [tag] + plain.tokenizer_src.encode(sentence).ids
+    dropout = dataset.BPEDropout(src, tgt, 0.9, 24)
+    assert all(dropout.segment(0, [ids])[0][0] == tag for _ in range(5))
+    assert "encoded as text" not in capsys.readouterr().err
+    dataset.get_ds(Config(model_folder=str(tmp_path / "plain"), extra_tag="<BT>", **base))
+    assert "no token for --extra_tag <BT>" in capsys.readouterr().err
