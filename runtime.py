@@ -225,6 +225,13 @@ def gather_to_main(obj):
     return out
 
 
+class NoWriter:
+    """The TensorBoard writer of ranks other than 0, and of a run with nothing to do."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
 def gather_to_all(obj):
     """A list of every rank's `obj`, on every rank."""
     if rank_and_world()[1] == 1:

@@ -108,7 +108,7 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
     if recipe and saved.exists():
         was = json.loads(saved.read_text(encoding="utf-8"))
         for key, value in recipe.items():
-            if was.get(key) != value and key != "extra_tag":  # (a tag: see tag_note)
+            if was.get(key) != value and key != "extra_tag":  # (a tag: dataset.get_ds's note)
                 flag = "lang_src/--lang_tgt" if key == "lang" else key
                 raise DataError(f"tokenizer file {path} was trained with --{flag} {was.get(key)}"
                                 f", not {value}; keep that value, or train into another "

@@ -42,8 +42,8 @@ from model_card import write_run_card
 from resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
                     restore_progress, restore_rng, restore_training, resume_state, rng_states,
                     set_aside_later, write_history)
-from runtime import (autocast, autocast_dtype, busy_note, gather_to_main, get_device, main_first,
-                     max_over_ranks, note_precision, setup_device, start_distributed,
+from runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
+                     main_first, max_over_ranks, note_precision, setup_device, start_distributed,
                      stop_distributed, sum_over_ranks, use_threads)
 from stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint, launcher,
                       resume_command, stop_message)
@@ -103,13 +103,6 @@ def make_loss(config: Config):
 
 
 # ---- the run: set up once, before the first step; and its progress ------------------------------
-
-class NoWriter:
-    """The TensorBoard writer of ranks other than 0, and of a run with nothing to do."""
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
 
 @dataclass(frozen=True)
 class Run:

@@ -115,7 +115,7 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     # and the test sets, each rank translating its share with the best checkpoint: the scores
     # of one process translating them all
     from evaluation import score_test_sets
-    from train import NoWriter
+    from runtime import NoWriter
     one.writer = NoWriter()
     (results, samples), (expected, expected_samples) = report["test"], score_test_sets(
         one, Progress())
