@@ -130,8 +130,8 @@ class Collator:
     inside attention, so the flash kernel can run), and for right-padded targets that is
     enough, since a real position never sees a later padded one and the loss ignores padding."""
 
-    def __init__(self, pad_id: int = PAD, resegment=None):
-        self.pad_id, self.resegment = pad_id, resegment  # resegment: a BPEDropout, or None
+    def __init__(self, pad_id: int = PAD):
+        self.pad_id = pad_id
 
     def __call__(self, items):
         if isinstance(items, dict):  # ids BilingualDataset.__getitems__ has padded
@@ -144,24 +144,55 @@ class Collator:
                       padding_value=self.pad_id)  # (batch, tgt_len)
             label = pad([it["label"] for it in items], batch_first=True,
                         padding_value=self.pad_id)  # (batch, tgt_len)
-        if self.resegment is not None:
-            enc, dec, label = self.resegment(enc, label, self.pad_id)
         return {"encoder_input": enc, "decoder_input": dec, "label": label,
                 "encoder_mask": encoder_mask(enc, self.pad_id)}  # (batch, 1, 1, src_len)
 
 
-class BPEDropout:
-    """Subword regularization (BPE-dropout, Provilkov et al. 2020): each pair of a training
-    batch segmented afresh, every merge skipped with probability p (the tokenizers library's
-    own dropout), so that each epoch sees other segmentations of the same sentences. It works
-    on the batch's prepared ids (decoded to their text, byte-level BPE being lossless, and
-    encoded again): the prepared data and the batches' order stay as they are; a pair whose new
-    segmentation outgrows seq_len keeps its plain one. Draws are not seeded (the library's
-    random source is its own)."""
+# BPE-dropout segments afresh, then cuts into batches again, this many of the sampler's batches
+# at a time: enough pairs that each new batch holds pairs of about one length.
+POOL_BATCHES = 16
 
-    def __init__(self, tokenizer_src, tokenizer_tgt, p: float, seq_len: int):
+
+class PooledBatches:
+    """The sampler's batches, `size` consecutive ones at a time (a list of index lists: one
+    DataLoader item), for BPEDropout. Epoch, resume point and count are the sampler's."""
+
+    def __init__(self, sampler, size: int = POOL_BATCHES):
+        self.sampler, self.size = sampler, size
+
+    def __iter__(self):
+        pool = []
+        for batch in self.sampler:
+            pool.append(batch)
+            if len(pool) == self.size:
+                yield pool
+                pool = []
+        if pool:
+            yield pool
+
+    def __len__(self):
+        return -(-len(self.sampler) // self.size)
+
+
+class BPEDropout(TorchDataset):
+    """Subword regularization (BPE-dropout, Provilkov et al. 2020): the training loader's
+    dataset under --bpe_dropout. Each pair is segmented afresh whenever it is drawn, every merge
+    skipped with probability p (the tokenizers library's own dropout), so that each epoch sees
+    other segmentations of the same sentences; a pair whose new segmentation outgrows seq_len
+    keeps its plain one. It works on the prepared ids (decoded to their text, byte-level BPE
+    being lossless, and encoded again), and is given pools of the sampler's batches
+    (`PooledBatches`): segmented afresh, a pool is sorted by the new lengths and cut into as many
+    batches as it came in, so that every pair is still trained on once an epoch and the steps
+    of an epoch stay the same. (Padded as the sampler had batched them, by plain lengths, a
+    Multi30k batch was a third padding, since dropout lengthens a few pairs a lot; re-cut, as
+    little as without dropout.) Draws are not seeded (the library's random source is its own);
+    a run resumed within a pool segments and cuts that pool's rest afresh."""
+
+    def __init__(self, data: BilingualDataset, tokenizer_src, tokenizer_tgt, p: float,
+                 seq_len: int, pad_id: int = PAD):
         from tokenizers import Tokenizer
-        self.plain, self.seq_len = (tokenizer_src, tokenizer_tgt), seq_len
+        self.data, self.seq_len, self.pad_id = data, seq_len, pad_id
+        self.plain = (tokenizer_src, tokenizer_tgt)
         copies = {}
         for tok in self.plain:  # a joint vocabulary: one copy for both sides
             if id(tok) not in copies:
@@ -169,23 +200,77 @@ class BPEDropout:
                 copies[id(tok)].model.dropout = p
         self.dropped = tuple(copies[id(tok)] for tok in self.plain)
 
+    def __len__(self):
+        return len(self.data)
+
     def segment(self, side: int, rows):
         """Lists of ids segmented afresh (those that outgrow seq_len left as they were)."""
         texts = self.plain[side].decode_batch(rows)
         new = [e.ids for e in self.dropped[side].encode_batch(texts)]
         return [n if len(n) + 2 <= self.seq_len else old for n, old in zip(new, rows)]
 
-    def __call__(self, enc, label, pad_id: int):
-        """(encoder input, decoder input, label) of a padded batch, segmented afresh."""
-        src = [row[row != pad_id][1:-1].tolist() for row in enc]  # less [SOS] and [EOS]
-        tgt = [row[row != pad_id][:-1].tolist() for row in label]  # less [EOS]
-        src, tgt = self.segment(0, src), self.segment(1, tgt)
-        pad = partial(torch.nn.utils.rnn.pad_sequence, batch_first=True, padding_value=pad_id)
+    def __getitems__(self, pool):
+        """A pool of batches (lists of indices) as the same number of padded batches, each a
+        dict as the Collator makes, of the pool's pairs segmented afresh and sorted by length."""
+        indices = np.concatenate([np.asarray(b, dtype=np.int64) for b in pool])
+        src = self.segment(0, [np.asarray(self.data.src_ids[i]).tolist() for i in indices])
+        tgt = self.segment(1, [np.asarray(self.data.tgt_ids[i]).tolist() for i in indices])
+        lengths = np.array([max(len(s) + 2, len(t) + 1) for s, t in zip(src, tgt)])
+        order = np.argsort(lengths, kind="stable")
+        cuts = even_cuts(lengths[order], len(pool))
         as_tensor = partial(torch.tensor, dtype=torch.int64)
-        enc = pad([as_tensor([SOS, *ids, EOS]) for ids in src])  # (batch, src_len)
-        dec = pad([as_tensor([SOS, *ids]) for ids in tgt])  # (batch, tgt_len)
-        label = pad([as_tensor([*ids, EOS]) for ids in tgt])  # (batch, tgt_len)
-        return enc, dec, label
+        collate = Collator(self.pad_id)
+        return [collate([{"encoder_input": as_tensor([SOS, *src[i], EOS]),  # (src_len,)
+                          "decoder_input": as_tensor([SOS, *tgt[i]]),  # (tgt_len,)
+                          "label": as_tensor([*tgt[i], EOS])}  # (tgt_len,)
+                         for i in order[a:b]])
+                for a, b in zip(cuts, cuts[1:])]
+
+
+def training_batches(data, sampler, bpe_dropout: float = 0.0, seq_len: int = 0):
+    """The training DataLoader's dataset, batch sampler and collate_fn: the prepared data
+    batched as the sampler says; under BPE-dropout, pools of the sampler's batches segmented
+    afresh (`BPEDropout`), each loader item a list of batches."""
+    if not bpe_dropout:
+        return data.train, sampler, Collator(PAD)
+    return (BPEDropout(data.train, data.tokenizer_src, data.tokenizer_tgt, bpe_dropout, seq_len),
+            PooledBatches(sampler), list)  # list: the pool's batches as they come
+
+
+def token_cuts(lengths, max_tokens: int):
+    """Where the batches of pairs sorted by length (ascending) begin, and the end: greedy,
+    each batch as long as (its size) x (its longest) stays within max_tokens. Computed a run of
+    equal lengths at a time (a few hundred runs, not millions of pairs)."""
+    n = len(lengths)
+    if n == 0:
+        return [0]
+    values, firsts = np.unique(lengths, return_index=True)
+    cuts, start = [0], 0  # the open batch is [start, i)
+    for length, i, run_end in zip(values.tolist(), firsts.tolist(), firsts[1:].tolist() + [n]):
+        cap = max_tokens // length  # pairs in a batch whose longest has this length
+        if i - start >= cap:  # the open batch is full
+            cuts.append(i)
+            start = i
+        i = min(i + cap - (i - start), run_end)
+        while i < run_end:
+            cuts.append(i)
+            start, i = i, min(i + cap, run_end)
+    return cuts + [n]
+
+
+def even_cuts(lengths, k: int):
+    """Cuts of pairs sorted by length (ascending) into exactly k batches (k <= pairs): those of
+    the smallest token budget that needs no more than k (`token_cuts`), the largest then halved
+    until there are k."""
+    low, high = int(lengths[-1]), int(lengths[-1]) * len(lengths)  # n batches .. one batch
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if len(token_cuts(lengths, mid)) - 1 <= k else (mid + 1, high)
+    cuts = token_cuts(lengths, low)
+    while len(cuts) - 1 < k:
+        i = max(range(len(cuts) - 1), key=lambda j: cuts[j + 1] - cuts[j])
+        cuts.insert(i + 1, (cuts[i] + cuts[i + 1]) // 2)
+    return cuts
 
 
 def framed_source(ids, seq_len: int = None, sos_id: int = SOS, eos_id: int = EOS):
@@ -247,36 +332,15 @@ class TokenBatchSampler:
         else:
             order = torch.sort(lengths, stable=True).indices
         order = order.numpy()
-        cuts = self._cuts(lengths[order].numpy())
+        lengths = lengths[order].numpy()
+        cuts = (token_cuts(lengths, self.max_tokens) if self.max_tokens
+                else list(range(0, n, self.batch_size)) + [n])
         batches = [order[a:b] for a, b in zip(cuts, cuts[1:])]  # index arrays, views of order
         if self.shuffle:
             batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
         if self.world_size > 1:
             batches = split_for_ranks(batches, self.world_size)[self.rank::self.world_size]
         return batches
-
-    def _cuts(self, lengths):
-        """Where the batches of pairs sorted by length (ascending) begin, and the end: greedy,
-        each batch as long as (its size) x (its longest) stays within max_tokens. Computed a
-        run of equal lengths at a time (a few hundred runs, not millions of pairs)."""
-        n = len(lengths)
-        if n == 0:
-            return [0]
-        if not self.max_tokens:
-            return list(range(0, n, self.batch_size)) + [n]
-        values, firsts = np.unique(lengths, return_index=True)
-        cuts, start = [0], 0  # the open batch is [start, i)
-        for length, i, run_end in zip(values.tolist(), firsts.tolist(),
-                                      firsts[1:].tolist() + [n]):
-            cap = self.max_tokens // length  # pairs in a batch whose longest has this length
-            if i - start >= cap:  # the open batch is full
-                cuts.append(i)
-                start = i
-            i = min(i + cap - (i - start), run_end)
-            while i < run_end:
-                cuts.append(i)
-                start, i = i, min(i + cap, run_end)
-        return cuts + [n]
 
     def __iter__(self):
         for batch in self.batches()[self.start:]:

@@ -34,7 +34,7 @@ from checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path, 
                         epoch_checkpoint_path, latest_checkpoint_path, prune_checkpoints,
                         save_checkpoint, step_checkpoint_path, training_checkpoint)
 from config import ArgumentParser, Config, parse_config, run_main
-from dataset import BPEDropout, Collator, Data, TokenBatchSampler, get_ds, real_tokens
+from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
 from evaluation import run_validation, score_test_sets
 from files import FolderLock, check_writable, removed_if_left_empty
 from kernels import BlockwiseLabelSmoothedCrossEntropy
@@ -218,9 +218,9 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
                                 shuffle=True, seed=config.seed, rank=rank, world_size=world)
     workers = config.num_workers
     # the sampler is driven from this process: set_epoch reaches workers kept between epochs
-    resegment = BPEDropout(data.tokenizer_src, data.tokenizer_tgt, config.bpe_dropout,
-                           config.seq_len) if config.bpe_dropout else None
-    loader = DataLoader(data.train, batch_sampler=sampler, collate_fn=Collator(PAD, resegment),
+    train_set, batch_sampler, collate = training_batches(data, sampler, config.bpe_dropout,
+                                                         config.seq_len)
+    loader = DataLoader(train_set, batch_sampler=batch_sampler, collate_fn=collate,
                         num_workers=workers, pin_memory=device.type == "cuda",
                         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
                         worker_init_fn=ignore_sigint if workers else None,
@@ -269,12 +269,13 @@ def accumulation_groups(run: Run, epoch: int, start: int = 0):
     shorter), each with the number of the epoch's batches done after it."""
     run.sampler.set_epoch(epoch, start)
     group, done = [], start
-    for batch in run.loader:
-        group.append(batch)
-        done += 1
-        if len(group) == run.config.accum_steps or done == run.batches_per_epoch:
-            yield group, done
-            group = []
+    for item in run.loader:
+        for batch in item if isinstance(item, list) else [item]:  # a pool (BPE-dropout): batches
+            group.append(batch)
+            done += 1
+            if len(group) == run.config.accum_steps or done == run.batches_per_epoch:
+                yield group, done
+                group = []
 
 
 def target_tokens(group, pad_id: int = PAD) -> int:

@@ -251,67 +251,104 @@ def test_a_full_disk_while_preparing_is_one_line_and_leaves_no_files(tmp_path, c
 
 # ---- subword regularization (issue 43: --bpe_dropout) ------------------------------------------
 
-def test_bpe_dropout_segments_each_batch_afresh_into_the_same_text():
-    """Each pair of a training batch is encoded again with every merge skipped with
-    probability p: the same sentences (decoded, they read as before) in other, longer
-    segmentations, drawn afresh at every call; framed as the plain batch is ([SOS] ... [EOS]);
-    a pair that would outgrow seq_len keeps its plain ids; p = 0 changes nothing."""
+def _pool_texts(batches, src_tok, tgt_tok):
+    """The (source, target) texts of a list of padded batches, pair by pair, sorted."""
+    pairs = []
+    for batch in batches:
+        for enc, label in zip(batch["encoder_input"], batch["label"]):
+            src = [i for i in enc.tolist() if i != dataset.PAD]
+            tgt = [i for i in label.tolist() if i != dataset.PAD]
+            assert src[0] == dataset.SOS and src[-1] == dataset.EOS and tgt[-1] == dataset.EOS
+            pairs.append((src_tok.decode(src[1:-1]), tgt_tok.decode(tgt[:-1])))
+    return sorted(pairs)
+
+
+def test_bpe_dropout_segments_a_pool_afresh_and_cuts_it_into_as_many_batches():
+    """A pool of the sampler's batches comes back as as many batches of the same pairs (each
+    source still with its own target, framed [SOS] ... [EOS]) in other, longer segmentations,
+    drawn afresh at every call, sorted by their new lengths (what keeps padding low); a pair
+    that would outgrow seq_len keeps its plain ids; p = 0 segments as the plain tokenizer."""
     from tokenizer import build_tokenizer
-    pairs = number_pairs(40, seed=3, max_len=8)
+    pairs = number_pairs(60, seed=3, max_len=8)
     src_tok = build_tokenizer("bpe", 300, [s for s, _ in pairs])
     tgt_tok = build_tokenizer("bpe", 300, [t for _, t in pairs])
-    items = []
-    for s, t in pairs:
-        src, tgt = src_tok.encode(s).ids, tgt_tok.encode(t).ids
-        items.append({"encoder_input": torch.tensor([dataset.SOS, *src, dataset.EOS]),
-                      "decoder_input": torch.tensor([dataset.SOS, *tgt]),
-                      "label": torch.tensor([*tgt, dataset.EOS])})
-    plain = dataset.Collator()(items)
-    same = dataset.Collator(resegment=dataset.BPEDropout(src_tok, tgt_tok, 0.0, 64))(items)
-    assert all(torch.equal(same[k], plain[k]) for k in plain)
+    data = dataset.BilingualDataset([src_tok.encode(s).ids for s, _ in pairs],
+                                    [tgt_tok.encode(t).ids for _, t in pairs])
+    pool = [list(range(i, 60, 4)) for i in range(4)]  # four batches of mixed lengths
+    plain = [dataset.Collator()([data[i] for i in b]) for b in pool]
+    texts = _pool_texts(plain, src_tok, tgt_tok)
+    same = dataset.BPEDropout(data, src_tok, tgt_tok, 0.0, 64).__getitems__(pool)
+    assert len(same) == 4 and _pool_texts(same, src_tok, tgt_tok) == texts
+    assert sum(int((b["label"] != dataset.PAD).sum()) for b in same) == \
+        sum(int((b["label"] != dataset.PAD).sum()) for b in plain)
 
-    def texts(batch, tok, key, cut):
-        return [tok.decode([i for i in row.tolist() if i != dataset.PAD][cut]) for row in
-                batch[key]]
+    def lengths(batch):  # each pair's padded length, as the sampler counts it
+        return torch.maximum((batch["encoder_input"] != dataset.PAD).sum(1),
+                             (batch["label"] != dataset.PAD).sum(1))
 
-    draws = [dataset.Collator(resegment=dataset.BPEDropout(src_tok, tgt_tok, 0.5, 64))(items)
-             for _ in range(2)]
-    for batch in draws:
-        assert texts(batch, src_tok, "encoder_input", slice(1, -1)) == \
-            texts(plain, src_tok, "encoder_input", slice(1, -1))
-        assert texts(batch, tgt_tok, "label", slice(None, -1)) == \
-            texts(plain, tgt_tok, "label", slice(None, -1))
-        unframed = torch.where(batch["label"] == dataset.EOS, dataset.PAD, batch["label"])
-        assert torch.equal(batch["decoder_input"][:, 1:], unframed[:, :-1])  # [SOS] + the same
-        assert (batch["encoder_input"][:, 0] == dataset.SOS).all()
-        assert (batch["label"] != dataset.PAD).sum() > (plain["label"] != dataset.PAD).sum()
-    assert not torch.equal(draws[0]["label"], draws[1]["label"])  # afresh at every call
-    tight = plain["encoder_input"].size(1)  # the longest plain source just fits
-    cut = dataset.Collator(resegment=dataset.BPEDropout(src_tok, tgt_tok, 0.9, tight))(items)
-    assert cut["encoder_input"].size(1) <= tight
+    dropout = dataset.BPEDropout(data, src_tok, tgt_tok, 0.5, 64)
+    draws = [dropout.__getitems__(pool) for _ in range(2)]
+    for batches in draws:
+        assert len(batches) == 4 and _pool_texts(batches, src_tok, tgt_tok) == texts
+        for batch in batches:
+            unframed = torch.where(batch["label"] == dataset.EOS, dataset.PAD, batch["label"])
+            assert torch.equal(batch["decoder_input"][:, 1:], unframed[:, :-1])  # [SOS] + same
+            assert torch.equal(batch["encoder_mask"], dataset.encoder_mask(
+                batch["encoder_input"]))
+        for first, second in zip(batches, batches[1:]):  # the pool re-cut by the new lengths
+            assert lengths(first).max() <= lengths(second).min()
+        assert sum(int((b["label"] != dataset.PAD).sum()) for b in batches) > \
+            sum(int((b["label"] != dataset.PAD).sum()) for b in plain)
+    assert _pool_texts(draws[0], src_tok, tgt_tok) == _pool_texts(draws[1], src_tok, tgt_tok)
+    assert [b["label"].tolist() for b in draws[0]] != [b["label"].tolist() for b in draws[1]]
+    tight = max(b["encoder_input"].size(1) for b in plain)  # the longest plain source fits
+    cut = dataset.BPEDropout(data, src_tok, tgt_tok, 0.9, tight).__getitems__(pool)
+    assert max(b["encoder_input"].size(1) for b in cut) <= tight
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 13])
+def test_even_cuts_make_exactly_k_batches_of_about_equal_tokens(k):
+    """BPE-dropout's pools are cut into exactly as many batches as came in, each a run of the
+    pairs sorted by length, none over the pool's padded tokens shared out k ways (and one pair)."""
+    lengths = np.sort(np.random.default_rng(k).integers(3, 40, size=13 * 17))
+    cuts = dataset.even_cuts(lengths, k)
+    assert len(cuts) == k + 1 and cuts[0] == 0 and cuts[-1] == len(lengths)
+    assert all(a < b for a, b in zip(cuts, cuts[1:]))
+    padded = [(b - a) * int(lengths[b - 1]) for a, b in zip(cuts, cuts[1:])]
+    assert max(padded) <= len(lengths) * int(lengths[-1]) / k + int(lengths[-1])
 
 
 def test_training_batches_are_resegmented_and_validation_is_not(tmp_path):
     """--bpe_dropout reaches the training loader (validation and test decode sentences, never
-    these batches); the prepared data is the same with or without it (not part of its key)."""
+    these batches): an epoch is as many batches as without it, of every training pair once;
+    a resumed epoch trains on the rest of it. The prepared data is the same with or without
+    the flag (not part of its key)."""
     import train
     from config import parse_config
-    write_aligned(tmp_path / "c", "train", number_pairs(40, seed=1))
+    write_aligned(tmp_path / "c", "train", number_pairs(150, seed=1))
     write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
-    keys = []
+    keys, epochs = [], []
     for extra in ([], ["--bpe_dropout", "0.2"]):
         config, given = parse_config(["--data_dir", str(tmp_path / "c"), "--vocab_size", "300",
                                       "--model_folder", str(tmp_path / "w"), "--d_model", "16",
                                       "--N", "1", "--h", "2", "--d_ff", "32", "--preload",
-                                      "none", "--experiment_name", str(tmp_path / "r"), *extra])
+                                      "none", "--max_tokens", "30", "--seq_len", "30",
+                                      "--experiment_name", str(tmp_path / "r"), *extra])
         run, _ = train.set_up(config, given)
         run.lock.release()
         run.writer.close()
         keys.append(run.data.key)
-        reseg = run.loader.collate_fn.resegment
-        assert (reseg is None) == (not extra) and (reseg is None or reseg.dropped[0].model.dropout
-                                                   == pytest.approx(0.2))
+        dropped = getattr(run.loader.dataset, "dropped", None)
+        assert (dropped is None) == (not extra) and (dropped is None or dropped[0].model.dropout
+                                                     == pytest.approx(0.2))
+        tok = run.data.tokenizer_src, run.data.tokenizer_tgt
+        batches = [b for group, _ in train.accumulation_groups(run, 1) for b in group]
+        assert len(batches) == run.batches_per_epoch > dataset.POOL_BATCHES
+        epochs.append(_pool_texts(batches, *tok))
+        rest = [b for group, _ in train.accumulation_groups(run, 1, start=5) for b in group]
+        assert len(rest) == run.batches_per_epoch - 5
     assert keys[0] == keys[1]
+    assert epochs[0] == epochs[1] and len(epochs[0]) == 150
 
 
 def test_extra_pairs_are_trained_on_but_leave_the_vocabulary_as_it_was(tmp_path):
@@ -358,7 +395,7 @@ def test_an_extra_tag_is_one_token_of_the_source_vocabulary(tmp_path, capsys):
     sentence = number_pairs(1, seed=3)[0][0]
     ids = src.encode(f"<BT> {sentence}").ids
     assert ids == [tag] + plain.tokenizer_src.encode(sentence).ids
-    dropout = dataset.BPEDropout(src, tgt, 0.9, 24)
+    dropout = dataset.BPEDropout(None, src, tgt, 0.9, 24)
     assert all(dropout.segment(0, [ids])[0][0] == tag for _ in range(5))
     assert "encoded as text" not in capsys.readouterr().err
     dataset.get_ds(Config(model_folder=str(tmp_path / "plain"), extra_tag="<BT>", **base))
