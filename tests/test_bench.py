@@ -162,3 +162,26 @@ def test_bench_runs_at_wmt_lengths_with_padding_and_the_loop(tmp_path):
     _, config = parse(["--preset", "multi30k_modern", "--wmt_pairs", "400"])
     assert (config.model_folder, config.vocab_size, config.seq_len, config.d_model) == \
         ("weights/bench_wmt/400_37000", 37000, 256, 128)
+
+
+def test_bench_bpe_dropout_prices_an_epoch_three_ways(trained):
+    """Issue 43: bench_bpe_dropout.py makes one epoch plain, in train.py's pools and batch by
+    batch, as many batches each, and prints the epoch's cost with the flag as a ratio to the
+    plain epoch's, measured in the same run."""
+    home, _ = trained
+    t = run_here("bench_bpe_dropout.py", "--data_dir", "corpus", "--lang_tgt", "it",
+                 "--d_model", "32", "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
+                 "--max_tokens", "24", "--seq_len", "24", "--model_folder", "bench_w",
+                 "--steps", "2", "--warmup_steps", "1", "--threads", "1", cwd=home)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    rows = {line[:34].strip(): line[34:].split() for line in out.splitlines()
+            if line.startswith(("plain", "dropout"))}
+    assert set(rows) == {"plain (no dropout)", "dropout, pools of 16 (train.py)",
+                         "dropout, each batch alone"}, out
+    counts = {int(row[0]) for row in rows.values()}  # the same number of batches, over a pool
+    assert len(counts) == 1 and counts.pop() > 16, out
+    assert int(rows["dropout, each batch alone"][1].replace(",", "")) > \
+        int(rows["plain (no dropout)"][1].replace(",", ""))  # longer segmentations
+    ratio = out.split("epoch with --bpe_dropout 0.1 / without:")[1].split("x")[0]
+    assert float(ratio) > 0, out
