@@ -185,9 +185,10 @@ class BPEDropout(TorchDataset):
     batches as it came in, so that every pair is still trained on once an epoch and the steps
     of an epoch stay the same. (Padded as the sampler had batched them, by plain lengths, a
     Multi30k batch was a third padding, since dropout lengthens a few pairs a lot; re-cut,
-    about an eighth, against a twentieth without dropout.) Draws are not seeded (the library's random source is its own).
-    A run resumed within a pool starts its first pool at the sampler's batch it stopped at: of
-    the pool it stopped in, some pairs may be trained on twice that epoch and others not."""
+    about an eighth, against a twentieth without dropout.) Draws are not seeded (the library's
+    random source is its own). A run resumed within a pool starts its first pool at the
+    sampler's batch it stopped at: of the pool it stopped in, some pairs may be trained on
+    twice that epoch and others not."""
 
     def __init__(self, data: BilingualDataset, tokenizer_src, tokenizer_tgt, p: float,
                  seq_len: int, pad_id: int = PAD):
