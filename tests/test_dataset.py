@@ -320,7 +320,8 @@ def test_even_cuts_make_exactly_k_batches_of_about_equal_tokens(k):
 
 def test_training_batches_are_resegmented_and_validation_is_not(tmp_path):
     """--bpe_dropout reaches the training loader (validation and test decode sentences, never
-    these batches): an epoch is as many batches as without it, of every training pair once;
+    these batches): an epoch (its pools made in a DataLoader worker) is as many batches as
+    without it, of every training pair once;
     a resumed epoch trains on the rest of it. The prepared data is the same with or without
     the flag (not part of its key)."""
     import train
@@ -328,7 +329,7 @@ def test_training_batches_are_resegmented_and_validation_is_not(tmp_path):
     write_aligned(tmp_path / "c", "train", number_pairs(150, seed=1))
     write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
     keys, epochs = [], []
-    for extra in ([], ["--bpe_dropout", "0.2"]):
+    for extra in ([], ["--bpe_dropout", "0.2", "--num_workers", "1"]):  # pools made in a worker
         config, given = parse_config(["--data_dir", str(tmp_path / "c"), "--vocab_size", "300",
                                       "--model_folder", str(tmp_path / "w"), "--d_model", "16",
                                       "--N", "1", "--h", "2", "--d_ff", "32", "--preload",
