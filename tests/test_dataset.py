@@ -321,9 +321,8 @@ def test_even_cuts_make_exactly_k_batches_of_about_equal_tokens(k):
 def test_training_batches_are_resegmented_and_validation_is_not(tmp_path):
     """--bpe_dropout reaches the training loader (validation and test decode sentences, never
     these batches): an epoch (its pools made in a DataLoader worker) is as many batches as
-    without it, of every training pair once;
-    a resumed epoch trains on the rest of it. The prepared data is the same with or without
-    the flag (not part of its key)."""
+    without it, of every training pair once; a resumed epoch trains on the rest of it. The
+    prepared data is the same with or without the flag (not part of its key)."""
     import train
     from config import parse_config
     write_aligned(tmp_path / "c", "train", number_pairs(150, seed=1))
