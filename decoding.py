@@ -505,13 +505,15 @@ def decoding_limits(config: Config) -> dict:
 
 
 def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=0.6,
-              nbest=1, batch_size=None, progress=None, sampling: Sampling = None):
+              nbest=1, batch_size=None, progress=None, sampling: Sampling = None, numbers=None):
     """Translations of `sentences`, each one line (control characters a model may output, line
     breaks among them, become spaces; an empty sentence gives an empty translation); with
     nbest > 1 a list of (translation, score) per sentence, and with `sampling` its samples
     likewise. For an Ensemble, tokenizer_src is a list: each model's source tokenizer.
-    `progress`: see translate_ids."""
+    `progress`: see translate_ids. `numbers`: each sentence's number in its file, which a
+    warning about a sentence longer than seq_len names (1, 2, ... by default)."""
     sentences = [clean(s) for s in sentences]
+    numbers = numbers or range(1, len(sentences) + 1)
     ensemble = isinstance(model, Ensemble)
     encoded = [[e.ids for e in tok.encode_batch(sentences)]
                for tok in (tokenizer_src if ensemble else [tokenizer_src])]  # per model
@@ -519,7 +521,7 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
     for n in range(len(sentences)):
         longest = max(len(per_model[n]) for per_model in encoded)
         if longest + 2 > config.seq_len:
-            print(f"warning: sentence {n + 1} has {longest} tokens; only the first "
+            print(f"warning: sentence {numbers[n]} has {longest} tokens; only the first "
                   f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",
                   file=sys.stderr)
     todo = [n for n, s in enumerate(sentences) if s]

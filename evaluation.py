@@ -161,7 +161,8 @@ def score_test_sets(run, progress):
                 hyps = shared_out(run, progress, len(sources), f"{test_name}, {name}",
                                   lambda share, advance, sources=sources, beam=beam: translate(
                                       best, config, data.tokenizer_src, data.tokenizer_tgt,
-                                      sources[share], beam=beam, progress=advance))
+                                      sources[share], beam=beam, progress=advance,
+                                      numbers=range(1, len(sources) + 1)[share]))
             except StopRequested:
                 tqdm.write(f"test scoring stopped by {progress.signal or 'a signal'}: no "
                            f"results.json written (translate.py --preload best --input ... "

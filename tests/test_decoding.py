@@ -446,3 +446,20 @@ def test_a_seed_gives_the_same_samples_in_a_batch_and_one_by_one():
         [[t for t, _ in s] for s in small_batches]
     other = sampled(model, SOURCES, n=4, seed=8, top_p=0.9)
     assert [[t for t, _ in s] for s in other] != [[t for t, _ in s] for s in batched]
+
+
+def test_a_sentence_longer_than_seq_len_is_named_by_its_number_in_the_file(capsys):
+    """The warning about a sentence cut to seq_len names it by its number in the file: under
+    torchrun a rank translating every world_size-th test sentence named them by their place in
+    its share."""
+    from config import Config
+    from decoding import translate
+    from tokenizer import build_tokenizer
+    long = "one two three four five six seven eight nine ten"
+    tok = build_tokenizer("word", 30, [long])
+    model = tiny_model(vocab=tok.get_vocab_size(), seq_len=8)
+    translate(model, Config(seq_len=8), tok, tok, ["one two", long], numbers=range(4, 8, 2))
+    err = capsys.readouterr().err
+    assert "warning: sentence 6 has 10 tokens" in err and "sentence 4" not in err, err
+    translate(model, Config(seq_len=8), tok, tok, ["one two", long])
+    assert "warning: sentence 2 has 10 tokens" in capsys.readouterr().err
