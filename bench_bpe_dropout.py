@@ -24,7 +24,8 @@ import torch
 
 from bench import Step, sync
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
-from dataset import BPEDropout, Collator, PooledBatches, TokenBatchSampler, get_ds, real_tokens
+from dataset import (POOL_BATCHES, BPEDropout, Collator, PooledBatches, TokenBatchSampler, get_ds,
+                     real_tokens)
 from runtime import setup_device, use_threads
 from tokenizer import PAD
 from trained_model import build_model
@@ -75,7 +76,7 @@ def main(argv=None):
     sampler.set_epoch(1)
     dropout = BPEDropout(data.train, data.tokenizer_src, data.tokenizer_tgt, config.bpe_dropout,
                          config.seq_len)
-    kinds = {"plain (no dropout)": 0, "dropout, pools of 16 (train.py)": 16,
+    kinds = {"plain (no dropout)": 0, f"dropout, pools of {POOL_BATCHES} (train.py)": POOL_BATCHES,
              "dropout, each batch alone": 1}
     made = {name: epoch_batches(data, sampler, dropout, pool) for name, pool in kinds.items()}
     torch.manual_seed(config.seed)
