@@ -285,6 +285,9 @@ def parse(argv=None):
     problem = config.validate()
     if problem:
         parser.error(problem)
+    if config.bpe_dropout:  # its models would be timed on plain batches, its loop on the flag's
+        parser.error("--bpe_dropout: bench.py times plain batches; the flag's cost is "
+                     "bench_bpe_dropout.py's")
     return args, config
 
 

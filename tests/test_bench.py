@@ -113,6 +113,16 @@ def test_bench_takes_a_presets_values_and_the_flags_given_over_them():
     assert (config.max_tokens, config.dropout, config.seq_len) == (4000, 0.1, 128)
 
 
+def test_bench_refuses_bpe_dropout_in_one_line(tmp_path):
+    """bench.py --bpe_dropout timed both models on plain batches while its train.py-loop figure
+    ran with the flag, so its loop/step ratio mixed the two: refused, pointing to the flag's own
+    benchmark."""
+    t = run_here("bench.py", "--bpe_dropout", "0.1", "--data_dir", "nowhere", cwd=tmp_path)
+    err = t.stderr.decode()
+    assert t.returncode == 2, t.stdout
+    assert err.count("\n") == 1 and "bench_bpe_dropout.py" in err, err
+
+
 def test_the_wmt_like_corpus_has_wmt_lengths_and_one_token_a_word(tmp_path):
     """Issue 44: the synthetic corpus bench.py --wmt_pairs times: lengths of WMT14 en-de after
     BPE (mean 28 a side, a tail past 100), aligned files, words from vocab_size - 10 types."""
