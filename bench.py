@@ -8,10 +8,14 @@ Both models train (forward, loss, backward, Adam) on the same length-bucketed ba
 --max_tokens tokens, interleaved step by step, so the machine's state is the same for both.
 Then, as the baseline, this repo's model on the write-ups' pipeline (8 sentences padded to
 seq_len 350), and finally the whole train.py loop (data, loss, logging) for --train_steps steps.
-Throughput counts real (non-padding) source + target tokens. On CUDA it also prints the model
-FLOPs utilization (MFU) of the bf16 step. With --precision bf16 (or fp16) or --compile, this
-repo's model is also timed as it runs by default, in fp32 and eager (the same weights,
-interleaved step by step), and the ratio printed; with --compile, so is the compile time.
+After the two models' timed steps, --profile_steps more of this repo's model (the last timed
+batches again) under torch.profiler give the split of its step: matrix products, attention, the
+loss, the optimizer, elementwise and other, and the time outside them (on a GPU: the time it
+sits idle). Throughput counts real (non-padding) source + target tokens. On CUDA it also prints
+the model FLOPs utilization (MFU) of the bf16 step. With --precision bf16 (or fp16) or
+--compile, this repo's model is also timed as it runs by default, in fp32 and eager (the same
+weights, interleaved step by step), and the ratio printed; with --compile, so is the compile
+time.
 
 --wmt_pairs N trains on a synthetic corpus of N pairs shaped like WMT14 en-de after its joint
 BPE instead (see wmt_like_corpus: the sentence lengths, a 37,000-token vocabulary), with the
@@ -24,15 +28,19 @@ import statistics
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.profiler import record_function
 
+import model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
+from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding, swiglu_width
 from runtime import autocast, autocast_dtype, setup_device, use_threads
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
@@ -243,6 +251,118 @@ def attention_kernels(step: "Step", batch) -> dict:
     return found
 
 
+# ---- the profiler's split of a step --------------------------------------------------------------
+
+SPLIT = ["matrix products", "attention", "loss (its projection included)", "optimizer",
+         "elementwise and other"]
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv",
+           "aten::addmv", "aten::_addmm_activation", "aten::_scaled_mm"}
+ATTENTION = "attention (model.py, written out)"  # the profiler range around model.attention
+
+
+def scope_of(name: str):
+    """The split's part a range or operator of this name opens, if it opens one: everything
+    under it counts there (the loss's and attention's own products included)."""
+    if name.startswith("Optimizer."):  # Optimizer.step#Adam.step, Optimizer.zero_grad#...
+        return "optimizer"
+    if ProjectedCrossEntropy.__name__ in name:  # the loss's forward (which makes its gradients)
+        return SPLIT[2]
+    if name == ATTENTION or any(k in name for k in ("scaled_dot_product", "flash_attention",
+                                                    "efficient_attention", "cudnn_attention")):
+        return "attention"
+    return None
+
+
+def split_events(events, cuda: bool) -> dict:
+    """Microseconds of each (part of the split, operator): each operator's own time (its kernels'
+    time on CUDA), in the part of the nearest range above it that opens one (scope_of), or of
+    the forward operation a backward one differentiates (the profiler's sequence numbers link
+    the two), else matrix products or elementwise and other by the operator's name (on CUDA by
+    its kernels' names: GEMMs, attention kernels)."""
+    def scoped(event):
+        while event is not None:
+            part = scope_of(event.name) or forward_part.get(backward_key(event))
+            if part:
+                return part
+            event = event.cpu_parent
+        return None
+
+    def backward_key(event):  # the forward operation's (thread, sequence number)
+        return (event.fwd_thread, event.sequence_nr) if event.name.startswith(
+            "autograd::engine::evaluate_function") and event.sequence_nr >= 0 else None
+
+    cpu_events = [e for e in events if e.device_type.name == "CPU" and not e.is_async]
+    forward_part = {}  # (thread, sequence number) of a forward operation -> its part
+    for event in cpu_events:
+        if event.sequence_nr >= 0 and not event.fwd_thread:  # forward (not backward) operations
+            part = scoped(event)
+            if part:
+                forward_part[(event.thread, event.sequence_nr)] = part
+    split = {}
+    for event in cpu_events:
+        part = scoped(event)
+        timings = [(k.name, k.duration) for k in event.kernels] if cuda else \
+            [(event.name, event.self_cpu_time_total)]
+        for name, microseconds in timings:
+            by_name = "matrix products" if event.name in MATMULS or any(
+                k in name.lower() for k in ("gemm", "xmma", "cutlass", "nvjet")) else \
+                "attention" if any(k in name.lower() for k in ("flash", "fmha")) else \
+                "elementwise and other"
+            key = (part or by_name, event.name)
+            split[key] = split.get(key, 0.0) + microseconds
+    return split
+
+
+@contextmanager
+def attention_in_a_range():
+    """model.py's written-out `attention` (the CPU's path) inside a profiler range, so that the
+    split finds its products and softmax; the fused kernels (GPUs) are found by their names."""
+    written_out = model.attention
+
+    def in_a_range(*args, **kwargs):
+        with record_function(ATTENTION):
+            return written_out(*args, **kwargs)
+    model.attention = in_a_range
+    try:
+        yield
+    finally:
+        model.attention = written_out
+
+
+def profile_split(step: "Step", batches, compiled: bool = False) -> tuple:
+    """(the parts' shares of the wall time of these steps of this repo's model, in percent;
+    the wall time not covered: on CUDA the GPU's idle time, on CPU the time outside any
+    operator), from torch.profiler. The profiler slows a step; the shares are what to read.
+    A compiled model keeps model.attention as it was traced (a new one would recompile it)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = step.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with attention_in_a_range() if not compiled else nullcontext(), \
+            profile(activities=activities) as prof:
+        sync(step.device)
+        started = time.perf_counter()
+        for batch in batches:
+            step(batch, record=False)
+        sync(step.device)
+        wall = (time.perf_counter() - started) * 1e6
+    parts = {part: 0.0 for part in SPLIT}
+    for (part, _), microseconds in split_events(prof.events(), cuda).items():
+        parts[part] += microseconds
+    shares = {part: 100 * t / wall for part, t in parts.items()}
+    return shares, max(0.0, 100 - sum(shares.values()))
+
+
+def report_split(shares: dict, uncovered: float, steps: int, device):
+    where = ", on the GPU" if device.type == "cuda" else ""
+    print(f"where this repo's step spends its time ({steps} more steps under torch.profiler, "
+          f"which slows them; shares of their wall time{where}):")
+    for part, share in shares.items():
+        print(f"  {part:40} {share:5.1f}%")
+    idle = "GPU idle (no kernel running)" if device.type == "cuda" else \
+        "outside any operator (Python, the host)"
+    print(f"  {idle:40} {uncovered:5.1f}%")
+
+
 def peak_rss_mb():
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -262,6 +382,9 @@ def parse(argv=None):
     parser.add_argument("--train_steps", type=int, default=6,
                         help="timed steps of the whole train.py loop after an untimed one "
                         "(0 = skip)")
+    parser.add_argument("--profile_steps", type=int, default=2,
+                        help="steps of this repo's model profiled after the timed ones, for the "
+                        "split of a step (matrix products, attention, loss...; 0 = skip)")
     parser.add_argument("--wmt_pairs", type=int, default=0,
                         help="train on a synthetic corpus of this many pairs with WMT14 en-de's "
                         "sentence lengths and a 37,000-token joint vocabulary (0: --data_dir)")
@@ -363,6 +486,9 @@ def compare(config: Config, data, device, args):
         print("attention kernels of one training step of this repo's model:")
         for name, count in sorted(attention_kernels(step_ours, batches[-1]).items()):
             print(f"  {count:4d} x {name}")
+    if args.profile_steps:  # the last timed batches again
+        profiled = batches[-args.profile_steps:]
+        report_split(*profile_split(step_ours, profiled, config.compile), len(profiled), device)
     return step_ours, step_theirs, step_fp32, flops
 
 

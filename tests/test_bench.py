@@ -28,6 +28,42 @@ def test_the_benchmarks_flop_count_is_the_models(options):
     assert model_flops(config, batch, 60) == 3 * counter.get_total_flops()
 
 
+@pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # on CPU: written out, or torch's
+def test_the_split_of_a_step_puts_each_operation_in_its_part(attention_dropout):
+    """Issue 44: bench.py's profiler split of a training step. Attention's products (forward and
+    backward, written out on CPU with attention dropout, torch's fused kernel without) count as
+    attention, the projection's as the loss, fused Adam as the optimizer, and the layers'
+    products as matrix products."""
+    from bench import SPLIT, Step, profile_split, split_events
+    from dataset import Collator
+    from trained_model import build_model
+    config = Config(d_model=32, N=2, h=4, d_ff=64, seq_len=32, attention_dropout=attention_dropout)
+    torch.manual_seed(0)
+    step = Step(build_model(config, 60, 60).train(), config, torch.device("cpu"))
+    items = [{key: torch.randint(4, 60, (n,)) for key in ("encoder_input", "decoder_input",
+                                                           "label")} for n in (9, 7, 12)]
+    batch = Collator()(items)
+    step(batch, record=False)
+    shares, uncovered = profile_split(step, [batch])
+    assert list(shares) == SPLIT and all(share > 0 for share in shares.values()), shares
+    assert 0 <= uncovered < 100 and sum(shares.values()) <= 100 + 1e-6
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench import attention_in_a_range
+    with attention_in_a_range(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(batch, record=False)
+    ops = {}
+    for part, op in split_events(prof.events(), cuda=False):
+        ops.setdefault(part, set()).add(op)
+    attention = {"aten::bmm"} if attention_dropout else \
+        {"aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+    assert attention <= ops["attention"], ops["attention"]
+    assert "aten::bmm" not in ops["matrix products"]  # the backward products are found too
+    assert {"aten::mm", "aten::addmm"} & ops["loss (its projection included)"]
+    assert "aten::_fused_adam_" in ops["optimizer"] and "aten::mm" in ops["matrix products"]
+
+
 def test_bench_decode_side_by_side_on_a_subset(trained):
     """bench_decode.py as the README runs it: every decoder on the same N sentences, the engine's
     float32 greedy equal to ours, and the ratio taken pass by pass."""
@@ -167,6 +203,8 @@ def test_bench_runs_at_wmt_lengths_with_padding_and_the_loop(tmp_path):
     for name in ("token batches (train.py)", "by both sides' lengths"):
         assert f"padding, {name}: source " in out
     assert "torch.nn.Transformer (same batches)" in out and "train.py loop / model step" in out
+    assert "where this repo's step spends its time (2 more steps" in out
+    assert "loss (its projection included)" in out and "outside any operator" in out
     assert (tmp_path / "weights" / "bench_wmt" / "corpus_400_2000" / "train.de").exists()
     from bench import parse  # a preset's folder, vocabulary and seq_len never apply to it
     _, config = parse(["--preset", "multi30k_modern", "--wmt_pairs", "400"])
