@@ -64,6 +64,45 @@ def test_the_split_of_a_step_puts_each_operation_in_its_part(attention_dropout):
     assert "aten::_fused_adam_" in ops["optimizer"] and "aten::mm" in ops["matrix products"]
 
 
+def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
+    """The same split on CUDA reads the kernels' times under each operation: a GEMM under a
+    matrix product, flash kernels under attention (its backward found by sequence number), the
+    projection's GEMM under the loss, Adam's kernel under the optimizer. Events made by hand,
+    as torch.profiler gives them (no GPU here)."""
+    from types import SimpleNamespace
+
+    from torch.autograd.profiler_util import Kernel
+
+    from bench import split_events
+
+    def event(name, parent=None, kernels=(), seq=-1, fwd_thread=0):
+        return SimpleNamespace(name=name, cpu_parent=parent, device_type=SimpleNamespace(
+            name="CPU"), is_async=False, sequence_nr=seq, fwd_thread=fwd_thread, thread=1,
+            kernels=[Kernel(k, 0, t) for k, t in kernels], self_cpu_time_total=1.0)
+    sdpa = event("aten::scaled_dot_product_attention", seq=7)
+    loss = event("ProjectedCrossEntropy")
+    step = event("Optimizer.step#Adam.step")
+    backward = event("autograd::engine::evaluate_function: FlashAttentionBackward0", seq=7,
+                     fwd_thread=1)
+    events = [
+        event("aten::mm", kernels=[("sm90_xmma_gemm_bf16bf16_bf16f32", 30.0)]),
+        sdpa, event("aten::_flash_attention_forward", sdpa, [("flash_fwd_kernel", 10.0)]),
+        backward, event("aten::_efficient_attention_backward_x", backward,
+                        [("fmha_cutlassB_bf16_aligned", 20.0)]),
+        loss, event("aten::addmm", loss, [("nvjet_tst_128x64", 40.0)]),
+        step, event("aten::_fused_adam_", step, [("multi_tensor_apply_kernel", 5.0)]),
+        event("aten::mul", kernels=[("vectorized_elementwise_kernel", 3.0)]),
+        SimpleNamespace(**{**vars(event("flash_fwd_kernel")), "device_type": SimpleNamespace(
+            name="CUDA")}),  # the device's own event: its time is its operation's kernel's
+    ]
+    parts = {}
+    for (part, _), microseconds in split_events(events, cuda=True).items():
+        parts[part] = parts.get(part, 0.0) + microseconds
+    assert parts == {"matrix products": 30.0, "attention": 30.0,
+                     "loss (its projection included)": 40.0, "optimizer": 5.0,
+                     "elementwise and other": 3.0}
+
+
 def test_bench_decode_side_by_side_on_a_subset(trained):
     """bench_decode.py as the README runs it: every decoder on the same N sentences, the engine's
     float32 greedy equal to ours, and the ratio taken pass by pass."""
