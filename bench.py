@@ -8,14 +8,13 @@ Both models train (forward, loss, backward, Adam) on the same length-bucketed ba
 --max_tokens tokens, interleaved step by step, so the machine's state is the same for both.
 Then, as the baseline, this repo's model on the write-ups' pipeline (8 sentences padded to
 seq_len 350), and finally the whole train.py loop (data, loss, logging) for --train_steps steps.
-After the two models' timed steps, --profile_steps more of this repo's model (the last timed
-batches again) under torch.profiler give the split of its step: matrix products, attention, the
-loss, the optimizer, elementwise and other, and the time outside them (on a GPU: the time it
-sits idle). Throughput counts real (non-padding) source + target tokens. On CUDA it also prints
-the model FLOPs utilization (MFU) of the bf16 step. With --precision bf16 (or fp16) or
---compile, this repo's model is also timed as it runs by default, in fp32 and eager (the same
-weights, interleaved step by step), and the ratio printed; with --compile, so is the compile
-time.
+Last, --profile_steps more steps of this repo's model (the last timed batches again) under
+torch.profiler give the split of its step: matrix products, attention, the loss, the optimizer,
+elementwise and other, and the time outside them (on a GPU: the time it sits idle). Throughput
+counts real (non-padding) source + target tokens. On CUDA it also prints the model FLOPs
+utilization (MFU) of the bf16 step. With --precision bf16 (or fp16) or --compile, this repo's model
+is also timed as it runs by default, in fp32 and eager (the same weights, interleaved step by
+step), and the ratio printed; with --compile, so is the compile time.
 
 --wmt_pairs N trains on a synthetic corpus of N pairs shaped like WMT14 en-de after its joint
 BPE instead (see wmt_like_corpus: the sentence lengths, a 37,000-token vocabulary), with the
@@ -354,7 +353,7 @@ def profile_split(step: "Step", batches, compiled: bool = False) -> tuple:
 
 def report_split(shares: dict, uncovered: float, steps: int, device):
     where = ", on the GPU" if device.type == "cuda" else ""
-    print(f"where this repo's step spends its time ({steps} more steps under torch.profiler, "
+    print(f"\nwhere this repo's step spends its time ({steps} more steps under torch.profiler, "
           f"which slows them; shares of their wall time{where}):")
     for part, share in shares.items():
         print(f"  {part:40} {share:5.1f}%")
@@ -383,8 +382,9 @@ def parse(argv=None):
                         help="timed steps of the whole train.py loop after an untimed one "
                         "(0 = skip)")
     parser.add_argument("--profile_steps", type=int, default=2,
-                        help="steps of this repo's model profiled after the timed ones, for the "
-                        "split of a step (matrix products, attention, loss...; 0 = skip)")
+                        help="steps of this repo's model profiled at the end (the last timed "
+                        "batches), for the split of a step (matrix products, attention, loss...; "
+                        "0 = skip)")
     parser.add_argument("--wmt_pairs", type=int, default=0,
                         help="train on a synthetic corpus of this many pairs with WMT14 en-de's "
                         "sentence lengths and a 37,000-token joint vocabulary (0: --data_dir)")
@@ -431,7 +431,7 @@ def main(argv=None):
     if config.max_tokens:
         report_padding(data, config.max_tokens)
 
-    step_ours, step_theirs, step_fp32, flops = compare(config, data, device, args)
+    step_ours, step_theirs, step_fp32, flops, batches = compare(config, data, device, args)
     rows = [("this repo (token batches)", step_ours),
             ("torch.nn.Transformer (same batches)", step_theirs)]
     if step_fp32:
@@ -442,6 +442,9 @@ def main(argv=None):
                      f"{args.baseline_seq_len}", baseline))
     loop = time_train_loop(config, data, args.train_steps) if args.train_steps else None
     report(rows, loop, flops, device, args)
+    if args.profile_steps:  # last, so that a failure here loses none of the figures above
+        profiled = batches[-args.profile_steps:]  # the last timed batches again
+        report_split(*profile_split(step_ours, profiled, config.compile), len(profiled), device)
 
 
 def compare(config: Config, data, device, args):
@@ -486,10 +489,7 @@ def compare(config: Config, data, device, args):
         print("attention kernels of one training step of this repo's model:")
         for name, count in sorted(attention_kernels(step_ours, batches[-1]).items()):
             print(f"  {count:4d} x {name}")
-    if args.profile_steps:  # the last timed batches again
-        profiled = batches[-args.profile_steps:]
-        report_split(*profile_split(step_ours, profiled, config.compile), len(profiled), device)
-    return step_ours, step_theirs, step_fp32, flops
+    return step_ours, step_theirs, step_fp32, flops, batches
 
 
 def time_baseline(config: Config, data, device, args):
