@@ -290,7 +290,7 @@ def split_events(events, cuda: bool) -> dict:
         return (event.fwd_thread, event.sequence_nr) if event.name.startswith(
             "autograd::engine::evaluate_function") and event.sequence_nr >= 0 else None
 
-    cpu_events = [e for e in events if e.device_type.name == "CPU" and not e.is_async]
+    cpu_events = [e for e in events if not e.is_async]  # (a GPU's own events have no kernels)
     forward_part = {}  # (thread, sequence number) of a forward operation -> its part
     for event in cpu_events:
         if event.sequence_nr >= 0 and not event.fwd_thread:  # forward (not backward) operations

@@ -76,9 +76,9 @@ def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
     from bench import split_events
 
     def event(name, parent=None, kernels=(), seq=-1, fwd_thread=0):
-        return SimpleNamespace(name=name, cpu_parent=parent, device_type=SimpleNamespace(
-            name="CPU"), is_async=False, sequence_nr=seq, fwd_thread=fwd_thread, thread=1,
-            kernels=[Kernel(k, 0, t) for k, t in kernels], self_cpu_time_total=1.0)
+        return SimpleNamespace(name=name, cpu_parent=parent, is_async=False, sequence_nr=seq,
+                               fwd_thread=fwd_thread, thread=1, self_cpu_time_total=1.0,
+                               kernels=[Kernel(k, 0, t) for k, t in kernels])
     sdpa = event("aten::scaled_dot_product_attention", seq=7)
     loss = event("ProjectedCrossEntropy")
     step = event("Optimizer.step#Adam.step")
@@ -92,8 +92,7 @@ def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
         loss, event("aten::addmm", loss, [("nvjet_tst_128x64", 40.0)]),
         step, event("aten::_fused_adam_", step, [("multi_tensor_apply_kernel", 5.0)]),
         event("aten::mul", kernels=[("vectorized_elementwise_kernel", 3.0)]),
-        SimpleNamespace(**{**vars(event("flash_fwd_kernel")), "device_type": SimpleNamespace(
-            name="CUDA")}),  # the device's own event: its time is its operation's kernel's
+        event("flash_fwd_kernel"),  # the GPU's own event: its time is its operation's kernel's
     ]
     parts = {}
     for (part, _), microseconds in split_events(events, cuda=True).items():
