@@ -235,6 +235,11 @@ def time_train_loop(config: Config, data, steps: int) -> float:
     return sum(tokens[1:]) / sum(seconds[1:])
 
 
+# Words in the names of torch's fused attention: its operators (scaled_dot_product_*, *_flash_*,
+# *_efficient_attention_*, *_cudnn_attention_*) and their GPU kernels (flash, fmha, cuDNN's sdpa)
+ATTENTION_WORDS = ("scaled_dot_product", "flash", "fmha", "efficient_attention", "sdpa", "cudnn")
+
+
 def attention_kernels(step: "Step", batch) -> dict:
     """On CUDA: the attention kernels one training step launches, by name and count, read
     from the profiler (flash, memory-efficient or cuDNN attention; none of them means the
@@ -245,15 +250,15 @@ def attention_kernels(step: "Step", batch) -> dict:
     found = {}
     for event in prof.key_averages():
         name = event.key.lower()
-        if any(k in name for k in ("flash", "fmha", "efficient_attention", "sdpa", "cudnn")):
+        if any(k in name for k in ATTENTION_WORDS):
             found[event.key[:80]] = event.count
     return found
 
 
 # ---- the profiler's split of a step --------------------------------------------------------------
 
-SPLIT = ["matrix products", "attention", "loss (its projection included)", "optimizer",
-         "elementwise and other"]
+LOSS = "loss (its projection included)"
+SPLIT = ["matrix products", "attention", LOSS, "optimizer", "elementwise and other"]
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv",
            "aten::addmv", "aten::_addmm_activation", "aten::_scaled_mm"}
 ATTENTION = "attention (model.py, written out)"  # the profiler range around model.attention
@@ -265,9 +270,8 @@ def scope_of(name: str):
     if name.startswith("Optimizer."):  # Optimizer.step#Adam.step, Optimizer.zero_grad#...
         return "optimizer"
     if ProjectedCrossEntropy.__name__ in name:  # the loss's forward (which makes its gradients)
-        return SPLIT[2]
-    if name == ATTENTION or any(k in name for k in ("scaled_dot_product", "flash_attention",
-                                                    "efficient_attention", "cudnn_attention")):
+        return LOSS
+    if name == ATTENTION or any(k in name.lower() for k in ATTENTION_WORDS):
         return "attention"
     return None
 
@@ -305,7 +309,7 @@ def split_events(events, cuda: bool) -> dict:
         for name, microseconds in timings:
             by_name = "matrix products" if event.name in MATMULS or any(
                 k in name.lower() for k in ("gemm", "xmma", "cutlass", "nvjet")) else \
-                "attention" if any(k in name.lower() for k in ("flash", "fmha")) else \
+                "attention" if any(k in name.lower() for k in ATTENTION_WORDS) else \
                 "elementwise and other"
             key = (part or by_name, event.name)
             split[key] = split.get(key, 0.0) + microseconds

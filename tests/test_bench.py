@@ -66,7 +66,7 @@ def test_the_split_of_a_step_puts_each_operation_in_its_part(attention_dropout):
 
 def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
     """The same split on CUDA reads the kernels' times under each operation: a GEMM under a
-    matrix product, flash kernels under attention (its backward found by sequence number), the
+    matrix product, attention's kernels forward and backward under attention, the
     projection's GEMM under the loss, Adam's kernel under the optimizer. Events made by hand,
     as torch.profiler gives them (no GPU here)."""
     from types import SimpleNamespace
