@@ -240,13 +240,14 @@ def time_train_loop(config: Config, data, steps: int) -> float:
 ATTENTION_WORDS = ("scaled_dot_product", "flash", "fmha", "efficient_attention", "sdpa", "cudnn")
 
 
-def attention_kernels(step: "Step", batch) -> dict:
-    """On CUDA: the attention kernels one training step launches, by name and count, read
-    from the profiler (flash, memory-efficient or cuDNN attention; none of them means the
-    unfused math path)."""
+def attention_kernels(run) -> dict:
+    """On CUDA: the attention kernels that `run()` (a training step, a batch of decoding)
+    launches, by name and count, read from the profiler (flash, memory-efficient or cuDNN
+    attention; none of them means the unfused math path)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step(batch, record=False)
+        run()
+        torch.cuda.synchronize()
     found = {}
     for event in prof.key_averages():
         name = event.key.lower()
@@ -389,6 +390,8 @@ def parse(argv=None):
                         help="steps of this repo's model profiled at the end (the last timed "
                         "batches), for the split of a step (matrix products, attention, loss...; "
                         "0 = skip)")
+    parser.add_argument("--loss_block_rows", type=int, default=0,
+                        help="positions per block of this repo's loss (0: kernels.block_rows)")
     parser.add_argument("--wmt_pairs", type=int, default=0,
                         help="train on a synthetic corpus of this many pairs with WMT14 en-de's "
                         "sentence lengths and a 37,000-token joint vocabulary (0: --data_dir)")
@@ -467,6 +470,7 @@ def compare(config: Config, data, device, args):
     if config.compile:
         ours, theirs = torch.compile(ours, dynamic=True), torch.compile(theirs, dynamic=True)
     step_ours, step_theirs = Step(ours, config, device), Step(theirs, config, device)
+    step_ours.loss_fn.block_rows = args.loss_block_rows
     step_fp32 = None if plain is None else \
         Step(plain, dataclasses.replace(config, precision="fp32", compile=False), device)
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
@@ -491,7 +495,8 @@ def compare(config: Config, data, device, args):
         print(f"  step {n}: {times} ({real_tokens(batch)} real tokens)", flush=True)
     if device.type == "cuda":
         print("attention kernels of one training step of this repo's model:")
-        for name, count in sorted(attention_kernels(step_ours, batches[-1]).items()):
+        for name, count in sorted(attention_kernels(
+                lambda: step_ours(batches[-1], record=False)).items()):
             print(f"  {count:4d} x {name}")
     return step_ours, step_theirs, step_fp32, flops, batches
 

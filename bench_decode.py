@@ -39,17 +39,27 @@ from trained_model import load_ensemble, load_translator
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
-    """CTranslate2 exports of `model` in float32 and int8, loaded; {} without ctranslate2."""
+    """CTranslate2 exports of `model` in float32 and int8, loaded on the model's device (CPU or
+    CUDA); {} without ctranslate2, or where it cannot load on that device (one line says why)."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
         print("ctranslate2 is not installed: its rows are left out (pip install ctranslate2)")
         return {}
-    from engine import Engine, export
+    from engine import Engine, ExportError, export
+    device = next(model.parameters()).device.type
     out = {}
     for quantization in ("float32", "int8"):
         path = export(model, config, tok_src, tok_tgt, folder / quantization, quantization)
-        out[quantization] = Engine(path, tok_src, tok_tgt, "cpu", threads)
+        try:
+            engine = Engine(path, tok_src, tok_tgt, device, threads)
+            # a CUDA build finds its CUDA libraries at the first translation, not at loading
+            engine.translator.translate_batch([[engine.tokens[4]]], max_decoding_length=2)
+        except (ExportError, RuntimeError) as e:  # e.g. built for another CUDA release
+            print(f"CTranslate2 {quantization} on {device} cannot run: "
+                  f"{str(e).splitlines()[0]}; its rows are left out")
+            continue
+        out[quantization] = engine
     return out
 
 
@@ -240,6 +250,19 @@ def main(argv=None):
         runs += engine_decoders(args, exported, len(ids), common)
         outputs, times = decode_in_turn(runs, ids, batch, args.repeats)
     report(runs, outputs, times, references, tok_tgt)
+    if next(model.parameters()).is_cuda:
+        report_attention_kernels(runs[:2], ids, batch)
+
+
+def report_attention_kernels(runs, ids, batch: int):
+    """The attention kernels of one batch (the longest sentences) of greedy and beam decoding
+    with the key/value cache, read from the profiler."""
+    from bench import attention_kernels
+    longest = sorted(ids, key=len)[-batch:]
+    for name, run, _ in runs:
+        print(f"attention kernels of one batch of {len(longest)} sentences, {name}:")
+        for kernel, count in sorted(attention_kernels(lambda: run(longest)).items()):
+            print(f"  {count:5d} x {kernel}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ backward, interleaved call by call so that the machine's state is the same for b
 
     python bench_loss.py                                  # the recipe's and the paper's shapes
     python bench_loss.py --shapes 512x37000 --rows 0 1024 2048 --precision bf16
+    python bench_loss.py --device cuda --shapes 512x37000 --positions 12500 --rows 0 12500
 
 Prints each one's median time and its ratio to torch's (below 1: faster than torch).
 """
@@ -17,6 +18,12 @@ import torch.nn.functional as F
 
 from config import ArgumentParser, UserError, run_main
 from kernels import BlockwiseLabelSmoothedCrossEntropy, block_rows
+from runtime import setup_device
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class Projection(nn.Module):
@@ -33,11 +40,12 @@ def torch_loss(x, projection, label, smoothing: float):
                            reduction="sum")
 
 
-def measure(d_model: int, vocab: int, positions: int, rows: list, precision: str, calls: int):
+def measure(d_model: int, vocab: int, positions: int, rows: list, precision: str, calls: int,
+            device: torch.device):
     torch.manual_seed(0)
-    projection = Projection(d_model, vocab)
-    x = torch.randn(positions, d_model, requires_grad=True)
-    label = torch.randint(4, vocab, (positions,))
+    projection = Projection(d_model, vocab).to(device)
+    x = torch.randn(positions, d_model, requires_grad=True, device=device)
+    label = torch.randint(4, vocab, (positions,), device=device)
     label[::9] = 1  # padding
     losses = {"torch cross_entropy, whole logits": lambda: torch_loss(x, projection, label, 0.1)}
     for r in rows:
@@ -48,19 +56,21 @@ def measure(d_model: int, vocab: int, positions: int, rows: list, precision: str
     times = {name: [] for name in losses}
     for call in range(calls + 1):  # the first call of each is not timed
         for name, f in losses.items():
+            sync(device)
             started = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 value = f()
             value.backward()
+            sync(device)
             if call:
                 times[name].append(time.perf_counter() - started)
             x.grad = None
             projection.zero_grad()
     reference = statistics.median(next(iter(times.values())))
-    print(f"d_model {d_model}, vocabulary {vocab}, {positions} positions, {precision}, "
+    print(f"d_model {d_model}, vocabulary {vocab}, {positions} positions, {precision}, {device}, "
           f"forward and backward, median of {calls}:")
     for name, t in times.items():
-        print(f"  {name:<40} {statistics.median(t) * 1000:8.0f} ms  "
+        print(f"  {name:<40} {statistics.median(t) * 1000:8.1f} ms  "
               f"{statistics.median(t) / reference:5.2f}x torch's time")
 
 
@@ -73,6 +83,7 @@ def main(argv=None):
                         help="block sizes to time (0: the default)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--calls", type=int, default=5, help="timed calls of each")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
 
     def run():
@@ -82,7 +93,8 @@ def main(argv=None):
             except ValueError:
                 raise UserError(f"--shapes {shape}: give d_model x vocabulary, as "
                                 f"512x37000") from None
-            measure(d_model, vocab, args.positions, args.rows, args.precision, args.calls)
+            measure(d_model, vocab, args.positions, args.rows, args.precision, args.calls,
+                    setup_device(args.device))
     run_main("bench_loss.py", run)
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from kernels import BlockwiseLabelSmoothedCrossEntropy, Dropout, written_out_attention_is_faster
+from kernels import (BlockwiseLabelSmoothedCrossEntropy, Dropout, block_rows,
+                     written_out_attention_is_faster)
 from model import LabelSmoothedCrossEntropy, build_transformer
 from tokenizer import PAD
 
@@ -105,3 +106,15 @@ def test_the_blockwise_loss_never_waits_for_the_device(monkeypatch):
     loss.backward()
     monkeypatch.undo()
     assert torch.isfinite(loss).item() and torch.isfinite(x.grad).all().item()
+
+
+def test_block_rows_per_device():
+    """CPU blocks stay cache-sized (16 MB of float32 logits, at least d_model rows); GPU blocks
+    are large (the H100 measured in docs/scaling.md waited on each block's launches): a power
+    of two of rows, 8,192 at the paper's 37,000 words, the largest within 1.25 GiB of logits."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # a device name: no GPU needed
+    assert block_rows(37000, 512, cpu) == 512 and block_rows(10000, 128, cpu) == 419
+    assert block_rows(37000, 512, gpu) == 8192
+    for vocab in (1000, 10000, 37000, 250000):
+        rows = block_rows(vocab, 512, gpu)
+        assert rows & (rows - 1) == 0 and rows * vocab * 4 <= 1.25 * 2 ** 30 < 2 * rows * vocab * 4
