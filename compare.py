@@ -16,7 +16,7 @@ from pathlib import Path
 
 from config import ArgumentParser, UserError, run_main
 from corpus import read_lines
-from metrics import BOOTSTRAP_SAMPLES, RANDOMIZATION_SAMPLES, compare
+from nmt.metrics import BOOTSTRAP_SAMPLES, RANDOMIZATION_SAMPLES, compare
 
 
 def read_systems(paths, reference):

@@ -355,6 +355,13 @@ class ReportedElsewhere(Exception):
     printed the line. The others exit 2 without a word (no second line, no traceback)."""
 
 
+def is_main() -> bool:
+    """Rank 0, which alone writes files, logs and progress bars and says what went wrong: under
+    torchrun the process whose RANK is 0 (torchrun gives each its rank in the environment, as
+    the process group reads it), and always the one process of a plain run."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def fail(prog: str, message: str, quiet: bool = False):
     """The one way a script reports a user's error: one line on stderr, exit code 2. `quiet`
     (a torchrun process other than rank 0, whose rank 0 meets the same error): no line, and a
@@ -381,7 +388,7 @@ def run_main(prog: str, main, aborted: str = "aborted"):
             sys.exit(2)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
-        if os.environ.get("RANK", "0") == "0":
+        if is_main():
             newline = "\n" if sys.stderr.isatty() else ""  # below a progress bar, not on it
             sys.stderr.write(f"{newline}{prog}: {aborted}\n")
         sys.exit(130)
@@ -396,7 +403,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         under_torchrun = "WORLD_SIZE" in os.environ  # as runtime.start_distributed tells
         fail(self.prog, f"{message} (see --help)",
-             quiet=under_torchrun and os.environ.get("RANK", "0") != "0")
+             quiet=under_torchrun and not is_main())
 
 
 def _bool(text):

@@ -15,8 +15,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from config import Config, UserError
-from runtime import is_main
+from config import Config, UserError, is_main
 
 VAL_NAMES = ("validation", "valid", "val", "dev")
 SPLITS = ("train", "validation", "test")

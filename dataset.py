@@ -20,10 +20,9 @@ import torch
 from torch.utils.data import Dataset as TorchDataset
 from tqdm import tqdm
 
-from config import Config
+from config import Config, is_main
 from corpus import (CORPUS_FINGERPRINT, DataError, column, corpus_source, digest, load_corpus, note,
                     quiet_datasets)
-from runtime import is_main
 from tokenizer import (EOS, PAD, SOS, coverage, get_tokenizers, recipe_path,
                        tokenizer_fingerprint, tokenizer_keys, tokenizer_path)
 

@@ -6,14 +6,14 @@
     python export.py --output exported/ct2_avg --average 5    # the last 5 epochs averaged
     python translate.py --ctranslate2 exported/ct2 "A dog runs."   # translate.py, on the engine
 
-How the weights map to the engine's specification: engine.py.
+How the weights map to the engine's specification: nmt/engine.py.
 """
 
 import sys
 
 from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
-from engine import QUANTIZATIONS, check_output, export, import_ctranslate2
-from trained_model import load_translator
+from nmt.engine import QUANTIZATIONS, check_output, export, import_ctranslate2
+from nmt.trained_model import load_translator
 
 
 def parse_args(argv):

@@ -121,7 +121,7 @@ def block_rows(vocab: int, d_model: int, device: torch.device) -> int:
     at least d_model. The weight's gradient is a product (vocabulary × rows) @ (rows × d_model)
     whose inner size is the block's rows: at the paper's base shape (512 wide, 37,000 words) the
     113 rows of 16 MB made it slow, and the loss took 1.27 times torch's whole-logits time on
-    CPU; 512 rows take 0.82 times (bench_loss.py, docs/performance.md). On a GPU: the largest
+    CPU; 512 rows take 0.82 times (dev/bench_loss.py, docs/performance.md). On a GPU: the largest
     power of two of rows whose float32 logits fit in 1.25 GiB (8,192 at 37,000 words): each is
     a dozen kernel launches, and an H100 at the base shape waits on them (the loss alone on 12,500
     positions: 12.0 ms in the former 256 MB blocks, 10.6 in 4,096 rows, 9.6 in one block; the

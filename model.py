@@ -3,7 +3,7 @@
 Each class is one piece of the paper, its section named in the docstring; the classes that are
 not in the paper say so ("An addition"): the options of the write-ups this repo follows (pre-norm,
 RMSNorm, SwiGLU, rotary positions, grouped-query attention) and the key/value cache hook that
-makes decoding incremental (the cache itself and the searches are in decoding.py).
+makes decoding incremental (the cache itself and the searches are in nmt/decoding.py).
 
 Masks are boolean and True where attention is allowed: encoder masks are (batch, 1, 1, src_len),
 decoder masks (batch, 1, tgt_len, tgt_len); the decoder's own is causal without a mask tensor.
@@ -203,7 +203,7 @@ class MultiHeadAttentionBlock(nn.Module):
 
     Additions: grouped-query attention (Ainslie et al., 2023), `n_kv_heads` < h key/value heads
     each shared by h / n_kv_heads query heads; `rotary`, RoPE on self-attention's queries and
-    keys; `cache`, the keys and values of earlier steps for incremental decoding (decoding.py).
+    keys; `cache`, the keys and values of earlier steps for incremental decoding (nmt/decoding.py).
     """
 
     def __init__(self, d_model: int, h: int, dropout: float, n_kv_heads: int = None,

@@ -75,7 +75,7 @@ def run_here(script: str, *args, cwd: Path, input: bytes = None):
     start-up (3-5 s of imports a run). Working folder, argv, stdin, the signal handlers, torch's
     thread count (`--threads`) and random state are put back after it, as a process's end
     would."""
-    module = importlib.import_module(Path(script).stem)
+    module = importlib.import_module(str(Path(script).with_suffix("")).replace("/", "."))
     argv = [str(a) for a in args]
     out, err, code = io.StringIO(), io.StringIO(), 0
     saved = (os.getcwd(), sys.argv, sys.stdin,

@@ -15,8 +15,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import parse_config  # noqa: E402
 from dataset import Collator  # noqa: E402
-from evaluation import score_test_sets, validation_loss, validation_translations  # noqa: E402
-from runtime import gather_to_main, stop_distributed  # noqa: E402
+from nmt.evaluation import score_test_sets, validation_loss, validation_translations  # noqa: E402
+from nmt.runtime import gather_to_main, stop_distributed  # noqa: E402
 from tokenizer import PAD  # noqa: E402
 from train import set_up, train_epoch, train_step, validate  # noqa: E402
 

@@ -14,8 +14,8 @@ def test_the_benchmarks_flop_count_is_the_models(options):
     attention). Counted here against torch's FLOP counter over the written-out attention."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from bench import model_flops
-    from trained_model import build_model
+    from dev.bench import model_flops
+    from nmt.trained_model import build_model
     config = Config(d_model=64, N=2, h=4, d_ff=128, seq_len=32, **options)
     model = build_model(config, 50, 60).eval()
     for module in model.modules():
@@ -34,9 +34,9 @@ def test_the_split_of_a_step_puts_each_operation_in_its_part(attention_dropout):
     backward, written out on CPU with attention dropout, torch's fused kernel without) count as
     attention, the projection's as the loss, fused Adam as the optimizer, and the layers'
     products as matrix products."""
-    from bench import SPLIT, Step, profile_split, split_events
+    from dev.bench import SPLIT, Step, profile_split, split_events
     from dataset import Collator
-    from trained_model import build_model
+    from nmt.trained_model import build_model
     config = Config(d_model=32, N=2, h=4, d_ff=64, seq_len=32, attention_dropout=attention_dropout)
     torch.manual_seed(0)
     step = Step(build_model(config, 60, 60).train(), config, torch.device("cpu"))
@@ -50,7 +50,7 @@ def test_the_split_of_a_step_puts_each_operation_in_its_part(attention_dropout):
 
     from torch.profiler import ProfilerActivity, profile
 
-    from bench import attention_in_a_range
+    from dev.bench import attention_in_a_range
     with attention_in_a_range(), profile(activities=[ProfilerActivity.CPU]) as prof:
         step(batch, record=False)
     ops = {}
@@ -73,7 +73,7 @@ def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
 
     from torch.autograd.profiler_util import Kernel
 
-    from bench import split_events
+    from dev.bench import split_events
 
     def event(name, parent=None, kernels=(), seq=-1, fwd_thread=0):
         return SimpleNamespace(name=name, cpu_parent=parent, is_async=False, sequence_nr=seq,
@@ -103,11 +103,11 @@ def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
 
 
 def test_bench_decode_side_by_side_on_a_subset(trained):
-    """bench_decode.py as the README runs it: every decoder on the same N sentences, the engine's
+    """dev/bench_decode.py as the README runs it: every decoder on the same N sentences, the engine's
     float32 greedy equal to ours, and the ratio taken pass by pass."""
     pytest.importorskip("ctranslate2")
     home, _ = trained
-    t = run_here("bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
+    t = run_here("dev/bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
                  "--split", "val", "--sentences", "5", "--repeats", "2", "--threads", "1",
                  "--beam", "3", "--ensemble_with", "weights/tmodel_01.pt", cwd=home)
     out = t.stdout.decode()
@@ -129,7 +129,7 @@ def test_the_picture_counts_training_minutes_without_the_pause_before_a_resume(t
     """Issue 18: plot_runs.py puts validation BLEU against training minutes from the logs."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from plot_runs import curve
+    from dev.plot_runs import curve
     writer = SummaryWriter(str(tmp_path))
     t0 = 1_000_000.0
     for step, (tag, value, minute) in enumerate([
@@ -144,7 +144,7 @@ def test_the_picture_puts_validation_loss_against_steps(tmp_path):
     """Issue 25: two runs compared at equal steps (bf16 against fp32), whatever their speed."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from plot_runs import curve
+    from dev.plot_runs import curve
     writer = SummaryWriter(str(tmp_path))
     for step, tag, value in [(1, "train/loss", 5.0), (120, "validation/loss", 4.5),
                              (120, "validation/bleu", 9.0), (240, "validation/loss", 3.5)]:
@@ -155,10 +155,10 @@ def test_the_picture_puts_validation_loss_against_steps(tmp_path):
 
 
 def test_bench_times_mixed_precision_against_fp32_in_the_same_run(trained):
-    """Issue 25: `python bench.py --precision bf16` prints its ratio to fp32, measured in the
+    """Issue 25: `python -m dev.bench --precision bf16` prints its ratio to fp32, measured in the
     same run on the same batches (this repo's model in both, the same weights)."""
     home, _ = trained
-    t = run_here("bench.py", "--data_dir", "corpus", "--lang_tgt", "it", "--d_model", "32",
+    t = run_here("dev/bench.py", "--data_dir", "corpus", "--lang_tgt", "it", "--d_model", "32",
                  "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
                    "--max_tokens", "200", "--seq_len", "24", "--steps", "2",
                    "--warmup_steps", "1", "--baseline_steps", "0", "--train_steps", "0",
@@ -171,9 +171,9 @@ def test_bench_times_mixed_precision_against_fp32_in_the_same_run(trained):
 
 
 def test_bench_takes_a_presets_values_and_the_flags_given_over_them():
-    """bench.py's own defaults (4,000-token batches, dropout 0.1) overrode a --preset's, so
+    """dev/bench.py's own defaults (4,000-token batches, dropout 0.1) overrode a --preset's, so
     `bench.py --preset multi30k_modern` timed another model than the preset trains."""
-    from bench import parse
+    from dev.bench import parse
     from config import PRESETS
     preset = PRESETS["multi30k_modern"]
     _, config = parse(["--preset", "multi30k_modern"])
@@ -188,20 +188,20 @@ def test_bench_takes_a_presets_values_and_the_flags_given_over_them():
 
 
 def test_bench_refuses_bpe_dropout_in_one_line(tmp_path):
-    """bench.py --bpe_dropout timed both models on plain batches while its train.py-loop figure
+    """dev/bench.py --bpe_dropout timed both models on plain batches while its train.py-loop figure
     ran with the flag, so its loop/step ratio mixed the two: refused, pointing to the flag's own
     benchmark."""
-    t = run_here("bench.py", "--bpe_dropout", "0.1", "--data_dir", "nowhere", cwd=tmp_path)
+    t = run_here("dev/bench.py", "--bpe_dropout", "0.1", "--data_dir", "nowhere", cwd=tmp_path)
     err = t.stderr.decode()
     assert t.returncode == 2, t.stdout
-    assert err.count("\n") == 1 and "bench_bpe_dropout.py" in err, err
+    assert err.count("\n") == 1 and "dev.bench_bpe_dropout" in err, err
 
 
 def test_the_wmt_like_corpus_has_wmt_lengths_and_one_token_a_word(tmp_path):
     """Issue 44: the synthetic corpus bench.py --wmt_pairs times: lengths of WMT14 en-de after
     BPE (mean 28 a side, a tail past 100), aligned files, words from vocab_size - 10 types."""
     import numpy as np
-    from bench import wmt_like_corpus
+    from dev.bench import wmt_like_corpus
     folder = wmt_like_corpus(tmp_path / "wmt", 20000, 37000, seed=1)
     src = [len(line.split()) for line in (folder / "train.en").read_text().splitlines()]
     tgt = [len(line.split()) for line in (folder / "train.de").read_text().splitlines()]
@@ -216,7 +216,7 @@ def test_the_wmt_like_corpus_has_wmt_lengths_and_one_token_a_word(tmp_path):
 
 def test_padding_shares_and_the_order_by_both_sides():
     import numpy as np
-    from bench import batches_by_both_sides, padding_shares
+    from dev.bench import batches_by_both_sides, padding_shares
     src, tgt = np.array([4, 2, 4, 2]), np.array([1, 3, 1, 3])
     assert padding_shares(src, tgt, [np.array([0, 1]), np.array([2, 3])]) == \
         pytest.approx((0.25, 1 / 3))
@@ -229,9 +229,9 @@ def test_padding_shares_and_the_order_by_both_sides():
 
 
 def test_bench_runs_at_wmt_lengths_with_padding_and_the_loop(tmp_path):
-    """bench.py --wmt_pairs on this CPU at a tiny shape: both models on the same batches, the
+    """dev/bench.py --wmt_pairs on this CPU at a tiny shape: both models on the same batches, the
     padding share of each side both ways, and the whole loop against the step."""
-    t = run_here("bench.py", "--wmt_pairs", "400", "--vocab_size", "2000", "--d_model", "32",
+    t = run_here("dev/bench.py", "--wmt_pairs", "400", "--vocab_size", "2000", "--d_model", "32",
                  "--N", "1", "--h", "2", "--d_ff", "64", "--max_tokens", "1200", "--steps", "2",
                  "--warmup_steps", "1", "--baseline_steps", "0", "--train_steps", "2",
                  cwd=tmp_path)
@@ -244,7 +244,7 @@ def test_bench_runs_at_wmt_lengths_with_padding_and_the_loop(tmp_path):
     assert "where this repo's step spends its time (2 more steps" in out
     assert "loss (its projection included)" in out and "outside any operator" in out
     assert (tmp_path / "weights" / "bench_wmt" / "corpus_400_2000" / "train.de").exists()
-    from bench import parse  # a preset's folder, vocabulary and seq_len never apply to it
+    from dev.bench import parse  # a preset's folder, vocabulary and seq_len never apply to it
     _, config = parse(["--preset", "multi30k_modern", "--wmt_pairs", "400"])
     assert (config.model_folder, config.vocab_size, config.seq_len, config.d_model) == \
         ("weights/bench_wmt/400_37000", 37000, 256, 128)
@@ -255,7 +255,7 @@ def test_bench_bpe_dropout_prices_an_epoch_three_ways(trained):
     batch, as many batches each, and prints the epoch's cost with the flag as a ratio to the
     plain epoch's, measured in the same run."""
     home, _ = trained
-    t = run_here("bench_bpe_dropout.py", "--data_dir", "corpus", "--lang_tgt", "it",
+    t = run_here("dev/bench_bpe_dropout.py", "--data_dir", "corpus", "--lang_tgt", "it",
                  "--d_model", "32", "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
                  "--max_tokens", "24", "--seq_len", "24", "--model_folder", "bench_w",
                  "--steps", "2", "--warmup_steps", "1", "--threads", "1", cwd=home)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import state_at, tiny_state
 
-from checkpoint import (
+from nmt.checkpoint import (
     CheckpointError,
     check_tokenizers,
     latest_checkpoint_path,
@@ -213,7 +213,7 @@ def test_averaging_holds_one_checkpoint_at_a_time_and_gives_the_mean(tmp_path, m
     """Issue 24: --average N loaded all N checkpoints, Adam moments included, before averaging
     (about 13 GB for paper_big and N = 5). Now a running sum: at most one checkpoint is held
     while the next is read, and the result is the mean."""
-    import checkpoint
+    from nmt import checkpoint
     states = []
     for epoch in range(4):
         torch.manual_seed(epoch)

@@ -115,9 +115,90 @@ def test_every_preset_the_scripts_and_docs_name_exists():
     from conftest import ROOT
 
     from config import PRESETS
-    files = [*ROOT.glob("*.py"), ROOT / "README.md", *ROOT.glob("docs/*.md")]
+    files = [*ROOT.glob("*.py"), *ROOT.glob("nmt/*.py"), *ROOT.glob("dev/*.py"),
+             ROOT / "README.md", *ROOT.glob("docs/*.md")]
     named = {(f.name, name) for f in files
-             for line in f.read_text(encoding="utf-8").splitlines() if ".py" in line  # commands
+             for line in f.read_text(encoding="utf-8").splitlines()
+             if ".py" in line or "python" in line  # commands
              for name in re.findall(r"--preset[ =]+([a-z0-9_]+)\b", line)}
     assert {n for _, n in named} >= {"multi30k_modern", "multi30k_paper"}  # the search works
     assert [(f, n) for f, n in sorted(named) if n not in PRESETS] == []
+
+
+# ---- the layout: the core at the top, the machinery in nmt/, the lab in dev/ --------------------
+
+CORE = {"config", "model", "dataset", "train", "translate"}
+SCRIPTS = {"train", "translate", "export", "compare"}
+
+
+def project_imports():
+    """{module: the project's modules it imports} for every module outside tests/ (imports
+    inside functions counted), modules named as dotted paths from the root (nmt.decoding)."""
+    import ast
+
+    from conftest import ROOT
+    files = [*ROOT.glob("*.py"), *ROOT.glob("nmt/*.py"), *ROOT.glob("dev/*.py")]
+    modules = {".".join(f.relative_to(ROOT).with_suffix("").parts): f for f in files}
+    graph = {}
+    for name, f in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_the_top_level_holds_the_core_and_the_user_scripts():
+    """Issue 55: at most 10 .py files at the top (the card's five among them), the machinery in
+    one flat folder nmt/, benchmarks and tools in dev/; imports run one way: scripts -> nmt/ ->
+    the core -> config.py (the core never imports nmt/ or dev/: the folder is in no circle),
+    and no module outside dev/ imports a script."""
+    from conftest import ROOT
+    top = {f.stem for f in ROOT.glob("*.py")}
+    assert len(top) <= 10 and CORE | {"export", "compare"} <= top, sorted(top)
+    assert not [p for p in (ROOT / "nmt").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    graph = project_imports()
+    assert graph, "no module found"
+    wrong = [(m, i) for m, imports in graph.items() for i in imports
+             if (m in top and m not in SCRIPTS and i.startswith(("nmt.", "dev.")))
+             or (not m.startswith("dev.") and i in SCRIPTS)
+             or (m.startswith("nmt.") and i.startswith("dev."))]
+    assert wrong == []
+
+
+def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
+    """Every `python X.py` and `python -m package.module` in README.md and docs/ names a file
+    of the repo (or pytest), so that each runs as written after the layout's move."""
+    import re
+
+    from conftest import ROOT
+    missing, seen = [], 0
+    for f in [ROOT / "README.md", *ROOT.glob("docs/*.md")]:
+        text = f.read_text(encoding="utf-8")
+        for script in re.findall(r"python3? ([\w/]+\.py)\b", text):
+            seen += 1
+            if not (ROOT / script).is_file():
+                missing.append((f.name, script))
+        for module in re.findall(r"python3? -m ([\w.]+)", text):
+            seen += 1
+            if module != "pytest" and not (ROOT / (module.replace(".", "/") + ".py")).is_file():
+                missing.append((f.name, module))
+    assert seen > 100 and missing == []
+
+
+def test_the_tools_in_dev_run_from_the_root():
+    """`python -m dev.NAME --help` works from the repo's root for every tool in dev/."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    tools = sorted(f.stem for f in (ROOT / "dev").glob("*.py"))
+    assert {"bench", "bench_decode", "bench_loss", "plot_runs"} <= set(tools)
+    runs = {t: subprocess.Popen([sys.executable, "-m", f"dev.{t}", "--help"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for t in tools}
+    for tool, proc in runs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and b"usage:" in out, (tool, err.decode()[-800:])

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from conftest import small, tiny_model
 
-from decoding import (
+from nmt.decoding import (
     PackedLinear,
     beam_search,
     clean,
@@ -260,7 +260,7 @@ def exhaustive_best(model, src, src_mask, tokens, limit: int, alpha: float, min_
     scores a finished hypothesis (log P over the allowed tokens / length penalty): the best."""
     from itertools import product
 
-    from decoding import length_penalty
+    from nmt.decoding import length_penalty
     allowed = torch.tensor(list(tokens) + [EOS])
     best = (None, float("-inf"))
     for length in range(min_len, limit + 1):
@@ -327,7 +327,7 @@ def step_log_probs(models, sources, prefix, banned=(PAD, SOS)):
 def test_an_ensemble_of_one_model_decodes_as_that_model(memorized):
     """Issue 42: the ensemble's path (its state, caches, the mean of log-probabilities) with
     one model, or with one model twice, gives that model's translations and beam scores."""
-    from decoding import Ensemble
+    from nmt.decoding import Ensemble
     model, pairs, _, _ = memorized
     untrained = tiny_model(vocab=20, seed=3)
     srcs = [s for s, _ in pairs] + [[4, 9, 13, 5, 6]]
@@ -351,7 +351,7 @@ def test_an_ensemble_averages_its_models_log_probabilities_at_each_step():
     (other ids for the same sentence): greedy picks the best mean log-probability at each step
     and beam's scores are the mean log-probabilities summed, as the models re-decoding every
     prefix give them: each model's cache follows the beams' reordering."""
-    from decoding import Ensemble, length_penalty
+    from nmt.decoding import Ensemble, length_penalty
     a = tiny_model(vocab=20, seed=5)
     torch.manual_seed(6)
     b = build_transformer(30, 20, 32, 32, d_model=16, N=1, h=2, d_ff=32, dropout=0.0,
@@ -381,7 +381,7 @@ def test_an_ensemble_averages_its_models_log_probabilities_at_each_step():
 
 
 def sampled(model, srcs, batch_size=64, **options):
-    from decoding import Sampling
+    from nmt.decoding import Sampling
     return translate_ids(model, srcs, SOS, EOS, PAD, seq_len=32, batch_size=batch_size,
                          sampling=Sampling(**options))
 
@@ -453,7 +453,7 @@ def test_a_sentence_longer_than_seq_len_is_named_by_its_number_in_the_file(capsy
     torchrun a rank translating every world_size-th test sentence named them by their place in
     its share."""
     from config import Config
-    from decoding import translate
+    from nmt.decoding import translate
     from tokenizer import build_tokenizer
     long = "one two three four five six seven eight nine ten"
     tok = build_tokenizer("word", 30, [long])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import ROOT, TINY, number_pairs, run_here, run_script, write_aligned
 
-from bench_data import children
+from dev.bench_data import children
 from dataset import Collator, TokenBatchSampler, split_for_ranks
 from tokenizer import PAD
 
@@ -68,7 +68,7 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     assert len(seen) == len(set(seen)) == 120
 
     # one process, one update over both ranks' first batches: the same gradient
-    from trained_model import build_model
+    from nmt.trained_model import build_model
     from config import Config
     from dataset import get_ds
     from train import make_loss, train_step
@@ -101,7 +101,7 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     # score) of one process with the same weights
     from types import SimpleNamespace
     from contextlib import nullcontext
-    from evaluation import validation_loss, validation_translations
+    from nmt.evaluation import validation_loss, validation_translations
     from train import Progress
     torch.nn.utils.vector_to_parameters(report["end"][0], model.parameters())
     config.max_tokens = 120
@@ -114,8 +114,8 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
         assert losses[name] == pytest.approx(value, rel=1e-6), name
     # and the test sets, each rank translating its share with the best checkpoint: the scores
     # of one process translating them all
-    from evaluation import score_test_sets
-    from runtime import NoWriter
+    from nmt.evaluation import score_test_sets
+    from nmt.runtime import NoWriter
     one.writer = NoWriter()
     (results, samples), (expected, expected_samples) = report["test"], score_test_sets(
         one, Progress())

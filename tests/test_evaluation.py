@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import TINY, number_pairs, write_aligned
 
-from checkpoint import best_checkpoint, save_checkpoint
+from nmt.checkpoint import best_checkpoint, save_checkpoint
 from config import parse_config
-from evaluation import score_test_sets, validation_loss
+from nmt.evaluation import score_test_sets, validation_loss
 from model import LabelSmoothedCrossEntropy
 from tokenizer import PAD
 from train import set_up

@@ -2,7 +2,7 @@
 
 import pytest
 
-from metrics import compare, edit_distance, error_rate, score
+from nmt.metrics import compare, edit_distance, error_rate, score
 
 
 def test_edit_distance_cer_and_wer():

@@ -215,7 +215,7 @@ def test_cpu_bf16_attention_runs_written_out_not_torchs_fused_kernel(monkeypatch
     written-out products at sentence lengths (docs/performance.md), so under bf16 autocast the
     model runs `attention` itself, in training and in evaluation, and gives fp32's outputs
     within bf16's rounding."""
-    from trained_model import build_model
+    from nmt.trained_model import build_model
     model = build_model(Config(d_model=32, N=1, h=4, d_ff=64, seq_len=16, n_kv_heads=2,
                                attention_dropout=0.0), 30, 30).eval()
     src, tgt = torch.randint(4, 30, (2, 9)), torch.randint(4, 30, (2, 6))
@@ -235,7 +235,7 @@ def test_cpu_bf16_attention_runs_written_out_not_torchs_fused_kernel(monkeypatch
 def test_grouped_query_attention_shares_key_value_heads_without_copying_them(monkeypatch):
     """19. Grouped-query attention copied its keys and values with repeat_interleave; the
     fused kernel shares them (enable_gqa). Same outputs as the written-out math."""
-    from trained_model import build_model
+    from nmt.trained_model import build_model
     model = build_model(Config(d_model=32, N=1, h=4, d_ff=64, seq_len=16, n_kv_heads=2),
                         30, 30).eval()
     src, tgt = torch.randint(4, 30, (2, 9)), torch.randint(4, 30, (2, 6))
@@ -257,7 +257,7 @@ def test_n_dec_sets_the_decoders_depth_alone_and_the_checkpoint_config_rebuilds_
     """Kasai et al. (2021), a deep encoder with a shallow decoder: --N_dec layers in the
     decoder, --N in the encoder; 0 (the default) means --N, as in the paper. A checkpoint's
     config rebuilds the same depths (translate.py takes them from there)."""
-    from trained_model import build_model
+    from nmt.trained_model import build_model
     model = build_transformer(20, 20, 16, 16, d_model=16, N=3, N_dec=1, h=2, d_ff=32)
     assert (len(model.encoder.layers), len(model.decoder.layers)) == (3, 1)
     paper = build_transformer(20, 20, 16, 16, d_model=16, N=3, h=2, d_ff=32)

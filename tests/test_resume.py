@@ -5,11 +5,11 @@ import pytest
 import torch
 from conftest import number_pairs, state_at, tiny_state, write_aligned
 
-from checkpoint import CheckpointError, best_checkpoint_path, history_path, save_checkpoint
+from nmt.checkpoint import CheckpointError, best_checkpoint_path, history_path, save_checkpoint
 from config import Config
 from corpus import load_corpus
-from files import FolderError
-from resume import (check_split, read_history, resume_state, rng_states, set_rng_states,
+from nmt.files import FolderError
+from nmt.resume import (check_split, read_history, resume_state, rng_states, set_rng_states,
                     write_history)
 
 
@@ -125,7 +125,7 @@ def test_another_corpus_is_refused_but_a_fingerprint_by_times_is_not_checked(tmp
     """A checkpoint resumed on a corpus whose text changed: one line. One of an earlier version
     recorded its folder by the files' times, which no longer says anything: it resumes with a
     note rather than being refused for a copy of the same corpus."""
-    from resume import check_corpus
+    from nmt.resume import check_corpus
     source = str(tmp_path / "corpus")
     now = {"source": source, "fingerprint": "new", "version": 2}
     check_corpus({"corpus": dict(now)}, tmp_path / "t.pt", now)  # the same: nothing said

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from config import Config
-from runtime import autocast_dtype
+from nmt.runtime import autocast_dtype
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_asking_for_a_missing_accelerator_is_a_clear_error():
     from config import UserError
-    from runtime import get_device
+    from nmt.runtime import get_device
     with pytest.raises(UserError, match="--device cuda: CUDA is not available"):
         get_device("cuda")
     assert get_device("cpu").type == "cpu"
@@ -38,7 +38,7 @@ def test_auto_precision_uses_fp16_on_gpus_that_only_emulate_bf16(monkeypatch):
 
 def test_under_torchrun_one_gpu_for_every_rank_is_refused(monkeypatch):
     """19. --device cuda:N under torchrun put every rank on GPU N."""
-    import runtime
+    from nmt import runtime
     from config import UserError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -55,7 +55,7 @@ def test_the_host_side_group_waits_as_long_as_the_gpu_group(monkeypatch):
     30-minute default timeout, not the NCCL group's hour."""
     import datetime
 
-    import runtime
+    from nmt import runtime
     calls = {}
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(runtime, "get_device", lambda name: torch.device("cuda", 0))
@@ -77,7 +77,7 @@ def test_a_busy_machine_is_said_before_training(monkeypatch):
     at 5.9 s a step against 1.2 s with one thread each, and nothing warned."""
     import os
 
-    from runtime import busy_note
+    from nmt.runtime import busy_note
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     cpu = torch.device("cpu")

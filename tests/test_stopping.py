@@ -3,9 +3,9 @@ signals themselves are tested on whole runs: test_train.py, test_distributed.py.
 
 import pytest
 
-import stopping
+from nmt import stopping
 from config import Config
-from stopping import resume_command
+from nmt.stopping import resume_command
 
 
 def test_the_resume_command_names_where_the_run_works():

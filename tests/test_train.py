@@ -16,13 +16,13 @@ from conftest import (ROOT, TINY, number_pairs, run_here, run_script, swap_two_t
                       write_aligned)
 
 import train
-from checkpoint import best_checkpoint_path, history_path, load_checkpoint, save_checkpoint
+from nmt.checkpoint import best_checkpoint_path, history_path, load_checkpoint, save_checkpoint
 from config import PRESETS, Config, parse_config
 from dataset import BilingualDataset, Collator
-from decoding import greedy_decode
+from nmt.decoding import greedy_decode
 from model import LabelSmoothedCrossEntropy, build_transformer
 from tokenizer import EOS, PAD, SOS
-from trained_model import build_model
+from nmt.trained_model import build_model
 from train import learning_rate, make_loss, make_optimizer, total_steps, train_step, warmup_steps
 
 
@@ -276,7 +276,7 @@ def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, tra
     45: a saved stop exited 0, as a finished run does; now 128 + the signal's number."""
     import os
 
-    import evaluation
+    from nmt import evaluation
     corpus(tmp_path / "c")
     real = evaluation.translate_ids
 
@@ -485,7 +485,7 @@ def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained
     assert "later checkpoint(s)" in t.stdout.decode()
     history = json.loads((tmp_path / "w" / "tmodel_validation.json").read_text())
     assert [h["step"] for h in history] == [step, step + 2]  # epoch 01's validation left out
-    from checkpoint import latest_checkpoint_path
+    from nmt.checkpoint import latest_checkpoint_path
     from config import Config
     assert latest_checkpoint_path(Config(model_folder=str(tmp_path / "w"))).name == \
         f"tmodel_01_s{step + 2:07d}.pt"

@@ -1,6 +1,6 @@
 """Decoding speed and quality of a trained checkpoint, side by side with CTranslate2.
 
-    python bench_decode.py --model_folder weights --threads 2     # Multi30k test_2016_flickr
+    python -m dev.bench_decode --model_folder weights --threads 2     # Multi30k test_2016_flickr
 
 One run, one trained model, the same sentences, the same thread count, the same length rules
 (the checkpoint's --max_len_a/--max_len_b/--min_len):
@@ -32,10 +32,10 @@ import torch
 
 from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
 from corpus import read_lines
-from decoding import decoding_model, translate_ids
-from metrics import score
+from nmt.decoding import decoding_model, translate_ids
+from nmt.metrics import score
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
-from trained_model import load_ensemble, load_translator
+from nmt.trained_model import load_ensemble, load_translator
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
@@ -46,7 +46,7 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
     except ImportError:
         print("ctranslate2 is not installed: its rows are left out (pip install ctranslate2)")
         return {}
-    from engine import Engine, ExportError, export
+    from nmt.engine import Engine, ExportError, export
     device = next(model.parameters()).device.type
     out = {}
     for quantization in ("float32", "int8"):
@@ -257,7 +257,7 @@ def main(argv=None):
 def report_attention_kernels(runs, ids, batch: int):
     """The attention kernels of one batch (the longest sentences) of greedy and beam decoding
     with the key/value cache, read from the profiler."""
-    from bench import attention_kernels
+    from dev.bench import attention_kernels
     longest = sorted(ids, key=len)[-batch:]
     for name, run, _ in runs:
         print(f"attention kernels of one batch of {len(longest)} sentences, {name}:")

@@ -1,8 +1,8 @@
 """Training throughput: this repo's Transformer against torch.nn.Transformer of the same shape.
 
-    python bench.py                                   # base shape (512/6/8/2048), Multi30k en-de
-    python bench.py --d_model 128 --N 2 --h 4 --d_ff 512 --steps 20
-    python bench.py --preset paper_base --wmt_pairs 200000 --max_tokens 12500   # WMT lengths
+    python -m dev.bench                                   # base shape (512/6/8/2048), Multi30k en-de
+    python -m dev.bench --d_model 128 --N 2 --h 4 --d_ff 512 --steps 20
+    python -m dev.bench --preset paper_base --wmt_pairs 200000 --max_tokens 12500   # WMT lengths
 
 Both models train (forward, loss, backward, Adam) on the same length-bucketed batches of about
 --max_tokens tokens, interleaved step by step, so the machine's state is the same for both.
@@ -41,11 +41,11 @@ from config import ArgumentParser, Config, add_config_arguments, config_from_arg
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding, swiglu_width
-from runtime import autocast, autocast_dtype, setup_device, use_threads
+from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
                    set_up, train_step)
-from trained_model import build_model
+from nmt.trained_model import build_model
 
 # Dense bf16 peak FLOP/s of common GPUs, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
@@ -416,8 +416,8 @@ def parse(argv=None):
     if problem:
         parser.error(problem)
     if config.bpe_dropout:  # its models would be timed on plain batches, its loop on the flag's
-        parser.error("--bpe_dropout: bench.py times plain batches; the flag's cost is "
-                     "bench_bpe_dropout.py's")
+        parser.error("--bpe_dropout: dev.bench times plain batches; the flag's cost is "
+                     "dev.bench_bpe_dropout's")
     return args, config
 
 

@@ -6,7 +6,7 @@ import torch
 from config import UserError
 from dataset import source_batch
 from model import causal_mask
-from plotting import pyplot
+from nmt.plotting import pyplot
 from tokenizer import SOS
 
 

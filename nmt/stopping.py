@@ -8,7 +8,7 @@ import signal
 
 from tqdm import tqdm
 
-from checkpoint import latest_checkpoint_path
+from nmt.checkpoint import latest_checkpoint_path
 from config import Config
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import merge_config
-from trained_model import with_tokenizers
+from nmt.checkpoint import merge_config
+from nmt.trained_model import with_tokenizers
 from config import TRANSLATE_FIELDS, Config, UserError
-from decoding import output_limits
+from nmt.decoding import output_limits
 from tokenizer import SPECIAL_TOKENS, recipe_path, tokenizer_keys, tokenizer_path
 
 QUANTIZATIONS = ["float32", "int8", "int8_float32", "float16", "bfloat16", "int8_float16",

@@ -11,7 +11,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.distributed as dist
 
-from config import Config, ReportedElsewhere, UserError
+from config import Config, ReportedElsewhere, UserError, is_main
 
 
 def get_device(name: str = "auto") -> torch.device:
@@ -153,11 +153,6 @@ def rank_and_world():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def is_main() -> bool:
-    """Rank 0, which alone writes files, logs and progress bars (always true without torchrun)."""
-    return rank_and_world()[0] == 0
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """What subword regularization (--bpe_dropout) costs an epoch of training, and what its pools save.
 
-    python bench_bpe_dropout.py --preset multi30k_modern --data_dir data/multi30k
-    python bench_bpe_dropout.py --preset multi30k_modern --data_dir data/multi30k \\
+    python -m dev.bench_bpe_dropout --preset multi30k_modern --data_dir data/multi30k
+    python -m dev.bench_bpe_dropout --preset multi30k_modern --data_dir data/multi30k \\
         --bpe_dropout 0.2 --steps 20
 
 One epoch of the sampler's batches (epoch 1 of the config's seed), made three ways: plain (the
@@ -22,13 +22,13 @@ import time
 
 import torch
 
-from bench import Step, sync
+from dev.bench import Step, sync
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import (POOL_BATCHES, BPEDropout, Collator, PooledBatches, TokenBatchSampler, get_ds,
                      real_tokens)
-from runtime import setup_device, use_threads
+from nmt.runtime import setup_device, use_threads
 from tokenizer import PAD
-from trained_model import build_model
+from nmt.trained_model import build_model
 
 
 def parse(argv=None):

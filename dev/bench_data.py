@@ -1,7 +1,7 @@
 """Data at WMT scale: preparation time, memory, and how fast a second start trains.
 
-    python bench_data.py                         # 4.5M pairs made from data/multi30k
-    python bench_data.py --pairs 300000          # a quicker look
+    python -m dev.bench_data                         # 4.5M pairs made from data/multi30k
+    python -m dev.bench_data --pairs 300000          # a quicker look
 
 Builds a synthetic corpus of WMT14 en-de's size and shape (--pairs pairs of about 30 words a
 side, each made by joining --join random aligned Multi30k sentence pairs) in --out, then runs

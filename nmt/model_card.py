@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from config import Config
-from files import write_text_atomic
-from plotting import pyplot
+from nmt.files import write_text_atomic
+from nmt.plotting import pyplot
 
 CARD_NAME = "MODEL_CARD.md"
 CURVE_NAME = "validation_curve.png"

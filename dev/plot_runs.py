@@ -1,7 +1,7 @@
 """Validation BLEU against training minutes, one curve a run, from their TensorBoard logs.
 
-    python plot_runs.py runs/prenorm runs/paper runs/modern --output docs/validation_bleu.png
-    python plot_runs.py runs/fp32 runs/bf16 --metric loss --x steps --output loss.png
+    python -m dev.plot_runs runs/prenorm runs/paper runs/modern --output docs/validation_bleu.png
+    python -m dev.plot_runs runs/fp32 runs/bf16 --metric loss --x steps --output loss.png
 
 A run's minutes count from its first logged training step; the time between a stop and its
 resume is left out (a gap of more than --gap minutes between two events is not counted).
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from config import ArgumentParser, UserError, run_main
-from plotting import pyplot
+from nmt.plotting import pyplot
 
 
 METRICS = {"bleu": "validation BLEU (greedy, sacreBLEU)", "loss": "validation loss",

@@ -1,5 +1,5 @@
 """matplotlib, set up once to draw into files on a machine without a display: the model card's
-validation curve, translate.py's attention maps, plot_runs.py's pictures."""
+validation curve, translate.py's attention maps, dev/plot_runs.py's pictures."""
 
 
 def pyplot():

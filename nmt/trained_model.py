@@ -7,12 +7,12 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_averaged,
+from nmt.checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_averaged,
                         merge_config, resolve_preload)
 from config import TRANSLATE_FIELDS, Config
-from decoding import Ensemble
+from nmt.decoding import Ensemble
 from model import build_transformer
-from runtime import setup_device, use_threads
+from nmt.runtime import setup_device, use_threads
 from tokenizer import (load_tokenizer, tokenizer_fingerprint, tokenizer_keys, tokenizer_path,
                        tokenizer_recipe)
 

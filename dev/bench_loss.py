@@ -2,9 +2,9 @@
 of positions at a time, against torch's fused cross_entropy on the whole logits, forward and
 backward, interleaved call by call so that the machine's state is the same for both.
 
-    python bench_loss.py                                  # the recipe's and the paper's shapes
-    python bench_loss.py --shapes 512x37000 --rows 0 1024 2048 --precision bf16
-    python bench_loss.py --device cuda --shapes 512x37000 --positions 12500 --rows 0 12500
+    python -m dev.bench_loss                                  # the recipe's and the paper's shapes
+    python -m dev.bench_loss --shapes 512x37000 --rows 0 1024 2048 --precision bf16
+    python -m dev.bench_loss --device cuda --shapes 512x37000 --positions 12500 --rows 0 12500
 
 Prints each one's median time and its ratio to torch's (below 1: faster than torch).
 """
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from config import ArgumentParser, UserError, run_main
 from kernels import BlockwiseLabelSmoothedCrossEntropy, block_rows
-from runtime import setup_device
+from nmt.runtime import setup_device
 
 
 def sync(device):
