@@ -23,8 +23,8 @@ from tqdm import tqdm
 from config import Config, is_main
 from corpus import (CORPUS_FINGERPRINT, DataError, column, corpus_source, digest, load_corpus, note,
                     quiet_datasets)
-from tokenizer import (EOS, PAD, SOS, coverage, get_tokenizers, recipe_path,
-                       tokenizer_fingerprint, tokenizer_keys, tokenizer_path)
+from tokenizer import (EOS, PAD, SOS, coverage, get_tokenizers, recipe_path, tokenizer_fingerprint,
+                       tokenizer_keys, tokenizer_path)
 
 # ---- the dataset and its batches ----------------------------------------------------------------
 

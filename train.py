@@ -9,7 +9,8 @@
 Read top to bottom: Adam, its schedule and the loss (sections 5.3, 5.4); the run, set up once
 (`set_up`); one optimizer step (`train_step`, `optimizer_step`); the loop (`train_epoch`,
 `end_epoch`, `train_model`), which saves, validates and stops. Validation and test scoring are
-nmt/evaluation.py's, stopping on a signal nmt/stopping.py's, what a resume must match nmt/resume.py's.
+nmt/evaluation.py's, stopping on a signal nmt/stopping.py's, what a resume must match
+nmt/resume.py's.
 Resumes from the newest checkpoint in --model_folder by default (--preload latest).
 """
 
@@ -30,25 +31,26 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path, check_tokenizers,
-                        epoch_checkpoint_path, latest_checkpoint_path, prune_checkpoints,
-                        save_checkpoint, step_checkpoint_path, training_checkpoint)
 from config import ArgumentParser, Config, parse_config, run_main
 from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
+from kernels import BlockwiseLabelSmoothedCrossEntropy
+from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
+                            check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
+                            prune_checkpoints, save_checkpoint, step_checkpoint_path,
+                            training_checkpoint)
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, removed_if_left_empty
-from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.model_card import write_run_card
 from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
-                    restore_progress, restore_rng, restore_training, resume_state, rng_states,
-                    set_aside_later, write_history)
+                        restore_progress, restore_rng, restore_training, resume_state, rng_states,
+                        set_aside_later, write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
-                     main_first, max_over_ranks, note_precision, setup_device, start_distributed,
-                     stop_distributed, sum_over_ranks, use_threads)
-from nmt.stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint, launcher,
-                      resume_command, stop_message)
-from tokenizer import PAD
+                         main_first, max_over_ranks, note_precision, setup_device,
+                         start_distributed, stop_distributed, sum_over_ranks, use_threads)
+from nmt.stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint,
+                          launcher, resume_command, stop_message)
 from nmt.trained_model import build_model, load_model_weights
+from tokenizer import PAD
 
 # ---- sections 5.3 and 5.4: Adam, its learning rate, and the label-smoothed loss -----------------
 

@@ -1,6 +1,6 @@
 """Training throughput: this repo's Transformer against torch.nn.Transformer of the same shape.
 
-    python -m dev.bench                                   # base shape (512/6/8/2048), Multi30k en-de
+    python -m dev.bench                               # base shape (512/6/8/2048), Multi30k en-de
     python -m dev.bench --d_model 128 --N 2 --h 4 --d_ff 512 --steps 20
     python -m dev.bench --preset paper_base --wmt_pairs 200000 --max_tokens 12500   # WMT lengths
 
@@ -42,10 +42,10 @@ from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding, swiglu_width
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
+from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
                    set_up, train_step)
-from nmt.trained_model import build_model
 
 # Dense bf16 peak FLOP/s of common GPUs, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,

@@ -22,13 +22,13 @@ import time
 
 import torch
 
-from dev.bench import Step, sync
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import (POOL_BATCHES, BPEDropout, Collator, PooledBatches, TokenBatchSampler, get_ds,
                      real_tokens)
+from dev.bench import Step, sync
 from nmt.runtime import setup_device, use_threads
-from tokenizer import PAD
 from nmt.trained_model import build_model
+from tokenizer import PAD
 
 
 def parse(argv=None):

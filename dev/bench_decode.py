@@ -34,8 +34,8 @@ from config import ArgumentParser, add_locating_arguments, checkpoint_config, ru
 from corpus import read_lines
 from nmt.decoding import decoding_model, translate_ids
 from nmt.metrics import score
-from tokenizer import EOS, PAD, SOS, UNK, detokenize
 from nmt.trained_model import load_ensemble, load_translator
+from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
@@ -261,7 +261,7 @@ def report_attention_kernels(runs, ids, batch: int):
     longest = sorted(ids, key=len)[-batch:]
     for name, run, _ in runs:
         print(f"attention kernels of one batch of {len(longest)} sentences, {name}:")
-        for kernel, count in sorted(attention_kernels(lambda: run(longest)).items()):
+        for kernel, count in sorted(attention_kernels(lambda run=run: run(longest)).items()):
             print(f"  {count:5d} x {kernel}")
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from nmt.checkpoint import merge_config
-from nmt.trained_model import with_tokenizers
 from config import TRANSLATE_FIELDS, Config, UserError
+from nmt.checkpoint import merge_config
 from nmt.decoding import output_limits
+from nmt.trained_model import with_tokenizers
 from tokenizer import SPECIAL_TOKENS, recipe_path, tokenizer_keys, tokenizer_path
 
 QUANTIZATIONS = ["float32", "int8", "int8_float32", "float16", "bfloat16", "int8_float16",

@@ -14,16 +14,16 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from nmt.checkpoint import best_checkpoint_path, load_checkpoint
 from dataset import Collator, TokenBatchSampler
+from kernels import BlockwiseLabelSmoothedCrossEntropy
+from nmt.checkpoint import best_checkpoint_path, load_checkpoint
 from nmt.decoding import decoding_limits, translate, translate_ids
 from nmt.files import write_text_atomic
-from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.metrics import score
 from nmt.runtime import gather_to_all, sum_over_ranks
 from nmt.stopping import StopRequested
-from tokenizer import EOS, PAD, SOS, UNK, detokenize
 from nmt.trained_model import build_model, load_model_weights
+from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 
 @contextmanager

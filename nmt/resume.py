@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
-                        history_path, list_checkpoints, load_checkpoint, merge_config,
-                        resolve_preload)
 from config import Config, fields_where
+from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
+                            history_path, list_checkpoints, load_checkpoint, merge_config,
+                            resolve_preload)
 from nmt.files import write_text_atomic
-from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
 from nmt.trained_model import load_model_weights
+from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
 
 
 # ---- what train.py resumes from, and what a resume must match ----------------------------------

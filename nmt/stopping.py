@@ -8,8 +8,8 @@ import signal
 
 from tqdm import tqdm
 
-from nmt.checkpoint import latest_checkpoint_path
 from config import Config
+from nmt.checkpoint import latest_checkpoint_path
 
 
 class Stop(enum.IntEnum):

@@ -7,11 +7,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from nmt.checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_averaged,
-                        merge_config, resolve_preload)
 from config import TRANSLATE_FIELDS, Config
-from nmt.decoding import Ensemble
 from model import build_transformer
+from nmt.checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_averaged,
+                            merge_config, resolve_preload)
+from nmt.decoding import Ensemble
 from nmt.runtime import setup_device, use_threads
 from tokenizer import (load_tokenizer, tokenizer_fingerprint, tokenizer_keys, tokenizer_path,
                        tokenizer_recipe)

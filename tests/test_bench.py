@@ -103,7 +103,7 @@ def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
 
 
 def test_bench_decode_side_by_side_on_a_subset(trained):
-    """dev/bench_decode.py as the README runs it: every decoder on the same N sentences, the engine's
+    """dev/bench_decode.py as the README runs it: each decoder on the same N sentences, the engine's
     float32 greedy equal to ours, and the ratio taken pass by pass."""
     pytest.importorskip("ctranslate2")
     home, _ = trained

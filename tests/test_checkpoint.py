@@ -8,17 +8,10 @@ import pytest
 import torch
 from conftest import state_at, tiny_state
 
-from nmt.checkpoint import (
-    CheckpointError,
-    check_tokenizers,
-    latest_checkpoint_path,
-    load_averaged,
-    load_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
-)
 from config import Config
 from model import build_transformer
+from nmt.checkpoint import (CheckpointError, check_tokenizers, latest_checkpoint_path,
+                            load_averaged, load_checkpoint, prune_checkpoints, save_checkpoint)
 
 
 def small_state(vocab=(20, 30), **extra):

@@ -13,15 +13,8 @@ import corpus as corpus_module
 import dataset
 from config import Config
 from corpus import DataError
-from dataset import (
-    BilingualDataset,
-    Collator,
-    TokenArray,
-    TokenBatchSampler,
-    encode_pairs,
-    get_ds,
-    prepared_folder,
-)
+from dataset import (BilingualDataset, Collator, TokenArray, TokenBatchSampler, encode_pairs,
+                     get_ds, prepared_folder)
 
 
 def test_pairs_longer_than_seq_len_are_dropped_with_a_count(tmp_path, corpus, capsys):

@@ -6,16 +6,9 @@ import torch
 import torch.nn.functional as F
 from conftest import small, tiny_model
 
-from nmt.decoding import (
-    PackedLinear,
-    beam_search,
-    clean,
-    decoding_model,
-    greedy_decode,
-    output_limits,
-    translate_ids,
-)
 from model import build_transformer, causal_mask
+from nmt.decoding import (PackedLinear, beam_search, clean, decoding_model, greedy_decode,
+                          output_limits, translate_ids)
 from tokenizer import EOS, PAD, SOS, UNK
 
 

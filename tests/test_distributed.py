@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import ROOT, TINY, number_pairs, run_here, run_script, write_aligned
 
-from dev.bench_data import children
 from dataset import Collator, TokenBatchSampler, split_for_ranks
+from dev.bench_data import children
 from tokenizer import PAD
 
 # torchrun is launched as `python -m torch.distributed.run`: no script on PATH needed

@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import TINY, number_pairs, write_aligned
 
-from nmt.checkpoint import best_checkpoint, save_checkpoint
 from config import parse_config
-from nmt.evaluation import score_test_sets, validation_loss
 from model import LabelSmoothedCrossEntropy
+from nmt.checkpoint import best_checkpoint, save_checkpoint
+from nmt.evaluation import score_test_sets, validation_loss
 from tokenizer import PAD
 from train import set_up
 

@@ -4,11 +4,11 @@ import pytest
 import torch
 from conftest import number_pairs, run_here, write_aligned
 
-from nmt.trained_model import build_model
 from config import Config
 from dataset import get_ds
 from nmt.decoding import translate_ids
 from nmt.engine import ExportError, export, load_engine  # noqa: E402
+from nmt.trained_model import build_model
 from tokenizer import EOS, PAD, SOS, UNK
 
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -9,20 +9,10 @@ import torch.nn.functional as F
 from conftest import small, tiny_model
 
 from config import Config
-from model import (
-    LabelSmoothedCrossEntropy,
-    LayerNormalization,
-    MultiHeadAttentionBlock,
-    PositionalEncoding,
-    ResidualConnection,
-    RMSNormalization,
-    RotaryPositionalEmbedding,
-    SwiGLUFeedForwardBlock,
-    attention,
-    build_transformer,
-    causal_mask,
-    swiglu_width,
-)
+from model import (LabelSmoothedCrossEntropy, LayerNormalization, MultiHeadAttentionBlock,
+                   PositionalEncoding, ResidualConnection, RMSNormalization,
+                   RotaryPositionalEmbedding, SwiGLUFeedForwardBlock, attention, build_transformer,
+                   causal_mask, swiglu_width)
 from tokenizer import PAD
 
 

@@ -5,12 +5,12 @@ import pytest
 import torch
 from conftest import number_pairs, state_at, tiny_state, write_aligned
 
-from nmt.checkpoint import CheckpointError, best_checkpoint_path, history_path, save_checkpoint
 from config import Config
 from corpus import load_corpus
+from nmt.checkpoint import CheckpointError, best_checkpoint_path, history_path, save_checkpoint
 from nmt.files import FolderError
 from nmt.resume import (check_split, read_history, resume_state, rng_states, set_rng_states,
-                    write_history)
+                        write_history)
 
 
 def test_the_cuda_random_state_is_saved_and_restored(monkeypatch):

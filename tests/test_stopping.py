@@ -3,8 +3,8 @@ signals themselves are tested on whole runs: test_train.py, test_distributed.py.
 
 import pytest
 
-from nmt import stopping
 from config import Config
+from nmt import stopping
 from nmt.stopping import resume_command
 
 

@@ -16,13 +16,13 @@ from conftest import (ROOT, TINY, number_pairs, run_here, run_script, swap_two_t
                       write_aligned)
 
 import train
-from nmt.checkpoint import best_checkpoint_path, history_path, load_checkpoint, save_checkpoint
 from config import PRESETS, Config, parse_config
 from dataset import BilingualDataset, Collator
-from nmt.decoding import greedy_decode
 from model import LabelSmoothedCrossEntropy, build_transformer
-from tokenizer import EOS, PAD, SOS
+from nmt.checkpoint import best_checkpoint_path, history_path, load_checkpoint, save_checkpoint
+from nmt.decoding import greedy_decode
 from nmt.trained_model import build_model
+from tokenizer import EOS, PAD, SOS
 from train import learning_rate, make_loss, make_optimizer, total_steps, train_step, warmup_steps
 
 
