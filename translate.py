@@ -5,7 +5,7 @@
     python translate.py --example 42                           # validation example + reference
     python translate.py --input test.en --output test.hyp --reference test.de   # + sacreBLEU
     cat sentences.txt | python translate.py                    # one output line per input line
-    python translate.py --ensemble weights/a weights/b --beam 4 "..."   # models as one
+    python translate.py --ensemble weights/a,weights/b --beam 4 "..."   # models as one
     python translate.py --sample 5 --top_p 0.9 --input mono.de      # 5 samples a line
 """
 
@@ -69,10 +69,11 @@ def parse_args(argv):
                         "the (single) sentence to this PNG file")
     parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
                         "by export.py, on the CTranslate2 engine")
-    parser.add_argument("--ensemble", nargs="+", metavar="MODEL", help="translate with several "
-                        "models as one (the mean of their log-probabilities at each step): "
-                        "model folders (each at --preload) or checkpoint files, sharing the "
-                        "target tokenizer")
+    parser.add_argument("--ensemble", type=model_list, metavar="A,B,...", help="translate "
+                        "with several models as one (the mean of their log-probabilities at "
+                        "each step), named in one comma-separated list: model folders (each at "
+                        "--preload) or checkpoint files, of the same languages and target "
+                        "tokenizer; e.g. --ensemble weights/a,weights/b")
     parser.add_argument("--sample", type=int, default=0, metavar="N", help="draw N samples of "
                         "each translation instead of searching (N lines an input; with "
                         "--nbest N, index, log-probability and text)")
@@ -100,6 +101,15 @@ def parse_args(argv):
         parser.error("--attention maps one sentence: give it as the sentence argument or with "
                      "--example N, not --input or stdin")
     return args, config, given
+
+
+def model_list(text: str) -> list:
+    """--ensemble's value: model folders or checkpoint files, comma-separated (one argument,
+    so that it cannot take the sentence that follows it for a model)."""
+    models = [m for m in text.split(",") if m]
+    if not models:
+        raise argparse.ArgumentTypeError("name the models, comma-separated: A,B")
+    return models
 
 
 def check_models(parser, args, given):

@@ -90,9 +90,11 @@ def load_ensemble(config: Config, given, paths, average: int = 1):
     """(Ensemble, config, [each model's source tokenizer], target tokenizer): the models of
     `paths` (each a model folder, loaded at --preload, or a checkpoint file), each rebuilt from
     its own config, with --average applied to each. They may differ in design, size and source
-    tokenizer, but must share the target tokenizer (the tokens whose log-probabilities are
-    averaged): otherwise one CheckpointError line. The config is the first model's, with the
-    shortest seq_len of all."""
+    tokenizer, but must translate between the same two languages and share the target
+    tokenizer (the tokens whose log-probabilities are averaged): otherwise one CheckpointError
+    line. (With one joint vocabulary, an en->de model and a de->en one share every tokenizer:
+    only their languages tell them apart.) The config is the first model's, with the shortest
+    seq_len of all."""
     models, sources, target, first = [], [], None, None
     for path in paths:
         one, named = dataclasses.replace(config), set(given)
@@ -107,6 +109,11 @@ def load_ensemble(config: Config, given, paths, average: int = 1):
                                                                    average)
         if target is None:
             target, first = tokenizer_tgt, (path, one)
+        elif (one.lang_src, one.lang_tgt) != (first[1].lang_src, first[1].lang_tgt):
+            raise CheckpointError(
+                f"--ensemble: {path} translates {one.lang_src}->{one.lang_tgt}, {first[0]} "
+                f"{first[1].lang_src}->{first[1].lang_tgt}: an ensemble's models must "
+                f"translate between the same languages")
         elif tokenizer_fingerprint(tokenizer_tgt) != tokenizer_fingerprint(target):
             raise CheckpointError(
                 f"--ensemble: {path} has another target tokenizer than {first[0]} "

@@ -43,3 +43,28 @@ def test_compare_refuses_files_of_other_lengths_and_a_single_system(tmp_path):
     write(tmp_path / "empty", [])
     t = run_here("compare.py", "a", "a", "--reference", tmp_path / "empty", cwd=tmp_path)
     assert t.returncode == 2 and "is empty" in t.stderr.decode()
+
+
+def test_a_zero_difference_is_never_significant_and_p_is_the_same_both_ways(tmp_path):
+    """Issue 56, 1: two files that differ only by a space before the final period score the
+    same BLEU and chrF, and so do two different files that both score 0: neither test may
+    reject (sacreBLEU counted only strictly larger differences: p = 0.001 and 0.0001). A real
+    difference gets the same p-values whichever file is the baseline."""
+    refs = [f"a dog number {i} runs through the green grass." for i in range(40)]
+    base = [f"a dog number {i} runs on the grass." for i in range(40)]
+    ref = write(tmp_path / "test.de", refs)
+    write(tmp_path / "a.hyp", base)
+    write(tmp_path / "b.hyp", [line.replace(".", " .") for line in base])  # sed 's/\./ ./'
+    write(tmp_path / "z1.hyp", ["xx yy"] * 40)
+    write(tmp_path / "z2.hyp", ["qq zz ww"] * 40)
+    write(tmp_path / "good.hyp", refs[:10] + base[10:])
+
+    def p_values(*files):
+        t = run_here("compare.py", *files, "--reference", ref, cwd=tmp_path)
+        assert t.returncode == 0, t.stderr.decode()
+        row = t.stdout.decode().splitlines()[2].split()  # the second system's row
+        return [float(row[i]) for i in (4, 5, 9, 10)]  # BLEU p (bs), p (ar), chrF p (bs), (ar)
+    assert p_values("a.hyp", "b.hyp") == [1.0] * 4
+    assert p_values("z1.hyp", "z2.hyp")[:2] == [1.0, 1.0]  # BLEU 0 against 0
+    forward, backward = p_values("a.hyp", "good.hyp"), p_values("good.hyp", "a.hyp")
+    assert forward == backward and max(forward) < 0.01

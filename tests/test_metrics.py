@@ -88,3 +88,13 @@ def test_the_interval_of_a_tiny_set_where_sacrebleus_own_mean_fails():
     s = score(hyps, refs, error_rates=False)
     assert 0 < s["chrf_ci"] <= 50 and "bs:1000" in s["report"].splitlines()[1]
     assert s["bleu_ci"] > 0 and "±" in s["report"].splitlines()[1]
+
+
+def test_the_p_value_is_the_share_at_least_as_extreme():
+    """Issue 56, 1: p = (c + 1) / (n + 1), c the resamples or permutations whose statistic is at
+    least as extreme as the observed difference (ties counted): a difference of zero gets 1."""
+    from nmt.metrics import at_least_as_extreme
+    stats = [0.0, 0.5, 1.0, 1.0, 2.0]
+    assert at_least_as_extreme(stats, 1.0) == 4 / 6  # 1.0, 1.0 and 2.0, and the observed one
+    assert at_least_as_extreme(stats, 2.5) == 1 / 6
+    assert at_least_as_extreme([0.0] * 9, 0.0) == 1.0

@@ -109,7 +109,7 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--sample", "2", "--nbest", "3", "hi"], None, "the n-best format lists every sample"),
     (["--sample", "2", "--input", "corpus/val.en", "--reference", "corpus/val.it"], None,
      "--reference scores one translation a sentence"),
-    (["--ensemble", "corpus", "weights", "hi"], None, "no checkpoint in corpus/"),
+    (["--ensemble", "corpus,weights", "hi"], None, "no checkpoint in corpus/"),
     (["--ensemble", "nowhere", "hi"], None, "--ensemble nowhere: no such model folder"),
     (["--ensemble", "weights", "--model_folder", "weights", "hi"], None,
      "--ensemble names its models: not with --model_folder"),
@@ -250,7 +250,7 @@ def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(trained):
     from config import Config
     home, _ = trained
     latest = latest_checkpoint_path(Config(model_folder=str(home / "weights")))
-    both = ["--ensemble", "weights", f"weights/{latest.name}"]  # the same checkpoint twice
+    both = ["--ensemble", f"weights,weights/{latest.name}"]  # the same checkpoint twice
     for extra in ([], ["--beam", "3"]):
         alone = run_here("translate.py", "--input", "corpus/val.en", *extra, cwd=home)
         together = run_here("translate.py", *both, "--input", "corpus/val.en", *extra, cwd=home)
@@ -274,7 +274,7 @@ def test_an_ensemble_refuses_models_of_another_target_vocabulary(trained, monkey
         return model, config, tok_src, tok_src if len(calls) == 2 else tok_tgt
 
     monkeypatch.setattr(trained_model, "load_translator", other_target)
-    t = run_here("translate.py", "--ensemble", "weights", "weights/tmodel_00.pt", "hi", cwd=home)
+    t = run_here("translate.py", "--ensemble", "weights,weights/tmodel_00.pt", "hi", cwd=home)
     err = t.stderr.decode().strip().splitlines()[-1]
     assert t.returncode == 2 and "weights/tmodel_00.pt has another target tokenizer than " \
         "weights" in err and "same target tokens" in err
@@ -315,3 +315,40 @@ def test_a_checkpoint_written_before_the_layouts_move_translates_as_it_did(tmp_p
                  "three four five .", cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()
     assert t.stdout == (data / "expected_beam2.txt").read_bytes()
+
+
+def test_an_ensemble_refuses_models_of_opposite_directions(trained, monkeypatch):
+    """Issue 56, 2: with one joint vocabulary an en->de and a de->en model share every
+    tokenizer (the back-translation recipe makes such a pair); averaged, they give mixed
+    output. Members must translate between the same languages: one line, exit 2."""
+    from nmt import trained_model
+    home, _ = trained
+    real = trained_model.load_translator
+    calls = []
+
+    def reversed_second(config, given, checkpoint=None, average=1):
+        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average)
+        calls.append(1)
+        if len(calls) == 2:  # the same tokenizers, the languages the other way round
+            config.lang_src, config.lang_tgt = config.lang_tgt, config.lang_src
+        return model, config, tok_src, tok_tgt
+
+    monkeypatch.setattr(trained_model, "load_translator", reversed_second)
+    t = run_here("translate.py", "--ensemble", "weights,weights/tmodel_00.pt", "hi", cwd=home)
+    err = t.stderr.decode().strip().splitlines()
+    assert t.returncode == 2 and len(err) == 3, err  # two "loaded" lines, then the refusal
+    assert "weights/tmodel_00.pt translates it->en, weights en->it" in err[-1] and \
+        "same languages" in err[-1]
+
+
+def test_the_ensembles_list_cannot_take_the_sentence_for_a_model(trained):
+    """Issue 56, 9: `--ensemble A B "sentence"` took the sentence for a third model folder; the
+    models are one comma-separated argument, so the sentence after it is the sentence."""
+    home, _ = trained
+    together = run_here("translate.py", "--ensemble", "weights,weights", "one two three",
+                        cwd=home)
+    alone = run_here("translate.py", "one two three", cwd=home)
+    assert together.returncode == 0, together.stderr.decode()
+    assert together.stdout == alone.stdout and together.stdout.strip()
+    t = run_here("translate.py", "--ensemble", ",", "hi", cwd=home)
+    assert t.returncode == 2 and "comma-separated" in t.stderr.decode()
