@@ -169,6 +169,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
     note_precision(get_device(config.device), config.precision)  # no device: refused here
     lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
+    created = []  # files this start wrote before it could fail: a failed start takes them back
     try:
         with main_first() as shared:  # rank 0's `shared` reaches the others
             resume, config = resume_state(config, given, world)
@@ -177,7 +178,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                 check_writable(config.model_folder)
                 lock.acquire()
                 if init:  # a new run from a trained model: its tokenizers, not new ones
-                    copy_tokenizers(*init, config)
+                    created = copy_tokenizers(*init, config)
             start = (resume or init) if rank == 0 else None  # (path, state): before preparing
             data = get_ds(config, shared.get("data_key"),
                           partial(check_corpus, *resume[::-1]) if resume and rank == 0 else None,
@@ -193,6 +194,8 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
             config.data_dir = data.corpus["source"]
         return build_run(config, data, resume, rank, world, lock, init)
     except BaseException:
+        for path in created:
+            path.unlink(missing_ok=True)
         lock.release()
         raise
 

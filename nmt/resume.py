@@ -214,9 +214,10 @@ def init_state(config: Config, given: set):
     starts from, the config to train with), or (None, config) without the flag. A model folder
     gives its best checkpoint (or, before any validation, its newest). The model fields
     (architecture, languages, vocabulary, seq_len) are the checkpoint's, and a flag given with
-    another value is refused; the other settings are this command's where given, else the
-    checkpoint's, as on a resume. The optimizer, schedule, step count and history start
-    afresh; the source folder is only read."""
+    another value is refused; every other setting is this command's or the default, as for a
+    fresh run: nothing of the source run's data (its corpus, back-translations, upsampling,
+    BPE-dropout) or training settings is inherited. The optimizer, schedule, step count and
+    history start afresh; the source folder is only read."""
     if not config.init_from:
         return None, config
     source = Path(config.init_from)
@@ -238,7 +239,11 @@ def init_state(config: Config, given: set):
                 f"--{name} {getattr(config, name)}: the model of --init_from {path} has --{name} "
                 f"{getattr(saved, name)}, and a run started from it keeps its architecture and "
                 f"vocabulary; drop the flag")
-    merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
+    merged = dataclasses.replace(config)  # this command's settings and the defaults, as a
+    for name in fields_where(group="model"):  # fresh run has them; the model's are the source's
+        setattr(merged, name, getattr(saved, name))
+    if Path(saved.tokenizer_file).is_absolute():  # the source's tokenizers lay elsewhere: the
+        merged.tokenizer_file = Path(saved.tokenizer_file).name  # new run keeps its own copy
     merged.preload, merged.init_from = "latest", str(path)
     problem = merged.validate()
     if problem:
@@ -246,11 +251,14 @@ def init_state(config: Config, given: set):
     return (path, state), merged
 
 
-def copy_tokenizers(path: Path, state: dict, config: Config):
-    """The tokenizer files beside the checkpoint `path` (and their recipes), copied into the
-    new run's model folder: it keeps its source's vocabulary, never trains its own. Refused in
-    one line if the folder holds another tokenizer of that name."""
+def copy_tokenizers(path: Path, state: dict, config: Config) -> list:
+    """The tokenizer files of the checkpoint `path` (beside it, or where its absolute
+    --tokenizer_file says) and their recipes, copied into the new run's model folder: it keeps
+    its source's vocabulary, never trains its own. Refused in one line if the folder holds
+    another tokenizer of that name. Returns the files it created, for a failed start to take
+    back (docs/resuming.md: a failed start leaves no file)."""
     source = dataclasses.replace(Config.from_dict(state["config"]), model_folder=str(path.parent))
+    pairs = []
     for key in dict.fromkeys(tokenizer_keys(config)):  # one file with a joint vocabulary
         src, dst = tokenizer_path(source, key), tokenizer_path(config, key)
         if not src.exists():
@@ -258,10 +266,15 @@ def copy_tokenizers(path: Path, state: dict, config: Config):
         if dst.exists() and dst.read_bytes() != src.read_bytes():
             raise CheckpointError(f"{dst} is another tokenizer than {src}, which --init_from "
                                   f"{path} was trained with: give a new --model_folder")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        for a, b in ((recipe_path(src), recipe_path(dst)), (src, dst)):  # the file last
-            if a.exists():
-                shutil.copyfile(a, b)
+        pairs += [(recipe_path(src), recipe_path(dst)), (src, dst)]  # the file last
+    created = []
+    for a, b in pairs:
+        if a.exists() and not (b.exists() and b.samefile(a)):
+            b.parent.mkdir(parents=True, exist_ok=True)
+            if not b.exists():
+                created.append(b)
+            shutil.copyfile(a, b)
+    return created
 
 
 def coverage_note(state: dict, data):

@@ -897,3 +897,86 @@ def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_
                                     else []))
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "new").exists()
+
+
+def source_with(home, folder, **settings):
+    """A copy of the trained fixture's best checkpoint and tokenizers in `folder`, its config
+    changed by `settings` (as if that run had been trained with them)."""
+    import shutil
+    folder.mkdir(parents=True)
+    state = load_checkpoint(home / "weights" / "tmodel_best.pt")
+    state["config"].update(settings)
+    torch.save(state, folder / "tmodel_best.pt")
+    for name in ("tokenizer_en.json", "tokenizer_it.json"):
+        shutil.copyfile(home / "weights" / name, folder / name)
+    return folder
+
+
+def test_a_run_from_a_trained_model_inherits_its_model_and_nothing_of_its_data(trained, tmp_path):
+    """Issue 56, 5: a model trained with back-translations (--extra_data_dir, --extra_tag,
+    --upsample) and BPE-dropout, fine-tuned on a new corpus: the new run trains on the new
+    corpus alone, without BPE-dropout (the source run's data and training settings are not
+    inherited; before, --extra_data_dir "" was even refused for the inherited --extra_tag).
+    The new corpus has words the source never saw: the tokenizers are still the source's,
+    copied, never retrained."""
+    home, _ = trained
+    bt = tmp_path / "bt"
+    write_aligned(bt, "train", number_pairs(8, seed=9))
+    source = source_with(home, tmp_path / "x1", extra_data_dir=str(bt), extra_tag="<BT>",
+                         upsample=2, bpe_dropout=0.1, lr=7e-3)
+    new = tmp_path / "new"
+    write_aligned(new, "train", [("zebra one two", "zebra uno due")] * 12)
+    write_aligned(new, "val", [("zebra three", "zebra tre")] * 2)
+    for extra in ([], ["--extra_data_dir", ""]):
+        folder = tmp_path / f"ft{len(extra)}"
+        config, given = parse_config(["--init_from", str(source), "--data_dir", str(new),
+                                      "--model_folder", str(folder), *extra])
+        run, _ = train.set_up(config, given)
+        run.lock.release()
+        run.writer.close()
+        c = run.config
+        assert (c.extra_data_dir, c.extra_tag, c.upsample, c.bpe_dropout) == ("", "", 1, 0.0)
+        assert c.lr == Config().lr and c.d_model == 32
+        assert len(run.data.train) == 12  # the new corpus once, no back-translations
+        for name in ("tokenizer_en.json", "tokenizer_it.json"):
+            assert (folder / name).read_bytes() == (source / name).read_bytes()
+
+
+def test_init_from_a_run_whose_tokenizers_lay_elsewhere(trained, tmp_path, train_here):
+    """Issue 56, 3: the source run used an absolute --tokenizer_file: the new run copies those
+    tokenizers into its own folder (a SameFileError traceback before) and trains."""
+    import shutil
+    home, _ = trained
+    shared = tmp_path / "tokenizers"
+    shared.mkdir()
+    for lang in ("en", "it"):
+        shutil.copyfile(home / "weights" / f"tokenizer_{lang}.json", shared / f"tok_{lang}.json")
+    source = source_with(home, tmp_path / "x1", tokenizer_file=str(shared / "tok_{0}.json"))
+    for lang in ("en", "it"):
+        (source / f"tokenizer_{lang}.json").unlink()
+    code, _, err = train_here("--init_from", str(source), "--data_dir", str(home / "corpus"),
+                              "--model_folder", "ft", "--max_steps", "1")
+    assert code == 0, err
+    for lang in ("en", "it"):
+        assert (tmp_path / "ft" / f"tok_{lang}.json").read_bytes() == \
+            (shared / f"tok_{lang}.json").read_bytes()
+    assert load_checkpoint(next((tmp_path / "ft").glob("tmodel_0*.pt")))["config"][
+        "tokenizer_file"] == "tok_{0}.json"  # the new folder holds its own
+
+
+def test_a_failed_start_from_a_trained_model_leaves_no_file(trained, tmp_path, train_here):
+    """Issue 56, 4: --init_from with a corpus that is not there: one line, exit 2, and no file
+    left in the new folder (the copied tokenizers went with it), so a start from another model
+    into the same folder is not refused as "another tokenizer"."""
+    home, _ = trained
+    code, _, err = train_here("--init_from", str(home / "weights"), "--data_dir", "nope",
+                              "--model_folder", "ft")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "ft").exists()
+    other = tmp_path / "other"
+    code, _, err = train_here("--data_dir", str(home / "corpus"), *TINY, "--vocab_size", "280",
+                              "--num_epochs", "1", "--model_folder", str(other))
+    assert code == 0, err
+    code, _, err = train_here("--init_from", str(other), "--data_dir", str(home / "corpus"),
+                              "--model_folder", "ft", "--max_steps", "1")
+    assert code == 0, err
