@@ -199,6 +199,8 @@ class BPEDropout(TorchDataset):
             if id(tok) not in copies:
                 copies[id(tok)] = Tokenizer.from_str(tok.to_str())
                 copies[id(tok)].model.dropout = p
+                # not in to_str(): without it "[EOS]" in a text would become the control token
+                copies[id(tok)].encode_special_tokens = tok.encode_special_tokens
         self.dropped = tuple(copies[id(tok)] for tok in self.plain)
 
     def __len__(self):

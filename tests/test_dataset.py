@@ -393,3 +393,21 @@ def test_an_extra_tag_is_one_token_of_the_source_vocabulary(tmp_path, capsys):
     assert "encoded as text" not in capsys.readouterr().err
     dataset.get_ds(Config(model_folder=str(tmp_path / "plain"), extra_tag="<BT>", **base))
     assert "no token for --extra_tag <BT>" in capsys.readouterr().err
+
+
+def test_bpe_dropout_keeps_special_token_text_as_text():
+    """Issue 56, 6: a sentence holding the text "[EOS]" (or [PAD], [SOS], [UNK]) is text to
+    the plain tokenizer; the dropout copy, made from to_str(), lost encode_special_tokens and
+    encoded it as the control id mid-sentence, teaching the model to stop there."""
+    from dataset import BPEDropout
+    from tokenizer import SPECIAL_TOKENS, build_tokenizer
+    texts = [f"{w} {v}" for w, v in number_pairs(200, seed=3)] + ["a [EOS] b [PAD] c"] * 5
+    tok = build_tokenizer("bpe", 300, texts)
+    text = "one [EOS] two [PAD] three [SOS] [UNK] four"
+    plain = tok.encode(text).ids
+    assert not set(plain) & {0, 1, 2, 3}
+    dropped = BPEDropout(None, tok, tok, 0.5, seq_len=100)
+    for _ in range(5):
+        (ids,) = dropped.segment(0, [plain])
+        assert not set(ids) & set(range(len(SPECIAL_TOKENS))), ids
+        assert tok.decode(ids) == text
