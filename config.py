@@ -439,8 +439,10 @@ def add_config_arguments(parser, visible=None, helps=None, skip=()):
                                                       f"(default: {f.default})"))
 
 
-def config_from_args(args, base: Config = None):
-    """Config with the flags the user gave on top of `base` (or the defaults).
+def config_from_args(args, base: Config = None, training: bool = True):
+    """Config with the flags the user gave on top of `base` (or the defaults). `training`:
+    train.py's line, where --batch_size alone asks for sentence batches (translate.py's
+    --batch_size is the sentences decoded at once, and it has no --max_tokens).
 
     Returns (config, names of the flags given)."""
     config = dataclasses.replace(base) if base else Config()
@@ -456,7 +458,7 @@ def config_from_args(args, base: Config = None):
             flags.add(f.name)
     # --batch_size without --max_tokens means sentence batches (as in the write-ups), over a
     # preset's token batches too: the flag given wins
-    if "batch_size" in flags and "max_tokens" not in flags:
+    if training and "batch_size" in flags and "max_tokens" not in flags:
         config.max_tokens = 0
         flags.add("max_tokens")
     return config, preset | flags
@@ -500,7 +502,7 @@ def add_locating_arguments(parser, own=()):
 
 def checkpoint_config(parser, args):
     """(config of the flags given, names of the flags given); training-only flags refused."""
-    config, given = config_from_args(args)
+    config, given = config_from_args(args, training=False)
     for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")

@@ -4,6 +4,7 @@ command that resumes it."""
 
 import enum
 import os
+import shlex
 import signal
 
 from tqdm import tqdm
@@ -76,13 +77,18 @@ def launcher(world_size: int) -> str:
             f"--rdzv_endpoint={os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}")
 
 
+# The run group of flags (where the run works) but --preload: a resume takes the newest
+# checkpoint, wherever the stopped run started from.
+RESUMED_AS_GIVEN = ("model_folder", "model_basename", "experiment_name", "device", "num_workers",
+                    "threads")
+
+
 def resume_command(config: Config, world_size: int) -> str:
     """The command that continues this run: where it works (the run group of flags, which a
     resume never takes from the checkpoint) as given, under the launcher it ran under; the
     rest comes from the checkpoint."""
     default = Config()
-    flags = [f"--{name} {getattr(config, name)}" for name in
-             ("model_folder", "model_basename", "experiment_name", "device", "num_workers")
+    flags = [f"--{name} {shlex.quote(str(getattr(config, name)))}" for name in RESUMED_AS_GIVEN
              if name == "model_folder" or getattr(config, name) != getattr(default, name)]
     return f"{launcher(world_size)} train.py {' '.join(flags)}"
 

@@ -63,3 +63,14 @@ def test_an_error_after_a_lost_abort_is_reported_as_the_abort(monkeypatch, tmp_p
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+
+
+def test_the_resume_command_keeps_the_threads_and_every_run_flag():
+    """Issue 56, 7: the command printed on Ctrl-C/SIGTERM dropped --threads, so a run started on
+    part of the cores resumed on all of them. Every flag of the run group (which a resume
+    never takes from the checkpoint) is in it where it is not the default, but --preload (a
+    resume continues from the newest checkpoint); a path with a space is quoted."""
+    from config import fields_where
+    assert set(stopping.RESUMED_AS_GIVEN) == fields_where(group="run") - {"preload"}
+    config = Config(model_folder="my runs/w", threads=1, preload="03")
+    assert resume_command(config, 1) == "python train.py --model_folder 'my runs/w' --threads 1"

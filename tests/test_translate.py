@@ -352,3 +352,15 @@ def test_the_ensembles_list_cannot_take_the_sentence_for_a_model(trained):
     assert together.stdout == alone.stdout and together.stdout.strip()
     t = run_here("translate.py", "--ensemble", ",", "hi", cwd=home)
     assert t.returncode == 2 and "comma-separated" in t.stderr.decode()
+
+
+def test_batch_size_sets_the_sentences_decoded_at_once(trained):
+    """Issue 56, 8: `translate.py --batch_size N` was always refused ("--max_tokens is a
+    training setting": train.py's rule, --batch_size alone means sentence batches, added the
+    flag). The outputs do not depend on it."""
+    home, _ = trained
+    default = run_here("translate.py", "--input", "corpus/val.en", cwd=home)
+    for n in ("1", "3"):
+        t = run_here("translate.py", "--batch_size", n, "--input", "corpus/val.en", cwd=home)
+        assert t.returncode == 0, t.stderr.decode()
+        assert t.stdout == default.stdout and len(t.stdout.decode().splitlines()) == 8
