@@ -70,8 +70,19 @@ def tokenizer_fingerprint(tok) -> str:
     swapped for another of the same size is caught where a checkpoint meets it."""
     model = json.loads(tok.to_str())["model"]
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
-    text = json.dumps({"vocab": vocab, "merges": model.get("merges")}, ensure_ascii=False)
+    text = json.dumps({"vocab": vocab, "merges": merge_pairs(model.get("merges"))},
+                      ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def merge_pairs(merges):
+    """BPE merges as [left, right] pairs, as tokenizers 0.20 and later write them; earlier
+    releases wrote "left right" strings (a byte-level token holds no space). The fingerprint
+    hashes this form, so a checkpoint keeps its fingerprint whichever release wrote or reads its
+    tokenizer."""
+    if merges is None:
+        return None
+    return [m.split(" ", 1) if isinstance(m, str) else list(m) for m in merges]
 
 
 def recipe_path(path: Path) -> Path:

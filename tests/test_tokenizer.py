@@ -89,3 +89,26 @@ def test_tokenizer_files_of_another_recipe_are_refused(tmp_path):
     (tmp_path / "tokenizer_en.meta.json").rename(tmp_path / "tokenizer_fr.meta.json")
     with pytest.raises(DataError, match="was trained with --lang_src/--lang_tgt en, not fr"):
         get_tokenizer(renamed, "fr", texts)
+
+
+def test_the_fingerprint_does_not_depend_on_how_the_merges_are_written():
+    """Issue 56 (suspected by the review, confirmed): the fingerprint hashed the merges as the
+    installed tokenizers writes them, lists from 0.20 on and "left right" strings before, so a
+    tokenizers upgrade across 0.20 would have refused every earlier checkpoint. Both forms
+    give the same pairs, and the fingerprint of a checkpoint written before keeps its value."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from tokenizer import merge_pairs, tokenizer_fingerprint
+    assert merge_pairs(["Ġ t", "h e"]) == merge_pairs([["Ġ", "t"], ["h", "e"]]) == \
+        [["Ġ", "t"], ["h", "e"]]
+    assert merge_pairs(None) is None
+    data = Path(__file__).parent / "data" / "checkpoint_2026_11"
+    tok = Tokenizer.from_file(str(data / "tokenizer_en.json"))
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    assert merge_pairs([" ".join(m) for m in merges]) == merge_pairs(merges)
+    import torch
+    state = torch.load(data / "tmodel_best.pt", weights_only=True)
+    assert state["tokenizers"][0] == tokenizer_fingerprint(tok)  # recorded in 2026-11
