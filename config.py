@@ -376,7 +376,7 @@ def fail(prog: str, message: str, quiet: bool = False):
 
 def run_main(prog: str, main, aborted: str = "aborted"):
     """Runs a script's `main`: a UserError becomes one line and exit 2, Ctrl-C one line and
-    exit 130, wherever it lands (also while an error unwinds, as when a torchrun process's
+    exit 130 (143 for a SIGTERM that aborts), wherever it lands (also while an error unwinds, as when a torchrun process's
     collective fails because another process was interrupted first). Under torchrun only
     rank 0 says "aborted"."""
     try:
@@ -386,12 +386,13 @@ def run_main(prog: str, main, aborted: str = "aborted"):
             fail(prog, str(e))
         except ReportedElsewhere:
             sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
         if is_main():
             newline = "\n" if sys.stderr.isatty() else ""  # below a progress bar, not on it
             sys.stderr.write(f"{newline}{prog}: {aborted}\n")
-        sys.exit(130)
+        # 130 for Ctrl-C; a SIGTERM turned into this interrupt (nmt.stopping.abort) says so: 143
+        sys.exit(128 + int(getattr(interrupt, "signum", signal.SIGINT)))
 
 
 # ---- command line -------------------------------------------------------------------------------

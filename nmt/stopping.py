@@ -36,7 +36,9 @@ def abort(signum=None, frame=None):
     _aborting = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
+    interrupt = KeyboardInterrupt()
+    interrupt.signum = signum or signal.SIGINT  # run_main exits 128 + it: 130, or 143 (SIGTERM)
+    raise interrupt
 
 
 def aborting() -> bool:
@@ -53,7 +55,7 @@ def catch_stop_signals(progress=None):
     `progress` (while setting up, before any step): abort at once."""
     def handle(signum, frame):
         if progress is None or progress.signal:
-            abort()
+            abort(signum)
         progress.signal = signal.Signals(signum).name
         tqdm.write(f"{progress.signal}: stopping after this step or decoding batch (press "
                    f"Ctrl-C again to abort)")

@@ -74,3 +74,27 @@ def test_the_resume_command_keeps_the_threads_and_every_run_flag():
     assert set(stopping.RESUMED_AS_GIVEN) == fields_where(group="run") - {"preload"}
     config = Config(model_folder="my runs/w", threads=1, preload="03")
     assert resume_command(config, 1) == "python train.py --model_folder 'my runs/w' --threads 1"
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_setting_up_aborts_with_its_own_exit_code(sig, code, capsys):
+    """Issue 56 (suspected by the review, confirmed): before any step a signal aborts at once,
+    and a SIGTERM then exited 130, Ctrl-C's code, where a stopped run exits 143."""
+    import os
+    import signal
+
+    from config import run_main
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def setting_up():
+        stopping.catch_stop_signals()  # as train.py does before set_up
+        os.kill(os.getpid(), getattr(signal, sig))
+        raise AssertionError("not aborted")
+    try:
+        with pytest.raises(SystemExit) as e:
+            run_main("train.py", setting_up)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        stopping._aborting = False
+    assert e.value.code == code and "train.py: aborted" in capsys.readouterr().err
