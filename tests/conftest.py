@@ -47,13 +47,18 @@ def write_aligned(folder: Path, split: str, pairs, src="en", tgt="it"):
     (folder / f"{split}.{tgt}").write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
 
 
+def make_corpus(folder: Path, n: int = 64, seed: int = 1, val: int = 8) -> Path:
+    """A tiny Multi30k-style folder of number words: train.en/train.it (n pairs) and
+    val.en/val.it (val pairs, another seed)."""
+    write_aligned(folder, "train", number_pairs(n, seed=seed))
+    write_aligned(folder, "val", number_pairs(val, seed=seed + 1))
+    return folder
+
+
 @pytest.fixture
 def corpus(tmp_path):
-    """A tiny Multi30k-style folder: train.en/train.it and val.en/val.it."""
-    folder = tmp_path / "corpus"
-    write_aligned(folder, "train", number_pairs(64, seed=1))
-    write_aligned(folder, "val", number_pairs(8, seed=2))
-    return folder
+    """make_corpus in tmp_path/corpus."""
+    return make_corpus(tmp_path / "corpus")
 
 
 # Flags of a tiny, fast model for the scripts.
@@ -105,8 +110,7 @@ def run_here(script: str, *args, cwd: Path, input: bytes = None):
 def trained(tmp_path_factory):
     """train.py for 2 epochs on a tiny local corpus; the folder it ran in."""
     home = tmp_path_factory.mktemp("run")
-    write_aligned(home / "corpus", "train", number_pairs(64, seed=1))
-    write_aligned(home / "corpus", "val", number_pairs(8, seed=2))
+    make_corpus(home / "corpus")
     result = run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
                       cwd=home)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
@@ -127,18 +131,14 @@ def small(seed=0, vocab=24, **options):
                              **options).eval()
 
 
-def state_at(epoch, step=None, **extra):
+def tiny_state(epoch=0, step=None, **extra):
+    """A checkpoint's dict of a tiny model: per-epoch (the end of `epoch`), or with `step`
+    mid-epoch (3 batches into `epoch`); `extra` adds or overrides keys."""
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
     return {"model_state_dict": model.state_dict(), "config": Config().to_dict(),
             "epoch": epoch, "global_step": step or epoch * 10 + 10,
             "next_epoch": epoch if step else epoch + 1, "next_batch": 3 if step else 0,
             **extra}
-
-
-def tiny_state(epoch=0, **extra):
-    model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
-    return {"model_state_dict": model.state_dict(), "config": Config().to_dict(),
-            "epoch": epoch, "global_step": 10, **extra}
 
 
 def swap_two_tokens(source: Path, target: Path):

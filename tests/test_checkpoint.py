@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import state_at, tiny_state
+from conftest import tiny_state
 
 from config import Config
 from model import build_transformer
@@ -127,8 +127,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypat
 def test_averaging_uses_per_epoch_checkpoints_only(tmp_path):
     """--average N from a mid-epoch latest: the last N per-epoch files, never a mid-epoch one."""
     config = Config(model_folder=str(tmp_path))
-    for name, state in (("tmodel_00.pt", state_at(0)), ("tmodel_01.pt", state_at(1)),
-                        ("tmodel_02_s0000025.pt", state_at(2, step=25))):
+    for name, state in (("tmodel_00.pt", tiny_state(0)), ("tmodel_01.pt", tiny_state(1)),
+                        ("tmodel_02_s0000025.pt", tiny_state(2, step=25))):
         save_checkpoint(state, tmp_path / name)
     _, paths = load_averaged(config, tmp_path / "tmodel_02_s0000025.pt", 2)
     assert [p.name for p in paths] == ["tmodel_00.pt", "tmodel_01.pt"]
@@ -144,7 +144,7 @@ def test_averaging_from_a_mid_epoch_best_leaves_out_the_end_of_its_epoch(tmp_pat
     average. A best saved at an epoch's end keeps that epoch."""
     config = Config(model_folder=str(tmp_path))
     for epoch in range(4):  # steps 10, 20, 30, 40
-        save_checkpoint(state_at(epoch), tmp_path / f"tmodel_{epoch:02d}.pt")
+        save_checkpoint(tiny_state(epoch), tmp_path / f"tmodel_{epoch:02d}.pt")
     best = tmp_path / "tmodel_best.pt"
     save_checkpoint(tiny_state(epoch=3, global_step=35, validation={}), best)  # mid-epoch 3
     assert [p.name for p in load_averaged(config, best, 2)[1]] == ["tmodel_01.pt",
@@ -182,7 +182,7 @@ def test_older_epochs_keep_their_weights_and_lose_the_optimizer_state(tmp_path):
     moments = {"state": {0: {"exp_avg": torch.ones(1000)}}, "param_groups": []}
     names = ["tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt", "tmodel_03_s0000035.pt"]
     for epoch, name in enumerate(names):
-        save_checkpoint(state_at(epoch, optimizer_state_dict=moments, scaler_state_dict={}),
+        save_checkpoint(tiny_state(epoch, optimizer_state_dict=moments, scaler_state_dict={}),
                         tmp_path / name)
     weights = load_checkpoint(tmp_path / "tmodel_00.pt")["model_state_dict"]
     sizes = {name: (tmp_path / name).stat().st_size for name in names}
@@ -210,7 +210,7 @@ def test_averaging_holds_one_checkpoint_at_a_time_and_gives_the_mean(tmp_path, m
     states = []
     for epoch in range(4):
         torch.manual_seed(epoch)
-        state = state_at(epoch, optimizer_state_dict={"moments": torch.randn(1000)})
+        state = tiny_state(epoch, optimizer_state_dict={"moments": torch.randn(1000)})
         states.append(state)
         save_checkpoint(state, tmp_path / f"tmodel_{epoch:02d}.pt")
     alive, peak = [0], [0]

@@ -3,7 +3,7 @@ the validation history."""
 
 import pytest
 import torch
-from conftest import number_pairs, state_at, tiny_state, write_aligned
+from conftest import number_pairs, tiny_state, write_aligned
 
 from config import Config
 from corpus import load_corpus
@@ -31,7 +31,7 @@ def test_resume_never_takes_where_the_run_works_from_the_checkpoint(tmp_path):
     """5. A run saved on cuda:3, with workers and its own log folder, resumes here."""
     saved = Config(model_folder=str(tmp_path), device="cuda:3", num_workers=8,
                    experiment_name="runs/elsewhere", lr=5e-4)
-    state = {**state_at(0), "config": saved.to_dict(), "optimizer_state_dict": {}}
+    state = {**tiny_state(0), "config": saved.to_dict(), "optimizer_state_dict": {}}
     save_checkpoint(state, tmp_path / "tmodel_00.pt")
     (_, _), config = resume_state(Config(model_folder=str(tmp_path)), set())
     assert (config.device, config.num_workers, config.experiment_name) == ("auto", 0,
@@ -115,7 +115,7 @@ def test_a_damaged_history_or_a_full_disk_is_one_line_and_loses_nothing(tmp_path
 def test_a_checkpoint_without_its_optimizer_state_is_not_resumed(tmp_path):
     """Issue 45: per-epoch checkpoints older than the newest --keep_optimizer hold the weights
     only; resuming one would start Adam afresh, not continue the run: one line."""
-    save_checkpoint(state_at(0), tmp_path / "tmodel_00.pt")
+    save_checkpoint(tiny_state(0), tmp_path / "tmodel_00.pt")
     with pytest.raises(CheckpointError, match="tmodel_00.pt holds the weights only: .* resume "
                                               "from a newer one"):
         resume_state(Config(model_folder=str(tmp_path), preload="00"), {"preload"})

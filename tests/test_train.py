@@ -4,6 +4,7 @@ validation and test scoring, end to end."""
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,8 +13,8 @@ import types
 
 import pytest
 import torch
-from conftest import (ROOT, TINY, number_pairs, run_here, run_script, swap_two_tokens,
-                      write_aligned)
+from conftest import (ROOT, TINY, make_corpus, number_pairs, run_here, run_script,
+                      swap_two_tokens, write_aligned)
 
 import train
 from config import PRESETS, Config, parse_config
@@ -135,12 +136,6 @@ def train_here(tmp_path):
     return run
 
 
-def corpus(folder, seed=1, n=40):
-    write_aligned(folder, "train", number_pairs(n, seed=seed))
-    write_aligned(folder, "val", number_pairs(4, seed=seed + 100))
-    return folder
-
-
 def history(folder):
     return json.loads(history_path(Config(model_folder=str(folder))).read_text())
 
@@ -154,7 +149,7 @@ def lr_scalars(folder):
 
 def test_a_lengthened_cosine_run_keeps_learning(tmp_path, train_here):
     """1. A finished cosine run lengthened on resume trained at learning rate 0."""
-    corpus(tmp_path / "c", n=120)
+    make_corpus(tmp_path / "c", n=120, val=4)
     flags = ["--data_dir", "c", *TINY, "--lr_schedule", "cosine", "--log_every", "1",
              "--val_examples", "0"]
     code, out, err = train_here(*flags, "--num_epochs", "1")
@@ -174,7 +169,7 @@ def test_a_lengthened_cosine_run_keeps_learning(tmp_path, train_here):
 def test_max_steps_on_an_epochs_last_batch_validates_those_weights_once(tmp_path, train_here):
     """4. Stopped by --max_steps on an epoch's last batch, then resumed: the same weights were
     validated twice, and the duplicate counted against --patience."""
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     flags = ["--data_dir", "c", *TINY, "--val_examples", "0", "--num_epochs", "2"]
     code, out, err = train_here(*flags, "--model_folder", "one", "--num_epochs", "1")
     steps = load_checkpoint(tmp_path / "one" / "tmodel_00.pt")["global_step"]
@@ -193,8 +188,8 @@ def test_resuming_on_another_corpus_is_refused_before_anything_is_prepared(tmp_p
                                                                           train_here):
     """3. A checkpoint trained on one corpus resumed on another, mid-epoch, and compared its
     new best against another validation set."""
-    corpus(tmp_path / "a", n=120)
-    corpus(tmp_path / "b", seed=2, n=60)
+    make_corpus(tmp_path / "a", n=120, val=4)
+    make_corpus(tmp_path / "b", seed=2, n=60, val=4)
     code, out, err = train_here("--data_dir", "a", *TINY, "--max_steps", "2")
     assert code == 0, err
     prepared = (tmp_path / "weights" / "prepared" / "meta.json").read_text()
@@ -210,7 +205,7 @@ def test_resuming_on_another_corpus_is_refused_before_anything_is_prepared(tmp_p
 def test_a_resume_with_nothing_to_do_writes_no_event_file_and_says_so(tmp_path, train_here):
     """6. A resume with nothing left to train still added a TensorBoard event file (and
     scored the test split again)."""
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     code, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1",
                                 "--val_examples", "0")
     assert code == 0, err
@@ -277,7 +272,7 @@ def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, tra
     import os
 
     from nmt import evaluation
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     real = evaluation.translate_ids
 
     def interrupted(*args, **kwargs):  # the signal arrives while the validation set decodes
@@ -369,13 +364,27 @@ def step_checkpoints(folder):
     return sorted(p for p in folder.glob("tmodel_*_s*.pt"))
 
 
-def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_corpus):
-    home = kill_corpus
-    reference = run_here("train.py", *train_args("straight"), cwd=home)
+@pytest.fixture(scope="module")
+def straight(kill_corpus):
+    """The uninterrupted run the killed ones are held to: its last checkpoint."""
+    reference = run_here("train.py", *train_args("straight"), cwd=kill_corpus)
     assert reference.returncode == 0, reference.stderr.decode()[-2000:]
+    return load_checkpoint(kill_corpus / "straight" / "tmodel_01.pt")
 
+
+def same_weights(a, b):
+    assert a["global_step"] == b["global_step"]  # no batch trained twice, none skipped
+    for k, v in a["model_state_dict"].items():
+        assert torch.equal(v, b["model_state_dict"][k]), k
+
+
+def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_corpus, straight):
+    """Killed three times after a few mid-epoch saves, each start resumes from a mid-epoch
+    checkpoint (a silent fresh start with the same seed would also end with equal weights:
+    the messages tell them apart), and the run ends with the uninterrupted run's weights."""
+    home = kill_corpus
     folder = home / "killed"
-    kills = 0
+    kills, outputs = 0, []
     for wait_for in (1, 4, 7):  # kill after this many mid-epoch saves have appeared, then resume
         proc = popen_train(home, train_args("killed"))
         seen = set()
@@ -387,17 +396,40 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_c
                 kills += 1
                 break
             time.sleep(0.005)
-        proc.communicate()
+        outputs.append(proc.communicate()[0].decode())
         for p in folder.glob("*.pt"):  # whatever instant it died at, every file loads
             load_checkpoint(p)
-    assert kills >= 1
+    assert kills == 3, outputs
     final = run_here("train.py", *train_args("killed"), cwd=home)
     assert final.returncode == 0, final.stderr.decode()[-2000:]
-    a = load_checkpoint(home / "straight" / "tmodel_01.pt")
-    b = load_checkpoint(folder / "tmodel_01.pt")
-    assert a["global_step"] == b["global_step"]  # no batch trained twice, none skipped
-    for k, v in a["model_state_dict"].items():
-        assert torch.equal(v, b["model_state_dict"][k]), k
+    for out in outputs[1:] + [final.stdout.decode()]:  # every restart, from a mid-epoch save
+        assert re.search(r"resumed from killed/tmodel_0\d_s\d+\.pt", out), out[-1500:]
+    same_weights(straight, load_checkpoint(folder / "tmodel_01.pt"))
+
+
+def test_a_kill_inside_a_save_leaves_a_temporary_file_the_next_save_replaces(kill_corpus,
+                                                                             straight):
+    """SIGKILL between a checkpoint's write and its rename (the one instant a save can be cut):
+    the checkpoint is not there, its complete temporary file is; the next start trains again
+    from the start (nothing was saved), its save of that name replaces the temporary file,
+    and the run ends with the uninterrupted run's weights and no temporary file."""
+    home = kill_corpus
+    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); real = os.replace\n"
+            "def dying(a, b):\n"
+            "    if str(b).endswith('.pt'): os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    real(a, b)\n"
+            "os.replace = dying; import train; train.main(sys.argv[2:])")
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT), *train_args("cut")], cwd=home,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-1500:]
+    folder = home / "cut"
+    left = list(folder.glob(".tmodel_*.pt.tmp"))
+    assert len(left) == 1 and not list(folder.glob("tmodel_*.pt"))
+    load_checkpoint(left[0])  # complete, only not renamed
+    final = run_here("train.py", *train_args("cut"), cwd=home)
+    assert final.returncode == 0, final.stderr.decode()[-2000:]
+    assert not list(folder.glob(".*.tmp"))
+    same_weights(straight, load_checkpoint(folder / "tmodel_01.pt"))
     assert len(step_checkpoints(folder)) <= 2  # keep_last
 
 
@@ -620,7 +652,7 @@ def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_featu
 def test_a_mid_epoch_resume_with_accumulation_trains_the_same_updates(tmp_path, train_here):
     """A run stopped mid-epoch at --max_steps with --accum_steps 2, then resumed, ends with the
     weights of one never stopped: the resume starts at the group the stop left off at."""
-    home = corpus(tmp_path, seed=5, n=120)
+    home = make_corpus(tmp_path, seed=5, n=120, val=4)
     args = ["--data_dir", ".", *TINY, "--max_tokens", "60", "--num_epochs", "1",
             "--accum_steps", "2", "--val_max_sentences", "1",
             "--warmup", "4"]  # given: the schedule does not depend on the run's length
@@ -654,7 +686,7 @@ def test_threads_sets_the_training_processs_cpu_threads(tmp_path, train_here, mo
     """Issue 45: training had no thread control (translate.py had --threads): two trainings on
     one 2-core machine with torch's default threads each ran five times slower. --threads N
     sets torch's threads (the model card records them); 0, the default, leaves torch's."""
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     seen = []
     real = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
@@ -669,7 +701,7 @@ def test_threads_sets_the_training_processs_cpu_threads(tmp_path, train_here, mo
 def test_fp16_trains_with_the_gradient_scaler_and_resumes_its_scale(tmp_path, train_here):
     """--precision fp16: autocast to float16 and the gradient scaler, end to end; its scale is
     saved with the checkpoint and restored on resume."""
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     code, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1",
                                 "--precision", "fp16")
     assert code == 0 and "torch.float16 autocast" in out, err
@@ -697,7 +729,7 @@ def test_compile_trains_the_same_step_as_eager(tmp_path):
     """--compile: the compiled step (torch.compile, dynamic shapes) gives the eager step's
     loss and gradients on a tiny model."""
     pytest.importorskip("torch._inductor")
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     losses, grads = [], []
     for compile_ in (False, True):
         config, given = parse_config(["--data_dir", str(tmp_path / "c"), *TINY,
@@ -750,7 +782,7 @@ def test_a_start_never_overwrites_a_best_checkpoint_whose_epochs_were_deleted(tm
                                                                              train_here):
     """Issue 24: with tmodel_NN.pt deleted, --preload latest started afresh and replaced
     tmodel_best.pt and the validation history with a new epoch 0."""
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
     assert code == 0, err
     folder = tmp_path / "weights"
@@ -768,7 +800,7 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
     """Issue 25: every finished run writes MODEL_CARD.md and its validation curve: the
     commands of every start, the data and its sizes, steps and time, device and precision, the
     test scores with sacreBLEU's signatures (those of results.json), samples, how to use it."""
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
     code, _, err = train_here("--data_dir", "c", *TINY, "--N", "2", "--N_dec", "1",
                               "--num_epochs", "1")
@@ -804,7 +836,7 @@ def test_tokens_per_second_counts_training_time_only(tmp_path, train_here, monke
     --eval_every validations within the epoch. Here each validation takes 1,000 s of a clock
     moved forward: the throughput logged after it must not fall."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    corpus(tmp_path / "c")
+    make_corpus(tmp_path / "c", n=40, val=4)
     offset, real_time, real_validate = [0.0], train.time.time, train.validate
 
     def slow_validate(run, progress):
