@@ -141,3 +141,21 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
             run_main(script.__name__, lambda s=script, a=args: s.main(a))
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_export_average_exports_the_averaged_weights(trained, tmp_path):
+    """Issue 56 (an untested promise): `export.py --average 2` writes the mean of the last two
+    epochs' weights, as translate.py --average 2 decodes with them: export.json names both
+    checkpoints, and the engine's greedy outputs are this repo's with the same average."""
+    import json
+    home, _ = trained
+    t = run_here("export.py", "--output", tmp_path / "avg", "--average", "2", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    record = json.dumps(json.loads((tmp_path / "avg" / "export.json").read_text()))
+    assert "tmodel_00.pt" in record and "tmodel_01.pt" in record
+    files = ["--input", "corpus/val.en"]
+    ours = run_here("translate.py", "--average", "2", *files, cwd=home).stdout.decode()
+    theirs = run_here("translate.py", "--ctranslate2", tmp_path / "avg", "--threads", "1",
+                      *files, cwd=home).stdout.decode()
+    a, b = ours.split("\n"), theirs.split("\n")
+    assert len(a) == 9 and sum(x == y for x, y in zip(a, b)) >= 8, (a, b)

@@ -1,6 +1,8 @@
 """Resuming: what a resume takes from a checkpoint and what it must match, the random state,
 the validation history."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import number_pairs, tiny_state, write_aligned
@@ -141,3 +143,20 @@ def test_another_corpus_is_refused_but_a_fingerprint_by_times_is_not_checked(tmp
     with pytest.raises(CheckpointError):  # a hub dataset's fingerprint did not change its kind
         check_corpus({"corpus": {"source": "org/set", "fingerprint": "old"}}, tmp_path / "t.pt",
                      {**now, "source": "org/set"})
+
+
+@pytest.mark.parametrize("name, value", [("seed", 7), ("batch_size", 16), ("accum_steps", 2),
+                                         ("max_tokens", 1000)])
+def test_a_mid_epoch_checkpoint_refuses_another_batch_order(tmp_path, name, value):
+    """Issue 56 (an untested promise): the rest of an epoch needs its batch order, which
+    --seed, --batch_size, --accum_steps and --max_tokens fix: a mid-epoch checkpoint resumed
+    with another value of any is refused in one line; a per-epoch one takes it."""
+    config = Config(model_folder=str(tmp_path))
+    save_checkpoint(tiny_state(0, step=13, optimizer_state_dict={}),
+                    tmp_path / "tmodel_00_s0000013.pt")
+    changed = dataclasses.replace(config, **{name: value})
+    with pytest.raises(CheckpointError, match=f"saved mid-epoch with --{name} "):
+        resume_state(changed, {name})
+    resume_state(config, set())  # the same values: resumed
+    save_checkpoint(tiny_state(1, optimizer_state_dict={}), tmp_path / "tmodel_01.pt")
+    resume_state(changed, {name})  # between epochs: any batch order

@@ -98,3 +98,24 @@ def test_a_signal_while_setting_up_aborts_with_its_own_exit_code(sig, code, caps
             signal.signal(s, handler)
         stopping._aborting = False
     assert e.value.code == code and "train.py: aborted" in capsys.readouterr().err
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    """Issue 56 (an untested promise): while training, the first Ctrl-C asks for a stop after
+    the step (the run goes on to save), the second aborts at once (KeyboardInterrupt)."""
+    import os
+    import signal
+    import types
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    progress = types.SimpleNamespace(signal=None)
+    try:
+        stopping.catch_stop_signals(progress)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert progress.signal == "SIGINT"  # noted, not raised: the step finishes
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert stopping.aborting()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        stopping._aborting = False
