@@ -376,8 +376,9 @@ def fail(prog: str, message: str, quiet: bool = False):
 
 def run_main(prog: str, main, aborted: str = "aborted"):
     """Runs a script's `main`: a UserError becomes one line and exit 2, Ctrl-C one line and
-    exit 130 (143 for a SIGTERM that aborts), wherever it lands (also while an error unwinds, as when a torchrun process's
-    collective fails because another process was interrupted first). Under torchrun only
+    exit 130 (143 for a SIGTERM that aborts), wherever it lands (also while an error unwinds,
+    as when a torchrun process's collective fails because another process was interrupted
+    first). Under torchrun only
     rank 0 says "aborted"."""
     try:
         try:
