@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from conftest import number_pairs, write_aligned
+from conftest import make_corpus, number_pairs, write_aligned
 
 import corpus as corpus_module
 import dataset
@@ -318,8 +318,7 @@ def test_training_batches_are_resegmented_and_validation_is_not(tmp_path):
     prepared data is the same with or without the flag (not part of its key)."""
     import train
     from config import parse_config
-    write_aligned(tmp_path / "c", "train", number_pairs(150, seed=1))
-    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    make_corpus(tmp_path / "c", n=150, seed=1, val=4)
     keys, epochs = [], []
     for extra in ([], ["--bpe_dropout", "0.2", "--num_workers", "1"]):  # pools made in a worker
         config, given = parse_config(["--data_dir", str(tmp_path / "c"), "--vocab_size", "300",
@@ -349,8 +348,7 @@ def test_extra_pairs_are_trained_on_but_leave_the_vocabulary_as_it_was(tmp_path)
     back-translated pairs keeps the vocabulary of the run without; the prepared data holds
     both (and is another prepared data: another key)."""
     from tokenizer import tokenizer_fingerprint
-    write_aligned(tmp_path / "c", "train", number_pairs(40, seed=1))
-    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    make_corpus(tmp_path / "c", n=40, seed=1, val=4)
     write_aligned(tmp_path / "bt", "train", [(f"zzyzx qwv {i}.", f"kkrq jjw {i}.")
                                              for i in range(30)])
     found = []
@@ -370,8 +368,7 @@ def test_an_extra_tag_is_one_token_of_the_source_vocabulary(tmp_path, capsys):
     the untagged sentence (merges and every other id as without the flag); BPE-dropout never
     splits it. A tokenizer made without the tag keeps encoding it as text, and says so."""
     from tokenizer import tokenizer_fingerprint
-    write_aligned(tmp_path / "c", "train", number_pairs(40, seed=1))
-    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    make_corpus(tmp_path / "c", n=40, seed=1, val=4)
     write_aligned(tmp_path / "bt", "train", number_pairs(30, seed=3))
     base = {"data_dir": str(tmp_path / "c"), "vocab_size": 300, "seq_len": 24,
             "extra_data_dir": str(tmp_path / "bt")}

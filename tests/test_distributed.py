@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, number_pairs, run_here, run_script, write_aligned
+from conftest import ROOT, TINY, make_corpus, number_pairs, run_here, run_script, write_aligned
 
 from dataset import Collator, TokenBatchSampler, split_for_ranks
 from dev.bench_data import children
@@ -46,8 +46,7 @@ def test_ranks_get_disjoint_equal_shares_that_cover_the_epoch(world_size):
 
 
 def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
-    write_aligned(tmp_path / "corpus", "train", number_pairs(120, seed=3))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(9, seed=4))  # shares of 5 and 4
+    make_corpus(tmp_path / "corpus", n=120, seed=3, val=9)  # shares of 5 and 4
     write_aligned(tmp_path / "corpus", "test", number_pairs(7, seed=5))
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
              "--attention_dropout", "0", "--activation_dropout", "0",
@@ -124,8 +123,7 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
 
 
 def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
-    write_aligned(tmp_path / "corpus", "train", number_pairs(160, seed=5))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
+    make_corpus(tmp_path / "corpus", n=160, seed=5, val=4)
     write_aligned(tmp_path / "corpus", "test", number_pairs(4, seed=7))
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--model_folder", "w",
              "--experiment_name", "runs/w", "--num_epochs", "2"]
@@ -153,6 +151,16 @@ def test_torchrun_train_writes_one_run_and_resumes(tmp_path):
     assert out.count("validation: loss") == 1 and (tmp_path / "w" / "results.json").exists()
     assert (tmp_path / "w" / "tmodel_01.pt").exists()
     assert len(list((tmp_path / "runs" / "w").glob("events.out.tfevents.*"))) == 2  # one a run
+    # the resumed run against its uninterrupted two-rank twin: the same weights at the end
+    # (messages and file names alone would also pass a silent fresh start)
+    twin_flags = [f.replace("w", "twin") if f in ("w", "runs/w") else f for f in flags]
+    twin = torchrun(ROOT / "train.py", *twin_flags, cwd=tmp_path)
+    assert twin.returncode == 0, twin.stderr.decode()[-3000:]
+    a = torch.load(tmp_path / "twin" / "tmodel_01.pt", weights_only=False)
+    b = torch.load(tmp_path / "w" / "tmodel_01.pt", weights_only=False)
+    assert a["global_step"] == b["global_step"]
+    for k, v in a["model_state_dict"].items():
+        assert torch.equal(v, b["model_state_dict"][k]), k
 
 
 def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay=0.2):
@@ -162,8 +170,7 @@ def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay=0.2):
     almost always; on a busy machine it can land after it, in the first steps, and then the run
     stops there as after any Ctrl-C: one clean line either way. The run is long enough that the
     signal never comes after its end."""
-    write_aligned(tmp_path / "corpus", "train", number_pairs(160, seed=5))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
+    make_corpus(tmp_path / "corpus", n=160, seed=5, val=4)
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "60", "--model_folder", "w",
              "--experiment_name", "runs/w", "--val_examples", "0"]
     # epoch 0 in one process (here), to resume from: the signal comes after "resumed from"

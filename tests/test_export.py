@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import number_pairs, run_here, write_aligned
+from conftest import make_corpus, run_here
 
 from config import Config
 from dataset import get_ds
@@ -30,8 +30,7 @@ DESIGNS = {
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export")
-    write_aligned(folder / "c", "train", number_pairs(80, seed=1))
-    write_aligned(folder / "c", "val", number_pairs(12, seed=2))
+    make_corpus(folder / "c", n=80, seed=1, val=12)
     return folder
 
 

@@ -245,8 +245,7 @@ def test_the_ranks_hosts_exchange_once_a_step(tmp_path, monkeypatch):
     """Issue 44: two exchanges between the ranks' hosts a step (the update's token count, then
     the stop decision); now one, carrying both, and none else in an epoch without saves or
     validations. The token count is the whole update's (the target tokens of its batches)."""
-    write_aligned(tmp_path / "c", "train", number_pairs(60, seed=1))
-    write_aligned(tmp_path / "c", "val", number_pairs(4, seed=2))
+    make_corpus(tmp_path / "c", n=60, seed=1, val=4)
     monkeypatch.chdir(tmp_path)
     config, given = parse_config(["--data_dir", "c", *TINY, "--max_tokens", "100",
                                   "--accum_steps", "2"])
@@ -347,8 +346,7 @@ def train_args(folder):
 @pytest.fixture(scope="module")
 def kill_corpus(tmp_path_factory):
     home = tmp_path_factory.mktemp("kill")
-    write_aligned(home / "corpus", "train", number_pairs(400, seed=5))
-    write_aligned(home / "corpus", "val", number_pairs(4, seed=6))
+    make_corpus(home / "corpus", n=400, seed=5, val=4)
     return home
 
 
@@ -528,8 +526,7 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
         tmp_path):
     """A short run with the default optimizer settings learns; the best checkpoint is the
     one with the highest validation BLEU; every test set is scored at the end."""
-    write_aligned(tmp_path / "corpus", "train", number_pairs(200, seed=1))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(20, seed=2))
+    make_corpus(tmp_path / "corpus", n=200, seed=1, val=20)
     write_aligned(tmp_path / "corpus", "test", number_pairs(10, seed=3))
     write_aligned(tmp_path / "corpus", "test_b", number_pairs(6, seed=4))
     t = run_here("train.py", "--data_dir", "corpus", "--d_model", "64", "--N", "1", "--h", "2",
@@ -571,8 +568,7 @@ def test_default_optimizer_learns_keeps_the_best_checkpoint_and_scores_the_test_
 
 
 def test_patience_stops_training_and_says_so(tmp_path, train_here):
-    write_aligned(tmp_path / "corpus", "train", number_pairs(40, seed=1))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=2))
+    make_corpus(tmp_path / "corpus", n=40, seed=1, val=4)
     args = ["--data_dir", "corpus", *TINY, "--num_epochs", "6", "--patience", "2"]
     args[args.index("--lr") + 1] = "1e-12"  # nothing changes: no validation is ever better
     code, out, err = train_here(*args)
@@ -584,8 +580,7 @@ def test_patience_stops_training_and_says_so(tmp_path, train_here):
 
 
 def test_eval_every_validates_at_its_steps_and_at_the_end_of_each_epoch(tmp_path, train_here):
-    write_aligned(tmp_path / "corpus", "train", number_pairs(40, seed=1))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=2))
+    make_corpus(tmp_path / "corpus", n=40, seed=1, val=4)
     code, _, err = train_here("--data_dir", "corpus", *TINY, "--num_epochs", "2",
                               "--eval_every", "2", "--val_examples", "0")
     assert code == 0, err[-2000:]
@@ -632,8 +627,7 @@ def test_every_preset_trains_and_translates_after_a_save_load_round_trip(preset,
 def test_a_preset_with_a_joint_vocabulary_trains_and_translates_with_every_feature(tmp_path):
     """Issue 10: the modern options with one joint vocabulary shared by all three weight
     matrices, through train.py and translate.py (beam, averaging, attention map)."""
-    write_aligned(tmp_path / "corpus", "train", number_pairs(64, seed=1))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(8, seed=2))
+    make_corpus(tmp_path / "corpus", n=64, seed=1, val=8)
     t = run_here("train.py", "--preset", "modern_small", "--data_dir", "corpus", *TINY,
                  "--n_kv_heads", "1", "--shared_vocab", "true", "--tie_embeddings", "all",
                    "--num_epochs", "2", cwd=tmp_path)
