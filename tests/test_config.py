@@ -190,15 +190,17 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
 
 
 def test_the_tools_in_dev_run_from_the_root():
-    """`python -m dev.NAME --help` works from the repo's root for every tool in dev/."""
+    """`python -m dev.NAME --help` works from the repo's root for every tool in dev/: one as a
+    fresh process (the module path itself), each in this process (its parser)."""
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from conftest import ROOT, run_here
     tools = sorted(f.stem for f in (ROOT / "dev").glob("*.py"))
     assert {"bench", "bench_decode", "bench_loss", "plot_runs"} <= set(tools)
-    runs = {t: subprocess.Popen([sys.executable, "-m", f"dev.{t}", "--help"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for t in tools}
-    for tool, proc in runs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0 and b"usage:" in out, (tool, err.decode()[-800:])
+    proc = subprocess.run([sys.executable, "-m", "dev.bench_loss", "--help"], cwd=ROOT,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0 and b"usage:" in proc.stdout, proc.stderr.decode()[-800:]
+    for tool in tools:
+        t = run_here(f"dev/{tool}.py", "--help", cwd=ROOT)
+        assert t.returncode == 0 and b"usage:" in t.stdout, (tool, t.stderr.decode()[-800:])

@@ -5,7 +5,6 @@ from the repo's modules; the committed tour carries its outputs, the Colab noteb
 import re
 
 import nbformat
-import pytest
 from conftest import ROOT
 from nbclient import NotebookClient
 
