@@ -8,10 +8,9 @@
 
 Read top to bottom: Adam, its schedule and the loss (sections 5.3, 5.4); the run, set up once
 (`set_up`); one optimizer step (`train_step`, `optimizer_step`); the loop (`train_epoch`,
-`end_epoch`, `train_model`), which saves, validates and stops. Validation and test scoring are
-nmt/evaluation.py's, stopping on a signal nmt/stopping.py's, what a resume must match
-nmt/resume.py's.
-Resumes from the newest checkpoint in --model_folder by default (--preload latest).
+`end_epoch`, `train_model`), which saves, validates and stops. Scoring is nmt/evaluation.py's,
+stopping on a signal nmt/stopping.py's, a resume's checks nmt/resume.py's. Resumes from the
+newest checkpoint in --model_folder by default (--preload latest).
 """
 
 import math
@@ -39,7 +38,7 @@ from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_pa
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.evaluation import run_validation, score_test_sets
-from nmt.files import FolderLock, check_writable, removed_if_left_empty
+from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import write_run_card
 from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
                         restore_progress, restore_rng, restore_training, resume_state, rng_states,
@@ -194,8 +193,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
             config.data_dir = data.corpus["source"]
         return build_run(config, data, resume, rank, world, lock, init)
     except BaseException:
-        for path in created:
-            path.unlink(missing_ok=True)
+        remove_files(created)
         lock.release()
         raise
 

@@ -95,6 +95,13 @@ def write_text_atomic(path: Path, text: str):
                               f"saved are untouched") from None
 
 
+def remove_files(paths):
+    """Takes back the files a failed start wrote (--init_from's copied tokenizers): a start
+    that fails leaves no file behind (docs/resuming.md)."""
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
+
+
 @contextmanager
 def removed_if_left_empty(folder):
     """A failed start (a bad path, a refused checkpoint) leaves no empty folder behind: the

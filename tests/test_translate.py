@@ -261,19 +261,23 @@ def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(trained):
     assert example.returncode == 0 and "PREDICTED:" in example.stdout.decode()
 
 
+def second_model_changed(monkeypatch, change):
+    """Loading an ensemble, its second model's (model, config, tok_src, tok_tgt) passed
+    through `change`: a second model unlike the first without training one."""
+    from nmt import trained_model
+    real, calls = trained_model.load_translator, []
+
+    def load(config, given, checkpoint=None, average=1):
+        loaded = real(config, given, checkpoint, average)
+        calls.append(1)
+        return change(*loaded) if len(calls) == 2 else loaded
+    monkeypatch.setattr(trained_model, "load_translator", load)
+
+
 def test_an_ensemble_refuses_models_of_another_target_vocabulary(trained, monkeypatch):
     """Issue 42: the log-probabilities of different target vocabularies cannot be averaged."""
-    from nmt import trained_model
     home, _ = trained
-    real = trained_model.load_translator
-    calls = []
-
-    def other_target(config, given, checkpoint=None, average=1):
-        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average)
-        calls.append(1)
-        return model, config, tok_src, tok_src if len(calls) == 2 else tok_tgt
-
-    monkeypatch.setattr(trained_model, "load_translator", other_target)
+    second_model_changed(monkeypatch, lambda m, c, src, tgt: (m, c, src, src))
     t = run_here("translate.py", "--ensemble", "weights,weights/tmodel_00.pt", "hi", cwd=home)
     err = t.stderr.decode().strip().splitlines()[-1]
     assert t.returncode == 2 and "weights/tmodel_00.pt has another target tokenizer than " \
@@ -321,19 +325,12 @@ def test_an_ensemble_refuses_models_of_opposite_directions(trained, monkeypatch)
     """Issue 56, 2: with one joint vocabulary an en->de and a de->en model share every
     tokenizer (the back-translation recipe makes such a pair); averaged, they give mixed
     output. Members must translate between the same languages: one line, exit 2."""
-    from nmt import trained_model
     home, _ = trained
-    real = trained_model.load_translator
-    calls = []
 
-    def reversed_second(config, given, checkpoint=None, average=1):
-        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average)
-        calls.append(1)
-        if len(calls) == 2:  # the same tokenizers, the languages the other way round
-            config.lang_src, config.lang_tgt = config.lang_tgt, config.lang_src
+    def reversed_languages(model, config, tok_src, tok_tgt):  # the same tokenizers
+        config.lang_src, config.lang_tgt = config.lang_tgt, config.lang_src
         return model, config, tok_src, tok_tgt
-
-    monkeypatch.setattr(trained_model, "load_translator", reversed_second)
+    second_model_changed(monkeypatch, reversed_languages)
     t = run_here("translate.py", "--ensemble", "weights,weights/tmodel_00.pt", "hi", cwd=home)
     err = t.stderr.decode().strip().splitlines()
     assert t.returncode == 2 and len(err) == 3, err  # two "loaded" lines, then the refusal
