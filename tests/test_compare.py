@@ -2,6 +2,8 @@
 
 from conftest import run_here
 
+from nmt.metrics import compare
+
 
 def write(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -59,11 +61,16 @@ def test_a_zero_difference_is_never_significant_and_p_is_the_same_both_ways(tmp_
     write(tmp_path / "z2.hyp", ["qq zz ww"] * 40)
     write(tmp_path / "good.hyp", refs[:10] + base[10:])
 
-    def p_values(*files):
-        t = run_here("compare.py", *files, "--reference", ref, cwd=tmp_path)
-        assert t.returncode == 0, t.stderr.decode()
-        row = t.stdout.decode().splitlines()[2].split()  # the second system's row
-        return [float(row[i]) for i in (4, 5, 9, 10)]  # BLEU p (bs), p (ar), chrF p (bs), (ar)
+    def p_values(base, system):  # BLEU p (bs), p (ar), chrF p (bs), p (ar)
+        found = compare([("base", read(base)), ("system", read(system))], refs,
+                        n_bootstrap=200, n_randomization=500)
+        return [found[m][1][p] for m in ("bleu", "chrf") for p in ("p_bs", "p_ar")]
+
+    def read(name):
+        return (tmp_path / name).read_text(encoding="utf-8").splitlines()
+    t = run_here("compare.py", "a.hyp", "b.hyp", "--reference", ref, cwd=tmp_path)  # as a user
+    row = t.stdout.decode().splitlines()[2].split()  # b.hyp's row
+    assert t.returncode == 0 and [float(row[i]) for i in (4, 5, 9, 10)] == [1.0] * 4, row
     assert p_values("a.hyp", "b.hyp") == [1.0] * 4
     assert p_values("z1.hyp", "z2.hyp")[:2] == [1.0, 1.0]  # BLEU 0 against 0
     forward, backward = p_values("a.hyp", "good.hyp"), p_values("good.hyp", "a.hyp")

@@ -377,14 +377,31 @@ def same_weights(a, b):
         assert torch.equal(v, b["model_state_dict"][k]), k
 
 
+# train.py, killed (SIGKILL) inside its first checkpoint save: between the write and the rename
+DIES_SAVING = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); real = os.replace\n"
+               "def dying(a, b):\n"
+               "    if str(b).endswith('.pt'): os.kill(os.getpid(), signal.SIGKILL)\n"
+               "    real(a, b)\n"
+               "os.replace = dying; import train; train.main(sys.argv[2:])")
+
+
 def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_corpus, straight):
-    """Killed three times after a few mid-epoch saves, each start resumes from a mid-epoch
+    """Killed three times: first between a checkpoint's write and its rename (the one instant a
+    save can be cut: the checkpoint is not there, its complete temporary file is, and the next
+    start, having nothing to resume, trains afresh and its save of that name replaces the
+    file), then twice after a few mid-epoch saves, each later start resuming from a mid-epoch
     checkpoint (a silent fresh start with the same seed would also end with equal weights:
-    the messages tell them apart), and the run ends with the uninterrupted run's weights."""
+    the messages tell them apart). The run ends with the uninterrupted run's weights."""
     home = kill_corpus
     folder = home / "killed"
-    kills, outputs = 0, []
-    for wait_for in (1, 4, 7):  # kill after this many mid-epoch saves have appeared, then resume
+    cut = subprocess.run([sys.executable, "-c", DIES_SAVING, str(ROOT), *train_args("killed")],
+                         cwd=home, capture_output=True, timeout=120)
+    assert cut.returncode == -signal.SIGKILL, cut.stderr.decode()[-1500:]
+    left = list(folder.glob(".tmodel_*.pt.tmp"))
+    assert len(left) == 1 and not list(folder.glob("tmodel_*.pt"))
+    load_checkpoint(left[0])  # complete, only not renamed
+    kills, outputs = 1, []
+    for wait_for in (3, 6):  # kill after this many mid-epoch saves have appeared, then resume
         proc = popen_train(home, train_args("killed"))
         seen = set()
         deadline = time.time() + 120
@@ -401,32 +418,9 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_c
     assert kills == 3, outputs
     final = run_here("train.py", *train_args("killed"), cwd=home)
     assert final.returncode == 0, final.stderr.decode()[-2000:]
-    for out in outputs[1:] + [final.stdout.decode()]:  # every restart, from a mid-epoch save
+    assert "resumed from" not in outputs[0]  # nothing was saved before the first kill
+    for out in outputs[1:] + [final.stdout.decode()]:  # every later start: from a mid-epoch save
         assert re.search(r"resumed from killed/tmodel_0\d_s\d+\.pt", out), out[-1500:]
-    same_weights(straight, load_checkpoint(folder / "tmodel_01.pt"))
-
-
-def test_a_kill_inside_a_save_leaves_a_temporary_file_the_next_save_replaces(kill_corpus,
-                                                                             straight):
-    """SIGKILL between a checkpoint's write and its rename (the one instant a save can be cut):
-    the checkpoint is not there, its complete temporary file is; the next start trains again
-    from the start (nothing was saved), its save of that name replaces the temporary file,
-    and the run ends with the uninterrupted run's weights and no temporary file."""
-    home = kill_corpus
-    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); real = os.replace\n"
-            "def dying(a, b):\n"
-            "    if str(b).endswith('.pt'): os.kill(os.getpid(), signal.SIGKILL)\n"
-            "    real(a, b)\n"
-            "os.replace = dying; import train; train.main(sys.argv[2:])")
-    proc = subprocess.run([sys.executable, "-c", code, str(ROOT), *train_args("cut")], cwd=home,
-                          capture_output=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-1500:]
-    folder = home / "cut"
-    left = list(folder.glob(".tmodel_*.pt.tmp"))
-    assert len(left) == 1 and not list(folder.glob("tmodel_*.pt"))
-    load_checkpoint(left[0])  # complete, only not renamed
-    final = run_here("train.py", *train_args("cut"), cwd=home)
-    assert final.returncode == 0, final.stderr.decode()[-2000:]
     assert not list(folder.glob(".*.tmp"))
     same_weights(straight, load_checkpoint(folder / "tmodel_01.pt"))
     assert len(step_checkpoints(folder)) <= 2  # keep_last
