@@ -17,13 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from config import ArgumentParser, UserError, run_main
+from dev.bench import sync
 from kernels import BlockwiseLabelSmoothedCrossEntropy, block_rows
 from nmt.runtime import setup_device
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Projection(nn.Module):
