@@ -25,8 +25,8 @@ def flat(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
 
-def main():
-    out, argv = sys.argv[1], sys.argv[2:]
+def main(argv=None):
+    out, *argv = sys.argv[1:] if argv is None else argv
     config, given = parse_config(argv)
     run, progress = set_up(config, given)
     report = {"start": gather_to_main(flat(run.model)),
@@ -47,6 +47,7 @@ def main():
     if run.rank == 0:
         torch.save(report, out)
     run.writer.close()
+    run.lock.release()
     stop_distributed()
 
 

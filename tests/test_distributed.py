@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, make_corpus, number_pairs, run_here, run_script, write_aligned
+from conftest import ROOT, TINY, make_corpus, number_pairs, run_here, write_aligned
 
 from dataset import Collator, TokenBatchSampler, split_for_ranks
 from dev.bench_data import children
@@ -45,7 +45,7 @@ def test_ranks_get_disjoint_equal_shares_that_cover_the_epoch(world_size):
             [sorted(b) for r in range(len(shares[0])) for s in shares for b in [s[r]]]
 
 
-def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
+def test_two_ranks_train_as_one_process_on_both_batches(tmp_path, monkeypatch):
     make_corpus(tmp_path / "corpus", n=120, seed=3, val=9)  # shares of 5 and 4
     write_aligned(tmp_path / "corpus", "test", number_pairs(7, seed=5))
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
@@ -71,7 +71,7 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     from config import Config
     from dataset import get_ds
     from train import make_loss, train_step
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     config = Config(data_dir="corpus", d_model=32, N=1, h=2, d_ff=64, seq_len=24,
                     vocab_size=300, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                     model_folder="w")
@@ -89,8 +89,8 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path):
     # issue 44: DDP sends no buffers and keeps gradients in its buckets, and the ranks' hosts
     # exchange once a step (the update's tokens and a stop): after an epoch of updates of two
     # batches a rank, the weights of one process accumulating their four (--accum_steps 4)
-    alone = run_script("tests/ddp_worker.py", tmp_path / "alone.pt", *flags, "--accum_steps",
-                       "4", "--model_folder", "w1", "--experiment_name", "runs/w1", cwd=tmp_path)
+    alone = run_here("tests/ddp_worker.py", tmp_path / "alone.pt", *flags, "--accum_steps", "4",
+                     "--model_folder", "w1", "--experiment_name", "runs/w1", cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr.decode()[-3000:]
     single = torch.load(tmp_path / "alone.pt")
     assert [batch for pair in zip(a, b) for batch in pair] == single["batches"][0]

@@ -65,3 +65,15 @@ def test_the_committed_notebooks_tour_with_outputs_colab_without():
     assert all(not c.get("outputs") and c.get("execution_count") is None
                for c in colab.cells if c.cell_type == "code")
     assert "parameters" in colab.cells[1].metadata.get("tags", [])  # settings in one cell
+
+
+def test_the_readmes_badge_opens_the_notebook_of_the_repository_it_clones():
+    """The badge and the notebook's REPO setting name one repository: a fork that publishes
+    the repo under its own address changes both, or the badge opens a notebook that clones
+    another repository."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    badge = re.search(r"colab\.research\.google\.com/github/([^/\s]+/[^/\s]+)/blob/main/"
+                      r"notebooks/colab\.ipynb", readme)
+    colab = nbformat.read(NOTEBOOKS / "colab.ipynb", as_version=4)
+    repo = re.search(r'REPO = "https://github\.com/([^"]+)"', colab.cells[1].source)
+    assert badge and repo and badge.group(1) == repo.group(1)

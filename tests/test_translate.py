@@ -8,8 +8,10 @@ from conftest import number_pairs, run_here, run_script, swap_two_tokens
 from nmt.checkpoint import load_checkpoint
 
 
-def test_end_to_end_train_resume_translate(trained):
+def test_end_to_end_train_resume_translate(trained, tmp_path):
+    import shutil
     home, result = trained
+    home = shutil.copytree(home, tmp_path / "run")  # the shared run stays as trained
     out = result.stdout.decode()
     assert "validation: loss" in out and "BLEU" in out and "PREDICTED:" in out
     weights = home / "weights"
