@@ -403,7 +403,7 @@ class ArgumentParser(argparse.ArgumentParser):
     torchrun every process parses the same command line: rank 0 alone says what is wrong."""
 
     def error(self, message):
-        under_torchrun = "WORLD_SIZE" in os.environ  # as runtime.start_distributed tells
+        under_torchrun = "WORLD_SIZE" in os.environ  # as nmt.runtime.start_distributed tells
         fail(self.prog, f"{message} (see --help)",
              quiet=under_torchrun and not is_main())
 

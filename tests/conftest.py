@@ -22,14 +22,15 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_home_")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
-# Under pytest-xdist (the README's `-n 2`), the workers share the cores: each worker's torch
+# Under pytest-xdist (the README's `-n auto`), the workers share the cores: each worker's torch
 # threads, and those of the scripts it starts, get an equal share (thread pools that oversubscribe
 # the cores slow each other several times over).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _workers))
-    torch.set_num_threads(max(1, _cores // _workers))
+    _share = max(1, _cores // _workers)
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+    torch.set_num_threads(_share)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

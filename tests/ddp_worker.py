@@ -1,4 +1,6 @@
-"""Run by tests/test_distributed.py under torchrun: one rank's view of a data-parallel run.
+"""Run by tests/test_distributed.py under torchrun: one rank's view of a data-parallel run
+(and, for the one-process run it is compared with, as `main([OUT.pt, *flags])` in the test's
+own process).
 
     torchrun --standalone --nproc_per_node=2 tests/ddp_worker.py OUT.pt [train.py flags]
 
