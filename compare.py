@@ -10,13 +10,18 @@ bootstrap resampling (Koehn 2004) and by paired approximate randomization (Riezl
 
 p < 0.05: a difference this large would be rare if the two systems were equally good on
 sentences like these. Test once, on the split the systems were not chosen on.
+
+    python compare.py a.hyp b.hyp --reference tok/test.lc.norm.tok.de --papers_bleu de
+
+tests the papers' BLEU instead (as the Multi30k papers report it: lowercased, Moses-tokenized,
+against the dataset's tokenized references; nmt/metrics.papers_bleu), never mixed with sacreBLEU's.
 """
 
 from pathlib import Path
 
 from config import ArgumentParser, UserError, run_main
 from corpus import read_lines
-from nmt.metrics import BOOTSTRAP_SAMPLES, RANDOMIZATION_SAMPLES, compare
+from nmt.metrics import BOOTSTRAP_SAMPLES, PAPERS_BLEU, RANDOMIZATION_SAMPLES, compare
 
 
 def read_systems(paths, reference):
@@ -39,15 +44,18 @@ def read_systems(paths, reference):
 
 
 def table(found: dict) -> str:
-    """The systems a row each: BLEU and chrF with their 95% confidence intervals, and the
-    p-values of each difference from the baseline (the first row)."""
+    """The systems a row each: BLEU and chrF (or the papers' BLEU alone) with their 95%
+    confidence intervals, and the p-values of each difference from the baseline (the first
+    row)."""
     width = max(len(name) for name in found["systems"]) + 2
+    shown = [m for m in ("bleu", "chrf") if m in found]
+    names = {"bleu": "BLEU ± 95% CI", "chrf": "chrF ± 95% CI"}
     head = f"{'system':<{width}}" + "".join(
-        f"{metric:>16}{'p (bs)':>9}{'p (ar)':>9}" for metric in ("BLEU ± 95% CI", "chrF ± 95% CI"))
+        f"{names[metric]:>16}{'p (bs)':>9}{'p (ar)':>9}" for metric in shown)
     lines = [head]
     for n, name in enumerate(found["systems"]):
         cells = f"{name:<{width}}"
-        for metric in ("bleu", "chrf"):
+        for metric in shown:
             row = found[metric][n]
             cells += f"{row['score']:>9.2f} ± {row['ci']:<4.2f}"
             cells += "".join(f"{'baseline' if n == 0 else format(row[p], '.4f'):>9}"
@@ -61,12 +69,17 @@ def main(argv=None):
     parser.add_argument("hypotheses", nargs="+", metavar="HYP",
                         help="translation files, one sentence a line; the first is the baseline")
     parser.add_argument("--reference", required=True, help="the reference translations")
+    parser.add_argument("--papers_bleu", metavar="LANG", help="test the papers' BLEU instead: "
+                        "--reference is tokenized as Moses does (Multi30k's tok/*.lc.norm.tok.*), "
+                        "the translations are lowercased and Moses-tokenized for LANG")
     args = parser.parse_args(argv)
     if len(args.hypotheses) < 2:
         parser.error("give two or more translation files: the baseline first, then the "
                      "systems to test against it")
     references, systems = read_systems(args.hypotheses, args.reference)
-    found = compare(systems, references)
+    found = compare(systems, references, papers_lang=args.papers_bleu)
+    if args.papers_bleu:
+        print(f"{PAPERS_BLEU}; not sacreBLEU's BLEU")
     print(table(found))
     print(f"\n{len(references)} sentences; paired bootstrap resampling ({BOOTSTRAP_SAMPLES} "
           f"resamples) and approximate randomization ({RANDOMIZATION_SAMPLES} trials) against "

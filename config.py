@@ -49,6 +49,18 @@ class Config:
                             "empty: none)", group="data")
     upsample: int = _f(1, "with --extra_data_dir: the corpus's own training pairs repeated this "
                           "many times", group="data")
+    distill_from: str = _f("", "sequence-level knowledge distillation: teacher models (model "
+                               "folders at their newest checkpoint, or checkpoint files), "
+                               "comma-separated; they translate the training split's sources "
+                               "once, as one ensemble, and the student trains on their "
+                               "translations (kept in model_folder/distilled)", group="data")
+    distill_data: str = _f("distilled", "with --distill_from: the student trains on the "
+                                        "teachers' translations alone, or on both them and "
+                                        "the corpus's own references",
+                           ["distilled", "both"], "data")
+    distill_beam: int = _f(5, "with --distill_from: the teachers' beam size", group="data")
+    distill_average: int = _f(1, "with --distill_from: each teacher's newest N per-epoch "
+                                 "checkpoints averaged", group="data")
     lang_src: str = _f("en", "source language code", group="model")
     lang_tgt: str = _f("it", "target language code", group="model")
     seq_len: int = _f(350, "longest sequence in tokens, [SOS]/[EOS] included; longer training "
@@ -251,6 +263,12 @@ class Config:
             return f"--extra_tag must be one word, without spaces (got '{self.extra_tag}')"
         if self.upsample < 1:
             return f"--upsample must be at least 1 (got {self.upsample})"
+        if not self.distill_from and (self.distill_data != "distilled" or self.distill_beam != 5
+                                      or self.distill_average != 1):
+            return ("--distill_data, --distill_beam and --distill_average go with "
+                    "--distill_from (the teachers)")
+        if self.distill_beam < 1 or self.distill_average < 1:
+            return "--distill_beam and --distill_average must be at least 1"
         if not 0 <= self.bpe_dropout < 1:
             return (f"--bpe_dropout must lie in [0, 1) (got {self.bpe_dropout}): the probability "
                     f"of skipping each merge")

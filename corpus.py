@@ -339,7 +339,52 @@ def load_corpus(config: Config, wanted=SPLITS):
                                                      seed=config.seed)
             splits["train"], splits["validation"] = parts["train"], parts["test"]
             splits["held_out"] = True
+    if config.distill_from:
+        splits = _with_distilled(config, splits, wanted)
     return _with_extra(config, splits, wanted) if config.extra_data_dir else splits
+
+
+def distilled_folder(config: Config) -> Path:
+    """Where a run keeps its teachers' translations of the training split (--distill_from;
+    made by nmt/distill.py): train.src, train.tgt and meta.json (what made them)."""
+    return Path(config.model_folder) / "distilled"
+
+
+def distilled_meta(config: Config):
+    """The meta.json of the run's distilled translations (nmt/distill.py), or None."""
+    try:
+        return json.loads((distilled_folder(config) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _with_distilled(config: Config, splits: dict, wanted):
+    """Sequence-level knowledge distillation (--distill_from): the training split's targets
+    are the teachers' translations of its sources, kept in distilled_folder by nmt/distill.py
+    (which train.py runs first), alone or after the corpus's own pairs (--distill_data both).
+    The fingerprint covers the teachers and the mode; splits["real"] keeps the corpus's own
+    pairs (the tokenizers train on those), splits["distilled"] what made the translations."""
+    from datasets import concatenate_datasets
+    meta, folder = distilled_meta(config), distilled_folder(config)
+    if meta is None:
+        raise DataError(f"{folder} holds no teachers' translations for --distill_from: train.py "
+                        f"makes them when it starts")
+    splits["fingerprint"] = digest([splits["fingerprint"], meta["key"], config.distill_data])
+    splits["distilled"] = {k: meta[k] for k in ("teachers", "beam", "average", "sentences")}
+    if "train" not in wanted:
+        return splits
+    distilled = _aligned_dataset(folder / "train.src", folder / "train.tgt")
+    if meta.get("sources") != lines_digest(splits["train"], "src"):
+        raise DataError(f"{folder} translates other sources than this run's training split "
+                        f"(another corpus, --seed or --val_fraction): train.py translates "
+                        f"them again when it starts")
+    splits["real"] = splits["train"]
+    splits["train"] = (distilled if config.distill_data == "distilled"
+                       else concatenate_datasets([splits["train"], distilled]))
+    note(f"training pairs: {len(distilled)} translated by the teachers (--distill_from)"
+         + (f", after the corpus's own {len(splits['real'])}" if config.distill_data == "both"
+            else ", in place of the corpus's references"))
+    return splits
 
 
 def _with_extra(config: Config, splits: dict, wanted):
@@ -360,14 +405,14 @@ def _with_extra(config: Config, splits: dict, wanted):
                                     config.extra_tag, config.upsample])
     if "train" not in wanted:
         return splits
-    synthetic = extra["train"]
+    synthetic, own = extra["train"], splits["train"]  # (own: distilled pairs, if any)
     if config.extra_tag:
         synthetic = synthetic.map(
             lambda batch: {"src": [f"{config.extra_tag} {s}" for s in batch["src"]]},
             batched=True, new_fingerprint=uuid.uuid4().hex)
-    splits["real"] = splits["train"]
-    splits["train"] = concatenate_datasets([splits["real"]] * config.upsample + [synthetic])
-    note(f"training pairs: {len(splits['real'])} of the corpus"
+    splits.setdefault("real", own)
+    splits["train"] = concatenate_datasets([own] * config.upsample + [synthetic])
+    note(f"training pairs: {len(own)} of the corpus"
          + (f" x {config.upsample}" if config.upsample > 1 else "")
          + f", {len(synthetic)} from --extra_data_dir {config.extra_data_dir}"
          + (f" (their sources tagged '{config.extra_tag}')" if config.extra_tag else ""))
@@ -381,6 +426,15 @@ CORPUS_FINGERPRINT = 2
 
 def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def lines_digest(ds, name: str) -> str:
+    """The SHA-256 of a column of text, a line each, read in batches (no list of a whole
+    WMT-size column is held)."""
+    sha = hashlib.sha256()
+    for batch in ds.select_columns([name]).iter(batch_size=100_000):
+        sha.update("".join(line + "\n" for line in batch[name]).encode("utf-8"))
+    return sha.hexdigest()[:32]
 
 
 def file_digest(path: Path) -> str:

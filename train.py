@@ -31,12 +31,14 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from config import ArgumentParser, Config, parse_config, run_main
+from corpus import distilled_meta
 from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
+from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import write_run_card
@@ -178,6 +180,8 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                 lock.acquire()
                 if init:  # a new run from a trained model: its tokenizers, not new ones
                     created = copy_tokenizers(*init, config)
+                if config.distill_from and not (resume and distilled_meta(config)):
+                    distil(config)  # the teachers translate the training sources (once)
             start = (resume or init) if rank == 0 else None  # (path, state): before preparing
             data = get_ds(config, shared.get("data_key"),
                           partial(check_corpus, *resume[::-1]) if resume and rank == 0 else None,

@@ -22,7 +22,7 @@ from dataset import to_bilingual
 from nmt.attention_map import save_attention_map
 from nmt.decoding import Sampling, clean, translate
 from nmt.engine import load_engine
-from nmt.metrics import score
+from nmt.metrics import papers_bleu, score
 from nmt.trained_model import load_ensemble, load_translator
 
 
@@ -61,6 +61,10 @@ def parse_args(argv):
     parser.add_argument("--output", help="write translations here instead of stdout")
     parser.add_argument("--reference", help="reference translations of --input: print corpus "
                         "sacreBLEU and chrF")
+    parser.add_argument("--papers_reference", metavar="TOK", help="tokenized references of "
+                        "--input, as Multi30k's tok/*.lc.norm.tok.* files: also print BLEU as "
+                        "the papers on that corpus compute it (lowercased, Moses-tokenized; not "
+                        "sacreBLEU's)")
     parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
     parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
@@ -95,8 +99,9 @@ def parse_args(argv):
     check_models(parser, args, given)
     if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
         parser.error("give one of a sentence, --input and --example")
-    if args.reference and (args.sentence is not None or args.example is not None):
-        parser.error("--reference goes with --input or stdin")
+    for flag in ("reference", "papers_reference"):
+        if getattr(args, flag) and (args.sentence is not None or args.example is not None):
+            parser.error(f"--{flag} goes with --input or stdin")
     if args.attention and args.sentence is None and args.example is None:
         parser.error("--attention maps one sentence: give it as the sentence argument or with "
                      "--example N, not --input or stdin")
@@ -154,7 +159,7 @@ def check_sampling(parser, args):
         parser.error(f"--top_k must not be negative (got {args.top_k}; 0: all tokens)")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         parser.error(f"--top_p must lie in (0, 1] (got {args.top_p}; 1: all tokens)")
-    if args.reference and args.sample > 1:
+    if (args.reference or args.papers_reference) and args.sample > 1:
         parser.error("--reference scores one translation a sentence: --sample 1")
 
 
@@ -168,26 +173,30 @@ def sampling(args):
 
 
 def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
-    """(sentences, reference of the one sentence or None, references of --input or None):
-    the sentence argument, a validation example (--example) with its reference, or the lines
-    of --input / stdin (with --reference, its lines, checked to match before any decoding)."""
+    """(sentences, reference of the one sentence or None, references of --input or None,
+    tokenized references of --input or None): the sentence argument, a validation example
+    (--example) with its reference, or the lines of --input / stdin (with --reference and
+    --papers_reference, their lines, checked to match before any decoding)."""
     if args.example is not None:
         sentence, reference = validation_example(config, tokenizer_src, tokenizer_tgt,
                                                  args.example)
-        return [sentence], reference, None
+        return [sentence], reference, None, None
     if args.sentence is not None:
         if not clean(args.sentence):
             raise InputError("the sentence is empty")
-        return [args.sentence], None, None
+        return [args.sentence], None, None, None
     sentences = read_lines(args.input)
-    refs = read_lines(args.reference) if args.reference else None
-    if refs is not None and not sentences:
-        raise InputError(f"{args.input or 'stdin'} is empty: nothing to score against "
-                         f"{args.reference}")
-    if refs is not None and len(refs) != len(sentences):
-        raise InputError(f"{args.reference} has {len(refs)} lines but the input has "
-                         f"{len(sentences)}")
-    return sentences, None, refs
+    found = []
+    for path in (args.reference, args.papers_reference):
+        refs = read_lines(path) if path else None
+        if refs is not None and not sentences:
+            raise InputError(f"{args.input or 'stdin'} is empty: nothing to score against "
+                             f"{path}")
+        if refs is not None and len(refs) != len(sentences):
+            raise InputError(f"{path} has {len(refs)} lines but the input has "
+                             f"{len(sentences)}")
+        found.append(refs)
+    return sentences, None, *found
 
 
 def write_outputs(args, sentences, outputs, reference):
@@ -227,7 +236,7 @@ def main(argv=None):
         model, config, tokenizer_src, tokenizer_tgt = load_translator(
             config, given, args.checkpoint, args.average)
     first_src = tokenizer_src[0] if args.ensemble else tokenizer_src  # for --example
-    sentences, reference, refs = read_sources(args, config, first_src, tokenizer_tgt)
+    sentences, reference, refs, tokenized = read_sources(args, config, first_src, tokenizer_tgt)
     outputs = translate(model, config, tokenizer_src, tokenizer_tgt, sentences,
                         max(args.beam, 1 if args.sample else args.nbest), args.alpha,
                         1 if args.sample else args.nbest, args.batch_size,
@@ -241,6 +250,8 @@ def main(argv=None):
         print(f"wrote the cross-attention map to {args.attention}", file=sys.stderr)
     if refs is not None:
         print(score(best, refs, error_rates=False)["report"], file=sys.stderr)
+    if tokenized is not None:
+        print(papers_bleu(best, tokenized, config.lang_tgt)["report"], file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Scores of translations against references: corpus BLEU and chrF by sacreBLEU (with the
 signatures a paper should quote and 95% confidence intervals by bootstrap resampling),
 lowercased BLEU, character and word error rates; and the paired significance tests between
-systems (sacreBLEU's paired bootstrap resampling and approximate randomization)."""
+systems (sacreBLEU's paired bootstrap resampling and approximate randomization); and BLEU as
+the papers on Multi30k compute it (`papers_bleu`: lowercased, Moses-normalized and -tokenized,
+against the dataset's tokenized references), named apart from sacreBLEU's figures."""
 
 # sacreBLEU's own defaults for its --confidence, --paired-bs and --paired-ar (its seed: 12345,
 # or the environment's SACREBLEU_SEED), so that the figures repeat from one run to the next.
@@ -81,6 +83,39 @@ def score(hypotheses, references, error_rates: bool = True,
     return scores
 
 
+PAPERS_BLEU = "papers' BLEU (lowercased, Moses-tokenized, against tokenized references)"
+
+
+def moses_tokenized(lines, lang: str) -> list:
+    """Lines as the Multi30k papers' references were made (data/task1/tok/*.lc.norm.tok.* of
+    the multi30k/dataset repository): lowercased, then Moses's punctuation normalization and
+    tokenization for `lang`, special characters escaped (&quot; &apos; ...) as tokenizer.perl
+    does. On the dataset's raw val and test_2016_flickr German this reproduces 2,013 of their
+    2,014 tokenized lines (the one other: a full stop inside quotes, moved by a Perl rule)."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [tokenizer.tokenize(normalizer.normalize(line.lower()), escape=True, return_str=True)
+            for line in lines]
+
+
+def papers_metric():
+    """sacreBLEU's BLEU on text already tokenized: multi-bleu.perl's figure."""
+    from sacrebleu.metrics import BLEU
+    return BLEU(tokenize="none", force=True)
+
+
+def papers_bleu(hypotheses, tokenized_references, lang: str) -> dict:
+    """BLEU as the papers on Multi30k report it (multi-bleu.perl on lowercased, Moses-tokenized
+    text): the hypotheses lowercased and tokenized (`moses_tokenized`), scored against
+    references already tokenized so (the dataset's own tok/ files), with no tokenization of
+    sacreBLEU's. Not sacreBLEU's BLEU: never set beside it as if the same measure. Returns
+    {"bleu", "report"} (report: the figure, named, with sacreBLEU's signature)."""
+    metric = papers_metric()
+    result = metric.corpus_score(moses_tokenized(hypotheses, lang),
+                                 [list(tokenized_references)])
+    return {"bleu": result.score, "report": f"{PAPERS_BLEU}: {result}  ({metric.get_signature()})"}
+
+
 def at_least_as_extreme(stats, observed: float) -> float:
     """The p-value of a paired test: the share of its resamples or permutations whose statistic
     is at least as extreme as the observed difference, counting the observed one ((c + 1) /
@@ -94,7 +129,7 @@ def at_least_as_extreme(stats, observed: float) -> float:
 
 
 def compare(systems, references, n_bootstrap: int = BOOTSTRAP_SAMPLES,
-            n_randomization: int = RANDOMIZATION_SAMPLES) -> dict:
+            n_randomization: int = RANDOMIZATION_SAMPLES, papers_lang: str = None) -> dict:
     """Paired significance tests of systems against the first (the baseline), on the same
     sentences: `systems` is a list of (name, hypotheses). For BLEU and chrF each system gets
     its score, the 95% confidence interval's half-width and, after the first, the p-values of
@@ -102,11 +137,15 @@ def compare(systems, references, n_bootstrap: int = BOOTSTRAP_SAMPLES,
     approximate randomization (Riezler and Maxwell 2005): sacreBLEU's resampling, with the
     p-value counted by `at_least_as_extreme`. Returns {"systems": names, "bleu"/"chrf":
     [{"score", "ci", "p_bs", "p_ar"}, ...] (p None for the baseline), "signatures": {metric:
-    signature of each test}}."""
+    signature of each test}}. `papers_lang`: the papers' BLEU alone (`papers_bleu`), the
+    references already tokenized and each system's lines tokenized for that language."""
     from unittest import mock
 
     from sacrebleu import significance
     chosen = metrics(lowercase_bleu=False)
+    if papers_lang:
+        chosen = {"bleu": papers_metric()}
+        systems = [(name, moses_tokenized(lines, papers_lang)) for name, lines in systems]
     found = {"systems": [name for name, _ in systems], "signatures": {}}
     for test, samples in (("bs", n_bootstrap), ("ar", n_randomization)):
         with mock.patch.object(significance, "_compute_p_value", at_least_as_extreme):

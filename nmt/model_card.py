@@ -86,6 +86,20 @@ def training_section(card: dict) -> list:
     return lines + [""]
 
 
+def distilled_text(config: Config, distilled: dict) -> str:
+    """The Data section's sentence on sequence-level knowledge distillation, or nothing."""
+    if not distilled:
+        return ""
+    teachers = ", ".join(f"`{t['teacher']}` ({Path(t['checkpoint']).name})"
+                         for t in distilled["teachers"])
+    return (f" Sequence-level knowledge distillation: the training targets are the "
+            f"translations of {distilled['sentences']:,} training sources by "
+            f"{'the ensemble of ' if len(distilled['teachers']) > 1 else ''}{teachers} (beam "
+            f"{distilled['beam']}, each the average of its newest {distilled['average']} "
+            f"checkpoint(s)), " + ("in place of the references." if config.distill_data ==
+                                   "distilled" else "beside the corpus's own references."))
+
+
 def card_text(card: dict) -> str:
     """The Markdown of the card. `card`: config, commands, corpus, sizes, parameters, steps,
     epochs, seconds, device, precision, history, results (or None), samples, curve."""
@@ -101,7 +115,8 @@ def card_text(card: dict) -> str:
              f"{config.attention_dropout}, activation {config.activation_dropout}).", "",
              "## Made by", "", "```"] + card["commands"] + ["```", "", "## Data", "",
              f"{card['corpus']}: {card['sizes']}. Pairs longer than {config.seq_len} tokens "
-             f"were left out of training.", "", "## Training", ""]
+             f"were left out of training." + distilled_text(config, card.get("distilled")), "",
+             "## Training", ""]
     lines += training_section(card)
     if card["curve"]:
         lines += [f"![validation BLEU and loss]({CURVE_NAME})", ""]
@@ -143,7 +158,7 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
     threads = f", {n} thread{'s' * (n != 1)}" if run.device.type == "cpu" else ""
     return write_card({
         "folder": config.model_folder, "config": config, "commands": progress.commands,
-        "corpus": data.corpus["source"], "sizes": sizes,
+        "corpus": data.corpus["source"], "sizes": sizes, "distilled": data.corpus.get("distilled"),
         "vocab": (data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()),
         "parameters": sum(p.numel() for p in run.model.parameters()),
         "steps": progress.step, "epochs": progress.epoch + (progress.batch > 0),

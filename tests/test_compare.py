@@ -75,3 +75,16 @@ def test_a_zero_difference_is_never_significant_and_p_is_the_same_both_ways(tmp_
     assert p_values("z1.hyp", "z2.hyp")[:2] == [1.0, 1.0]  # BLEU 0 against 0
     forward, backward = p_values("a.hyp", "good.hyp"), p_values("good.hyp", "a.hyp")
     assert forward == backward and max(forward) < 0.01
+
+
+def test_compare_papers_bleu_from_the_command_line(tmp_path):
+    """Issue 61: --papers_bleu LANG prints the papers' BLEU, named, with no chrF column."""
+    refs = write(tmp_path / "ref.tok.de", [f"ein hund nummer {i} läuft ." for i in range(20)])
+    write(tmp_path / "a.hyp", [f"Ein Hund Nummer {i} rennt." for i in range(20)])
+    write(tmp_path / "b.hyp", [f"Ein Hund Nummer {i} läuft." for i in range(20)])
+    t = run_here("compare.py", "a.hyp", "b.hyp", "--reference", refs, "--papers_bleu", "de",
+                 cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()
+    out = t.stdout.decode().splitlines()
+    assert out[0].startswith("papers' BLEU (lowercased, Moses-tokenized")
+    assert "chrF" not in out[1] and out[3].split()[:2] == ["b.hyp", "100.00"]

@@ -98,3 +98,44 @@ def test_the_p_value_is_the_share_at_least_as_extreme():
     assert at_least_as_extreme(stats, 1.0) == 4 / 6  # 1.0, 1.0 and 2.0, and the observed one
     assert at_least_as_extreme(stats, 2.5) == 1 / 6
     assert at_least_as_extreme([0.0] * 9, 0.0) == 1.0
+
+
+def test_moses_tokenized_is_the_papers_reference_pipeline():
+    """Issue 61: lowercased, then Moses's punctuation normalization and tokenization with
+    tokenizer.perl's escaping: the form of Multi30k's tok/*.lc.norm.tok.* references."""
+    from nmt.metrics import moses_tokenized
+    assert moses_tokenized(['Ein Mann hält ein Schild: "Joe\'s Bar".'], "de") == [
+        "ein mann hält ein schild : &quot; joe &apos; s bar &quot; ."]  # as the dataset's
+    assert moses_tokenized(["A dog, running."], "en") == ["a dog , running ."]
+
+
+def test_papers_bleu_scores_tokenized_lowercased_text_and_says_so():
+    """Issue 61: the papers' BLEU tokenizes and lowercases the hypotheses only (the references
+    come tokenized), scores with sacreBLEU's tokenize none, and names itself apart from
+    sacreBLEU's BLEU."""
+    import sacrebleu
+
+    from nmt.metrics import PAPERS_BLEU, papers_bleu
+    hyps = ["Ein Hund läuft, schnell.", "Zwei Männer sitzen auf einer Bank"]
+    refs = ["ein hund läuft , schnell .", "zwei männer stehen auf einer bank ."]
+    found = papers_bleu(hyps, refs, "de")
+    assert found["bleu"] == pytest.approx(sacrebleu.corpus_bleu(
+        ["ein hund läuft , schnell .", "zwei männer sitzen auf einer bank"], [refs],
+        tokenize="none").score)
+    assert papers_bleu(["Ein Hund läuft, schnell."], refs[:1], "de")["bleu"] == pytest.approx(100)
+    # cased sacreBLEU on the raw text is another measure: the lowercased reference loses there
+    assert sacrebleu.corpus_bleu(hyps[:1], [refs[:1]]).score < 100.0
+    assert found["report"].startswith(PAPERS_BLEU) and "tok:none" in found["report"]
+
+
+def test_compare_tests_the_papers_bleu(tmp_path):
+    """compare.py --papers_bleu: the systems' lines tokenized for the language, the reference
+    taken as tokenized; the p-values of the papers' BLEU alone."""
+    refs = [f"ein hund nummer {i} läuft durch das grüne gras ." for i in range(30)]
+    base = [f"Ein Hund Nummer {i} läuft auf dem Gras." for i in range(30)]
+    good = [f"Ein Hund Nummer {i} läuft durch das grüne Gras." for i in range(30)]
+    found = compare([("base", base), ("good", good)], refs, n_bootstrap=100,
+                    n_randomization=100, papers_lang="de")
+    assert set(found) == {"systems", "signatures", "bleu"}
+    assert found["bleu"][1]["score"] == pytest.approx(100) and found["bleu"][1]["p_bs"] < 0.05
+    assert "tok:none" in found["signatures"]["bleu"][0]

@@ -77,6 +77,16 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     assert "BLEU = " in t.stderr.decode() and "nrefs:1|bs:1000|" in t.stderr.decode()
     assert "±" in t.stderr.decode()  # issue 42: with its 95% confidence interval
     assert "chrF2 = " in t.stderr.decode()
+    # issue 61: the papers' BLEU beside sacreBLEU's, against tokenized references
+    (home / "test.tok.it").write_text("".join(t.lower().replace(".", " .") + "\n"
+                                              for _, t in number_pairs(5, seed=3)))
+    t = run_here("translate.py", "--input", "test.en", "--reference", "test.it",
+                 "--papers_reference", "test.tok.it", "--beam", "2", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    lines = t.stderr.decode().splitlines()
+    papers = [line for line in lines if line.startswith("papers' BLEU (lowercased")]
+    assert len(papers) == 1 and "tok:none" in papers[0]
+    assert any(line.startswith("BLEU = ") and "tok:13a" in line for line in lines)
 
 
 @pytest.mark.parametrize("args, stdin, message", [
@@ -100,6 +110,10 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "--attention maps one sentence"),
     (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
      "corpus/val.it has 8 lines but the input has 64"),
+    (["--input", "corpus/train.en", "--papers_reference", "corpus/val.it"], None,
+     "corpus/val.it has 8 lines but the input has 64"),
+    (["--papers_reference", "corpus/val.it", "hi"], None,
+     "--papers_reference goes with --input or stdin"),
     # issue 42: sampling's settings out of range, or without --sample; an ensemble's models
     (["--sample", "2", "--top_p", "0", "hi"], None, "--top_p must lie in (0, 1]"),
     (["--sample", "2", "--top_p", "1.5", "hi"], None, "--top_p must lie in (0, 1]"),
