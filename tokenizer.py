@@ -67,19 +67,29 @@ def detokenize(tok, ids) -> str:
 def tokenizer_fingerprint(tok) -> str:
     """What identifies a tokenizer's segmentation: a hash of its vocabulary (token and id) and
     its merges (BPE), stored in every checkpoint and prepared-data key, so that a tokenizer file
-    swapped for another of the same size is caught where a checkpoint meets it."""
+    swapped for another of the same size is caught where a checkpoint meets it. The merges are
+    hashed as [left, right] pairs (`merge_pairs`), whichever tokenizers release wrote them."""
+    return tokenizer_fingerprints(tok)[0]
+
+
+def tokenizer_fingerprints(tok) -> tuple:
+    """(the fingerprint, the one checkpoints written before it recorded): until 2026-11 the
+    merges were hashed as the installed tokenizers wrote them, "left right" strings before
+    release 0.20 and pairs after, so a checkpoint written under tokenizers < 0.20 holds the hash
+    of the strings. A checkpoint matches its tokenizer if either is its record
+    (checkpoint.check_tokenizers)."""
     model = json.loads(tok.to_str())["model"]
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
-    text = json.dumps({"vocab": vocab, "merges": merge_pairs(model.get("merges"))},
-                      ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    pairs = merge_pairs(model.get("merges"))
+    strings = None if pairs is None else [" ".join(pair) for pair in pairs]
+    return tuple(hashlib.sha256(json.dumps({"vocab": vocab, "merges": merges},
+                                           ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+                 for merges in (pairs, strings))
 
 
 def merge_pairs(merges):
     """BPE merges as [left, right] pairs, as tokenizers 0.20 and later write them; earlier
-    releases wrote "left right" strings (a byte-level token holds no space). The fingerprint
-    hashes this form, so a checkpoint keeps its fingerprint whichever release wrote or reads its
-    tokenizer."""
+    releases wrote "left right" strings (a byte-level token holds no space)."""
     if merges is None:
         return None
     return [m.split(" ", 1) if isinstance(m, str) else list(m) for m in merges]

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from config import Config, UserError, fields_where
-from tokenizer import tokenizer_fingerprint
+from tokenizer import tokenizer_fingerprints
 
 
 class CheckpointError(UserError):
@@ -262,7 +262,9 @@ def unreadable(path: Path, head: bytes) -> str:
 def check_tokenizers(state: dict, path: Path, tokenizer_src, tokenizer_tgt):
     """Refuses a checkpoint that meets tokenizers other than those it was trained with: another
     vocabulary size (the embeddings' rows), or, for checkpoints that record them, another
-    fingerprint (a file swapped for another of the same size)."""
+    fingerprint (a file swapped for another of the same size; either form of
+    tokenizer.tokenizer_fingerprints: checkpoints written under tokenizers < 0.20 before
+    2026-11 record the second)."""
     weights = state["model_state_dict"]
     saved = state.get("tokenizers") or [None, None]  # absent in checkpoints of earlier versions
     for name, prefix, tok, was in zip(("source", "target"), ("src", "tgt"),
@@ -270,8 +272,9 @@ def check_tokenizers(state: dict, path: Path, tokenizer_src, tokenizer_tgt):
         key = f"{prefix}_embed.embedding.weight"
         if key not in weights:
             raise CheckpointError(f"checkpoint {path} has no {key}: not a model of this project")
-        size, now = tok.get_vocab_size(), tokenizer_fingerprint(tok)
-        if weights[key].shape[0] != size or was not in (None, now):
+        size, known = tok.get_vocab_size(), tokenizer_fingerprints(tok)
+        now = known[0]
+        if weights[key].shape[0] != size or was not in (None, *known):
             found = (f"a vocabulary of {size}, not {weights[key].shape[0]}"
                      if weights[key].shape[0] != size else f"the same size, but other tokens or "
                      f"merges: fingerprint {now}, not {was}")

@@ -112,3 +112,27 @@ def test_the_fingerprint_does_not_depend_on_how_the_merges_are_written():
     import torch
     state = torch.load(data / "tmodel_best.pt", weights_only=True)
     assert state["tokenizers"][0] == tokenizer_fingerprint(tok)  # recorded in 2026-11
+
+
+def test_a_checkpoint_recording_the_fingerprint_of_merges_as_strings_still_loads(tmp_path):
+    """Issue 63, defect 1: checkpoints written before the fix under tokenizers < 0.20 recorded
+    the hash of the merges as "left right" strings; the fix hashed pairs only, so such a
+    checkpoint was refused by translate, resume, --init_from and --ensemble under any release.
+    Either form is accepted; another tokenizer still is not."""
+    from pathlib import Path
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from nmt.checkpoint import CheckpointError, check_tokenizers
+    from tokenizer import tokenizer_fingerprints
+    data = Path(__file__).parent / "data" / "checkpoint_2026_11"
+    src = Tokenizer.from_file(str(data / "tokenizer_en.json"))
+    tgt = Tokenizer.from_file(str(data / "tokenizer_it.json"))
+    assert tokenizer_fingerprints(src) == ("d711b1fca901f1b7", "e90c2c529e5d9a07")
+    state = torch.load(data / "tmodel_best.pt", weights_only=True)
+    state["tokenizers"] = [tokenizer_fingerprints(src)[1], tokenizer_fingerprints(tgt)[1]]
+    check_tokenizers(state, data / "tmodel_best.pt", src, tgt)  # as written under < 0.20
+    state["tokenizers"][0] = tokenizer_fingerprints(tgt)[1]  # the target's: another tokenizer
+    with pytest.raises(CheckpointError, match="other tokens or merges"):
+        check_tokenizers(state, data / "tmodel_best.pt", src, tgt)
