@@ -73,11 +73,12 @@ def parse_args(argv):
                         "the (single) sentence to this PNG file")
     parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
                         "by export.py, on the CTranslate2 engine")
-    parser.add_argument("--ensemble", type=model_list, metavar="A,B,...", help="translate "
-                        "with several models as one (the mean of their log-probabilities at "
-                        "each step), named in one comma-separated list: model folders (each at "
-                        "--preload) or checkpoint files, of the same languages and target "
-                        "tokenizer; e.g. --ensemble weights/a,weights/b")
+    parser.add_argument("--ensemble", type=model_list, action=ModelList, metavar="A,B,...",
+                        help="translate with two or more models as one (the mean of their "
+                        "log-probabilities at each step), named in one comma-separated list "
+                        "(the flag repeated adds to it): model folders (each at --preload) or "
+                        "checkpoint files, of the same languages and target tokenizer; e.g. "
+                        "--ensemble weights/a,weights/b")
     parser.add_argument("--sample", type=int, default=0, metavar="N", help="draw N samples of "
                         "each translation instead of searching (N lines an input; with "
                         "--nbest N, index, log-probability and text)")
@@ -108,6 +109,13 @@ def parse_args(argv):
     return args, config, given
 
 
+class ModelList(argparse.Action):
+    """--ensemble given twice adds its models to the first's (argparse would keep the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + values)
+
+
 def model_list(text: str) -> list:
     """--ensemble's value: model folders or checkpoint files, comma-separated (one argument,
     so that it cannot take the sentence that follows it for a model)."""
@@ -130,12 +138,30 @@ def check_models(parser, args, given):
             parser.error(f"--ctranslate2 takes the exported model as it is: not with "
                          f"--{sorted(located)[0]} (export another model with export.py)")
     if args.ensemble:
+        if len(args.ensemble) < 2:
+            parser.error(f"--ensemble {args.ensemble[0]}: an ensemble has two or more models, "
+                         f"in one comma-separated argument (--ensemble A,B); for one model, "
+                         f"--model_folder or --checkpoint")
+        if args.sentence is not None and looks_like_a_model(args.sentence):
+            parser.error(f"'{args.sentence}' is a model, not a sentence: name every model of "
+                         f"the ensemble in one comma-separated argument (--ensemble A,B)")
         located = given & {"model_folder", "model_basename"} | \
             ({"checkpoint"} if args.checkpoint else set()) | \
             ({"ctranslate2"} if args.ctranslate2 else set()) | \
             ({"attention"} if args.attention else set())
         if located:
             parser.error(f"--ensemble names its models: not with --{sorted(located)[0]}")
+
+
+def looks_like_a_model(text: str) -> bool:
+    """A model folder (it holds checkpoints) or a checkpoint file: not a sentence to
+    translate (the former `--ensemble A B` form would take B for the sentence)."""
+    path = Path(text)
+    try:
+        return (path.is_file() and path.suffix == ".pt") or \
+            (path.is_dir() and any(path.glob("*.pt")))
+    except OSError:  # a long sentence is no file name
+        return False
 
 
 def check_sampling(parser, args):

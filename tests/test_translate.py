@@ -126,8 +126,16 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--sample", "2", "--input", "corpus/val.en", "--reference", "corpus/val.it"], None,
      "--reference scores one translation a sentence"),
     (["--ensemble", "corpus,weights", "hi"], None, "no checkpoint in corpus/"),
-    (["--ensemble", "nowhere", "hi"], None, "--ensemble nowhere: no such model folder"),
-    (["--ensemble", "weights", "--model_folder", "weights", "hi"], None,
+    (["--ensemble", "nowhere,weights", "hi"], None, "--ensemble nowhere: no such model folder"),
+    # issue 63, 2: no form silently drops a model
+    (["--ensemble", "weights", "hi"], None, "--ensemble weights: an ensemble has two or more"),
+    (["--ensemble", "weights"], b"one two\n", "an ensemble has two or more models"),
+    (["--ensemble", "weights", "weights"], b"one two\n", "an ensemble has two or more models"),
+    (["--ensemble", "weights,weights", "weights"], b"one two\n",
+     "'weights' is a model, not a sentence"),
+    (["--ensemble", "weights,weights", "weights/tmodel_00.pt"], b"one two\n",
+     "'weights/tmodel_00.pt' is a model, not a sentence"),
+    (["--ensemble", "weights,weights", "--model_folder", "weights", "hi"], None,
      "--ensemble names its models: not with --model_folder"),
 ])
 def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
@@ -365,6 +373,24 @@ def test_the_ensembles_list_cannot_take_the_sentence_for_a_model(trained):
     assert together.stdout == alone.stdout and together.stdout.strip()
     t = run_here("translate.py", "--ensemble", ",", "hi", cwd=home)
     assert t.returncode == 2 and "comma-separated" in t.stderr.decode()
+
+
+def test_a_repeated_ensemble_flag_adds_its_models(trained, monkeypatch):
+    """Issue 63, 2: `--ensemble A --ensemble B` kept B alone (argparse's last wins) and
+    translated with one model, exit 0; the models of every --ensemble are the ensemble."""
+    import nmt.trained_model
+    home, _ = trained
+    loaded = []
+    real = nmt.trained_model.load_translator
+
+    def counting(config, given, checkpoint=None, average=1):
+        loaded.append(checkpoint or config.model_folder)
+        return real(config, given, checkpoint, average)
+    monkeypatch.setattr(nmt.trained_model, "load_translator", counting)
+    t = run_here("translate.py", "--ensemble", "weights", "--ensemble", "weights/tmodel_00.pt",
+                 "one two", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert loaded == ["weights", "weights/tmodel_00.pt"]
 
 
 def test_batch_size_sets_the_sentences_decoded_at_once(trained):
