@@ -203,6 +203,19 @@ class BPEDropout(TorchDataset):
                 copies[id(tok)].encode_special_tokens = tok.encode_special_tokens
         self.dropped = tuple(copies[id(tok)] for tok in self.plain)
 
+    def __getstate__(self):  # to a DataLoader worker started by spawn or forkserver
+        return {**self.__dict__, "special_as_text": [t.encode_special_tokens
+                                                     for t in self.plain + self.dropped]}
+
+    def __setstate__(self, state):
+        """Unpickled (a spawned worker), a tokenizers.Tokenizer loses encode_special_tokens,
+        not in its serialized form: set again, or "[EOS]" in a text becomes the control token
+        there."""
+        flags = state.pop("special_as_text")
+        self.__dict__.update(state)
+        for tok, flag in zip(self.plain + self.dropped, flags):
+            tok.encode_special_tokens = flag
+
     def __len__(self):
         return len(self.data)
 

@@ -403,8 +403,13 @@ def test_bpe_dropout_keeps_special_token_text_as_text():
     text = "one [EOS] two [PAD] three [SOS] [UNK] four"
     plain = tok.encode(text).ids
     assert not set(plain) & {0, 1, 2, 3}
-    dropped = BPEDropout(None, tok, tok, 0.5, seq_len=100)
-    for _ in range(5):
-        (ids,) = dropped.segment(0, [plain])
-        assert not set(ids) & set(range(len(SPECIAL_TOKENS))), ids
-        assert tok.decode(ids) == text
+    import pickle
+    made = BPEDropout(None, tok, tok, 0.5, seq_len=100)
+    # issue 63, 5: as a DataLoader worker started by spawn or forkserver gets it (macOS's
+    # default; Linux's from Python 3.14): pickled, which drops encode_special_tokens
+    for dropped in (made, pickle.loads(pickle.dumps(made))):
+        assert all(t.encode_special_tokens for t in dropped.plain + dropped.dropped)
+        for _ in range(5):
+            (ids,) = dropped.segment(0, [plain])
+            assert not set(ids) & set(range(len(SPECIAL_TOKENS))), ids
+            assert tok.decode(ids) == text
