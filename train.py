@@ -48,8 +48,8 @@ from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, covera
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
                          main_first, max_over_ranks, note_precision, setup_device,
                          start_distributed, stop_distributed, sum_over_ranks, use_threads)
-from nmt.stopping import (Stop, StopRequested, aborting, catch_stop_signals, ignore_sigint,
-                          launcher, resume_command, stop_message)
+from nmt.stopping import (Stop, StopRequested, aborted, aborting, catch_stop_signals,
+                          ignore_sigint, launcher, resume_command, stop_message)
 from nmt.trained_model import build_model, load_model_weights
 from tokenizer import PAD
 
@@ -527,7 +527,7 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
         return progress.signal
     except Exception:
         if aborting():  # an abort's aftermath (stopping.aborting): reported as the abort
-            raise KeyboardInterrupt from None
+            raise aborted() from None
         raise
     finally:
         lock.release()

@@ -25,7 +25,7 @@ class StopRequested(Exception):
     """Ctrl-C or SIGTERM while decoding (validation, test scoring): stop at the next batch."""
 
 
-_aborting = False  # set by `abort`: an exception after it is the abort's aftermath
+_aborting = None  # set by `abort` to its signal: an exception after it is the abort's aftermath
 
 
 def abort(signum=None, frame=None):
@@ -33,20 +33,26 @@ def abort(signum=None, frame=None):
     the way out (releasing the folder, closing the process group): under torchrun a Ctrl-C
     reaches each process twice, from the terminal and from torchrun."""
     global _aborting
-    _aborting = True
+    _aborting = signum or signal.SIGINT
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise aborted()
+
+
+def aborted() -> KeyboardInterrupt:
+    """The interrupt of the abort: its `signum` the signal that aborted (run_main exits 128 +
+    it: 130 for Ctrl-C, 143 for SIGTERM), also when re-raised for the abort's aftermath."""
     interrupt = KeyboardInterrupt()
-    interrupt.signum = signum or signal.SIGINT  # run_main exits 128 + it: 130, or 143 (SIGTERM)
-    raise interrupt
+    interrupt.signum = _aborting or signal.SIGINT
+    return interrupt
 
 
 def aborting() -> bool:
     """Whether a signal aborted this process. Python drops an exception raised in a finalizer or
     an import lock's callback ("Exception ignored in ..."): a KeyboardInterrupt landing there is
     lost, and the process goes on until another rank's absence fails it. That failure is then
-    the abort, and train.py reports it as one."""
-    return _aborting
+    the abort, and train.py reports it as one (`aborted()`, with the abort's signal)."""
+    return _aborting is not None
 
 
 def catch_stop_signals(progress=None):

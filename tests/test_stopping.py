@@ -96,7 +96,7 @@ def test_a_signal_while_setting_up_aborts_with_its_own_exit_code(sig, code, caps
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-        stopping._aborting = False
+        stopping._aborting = None
     assert e.value.code == code and "train.py: aborted" in capsys.readouterr().err
 
 
@@ -118,4 +118,4 @@ def test_a_second_ctrl_c_aborts_at_once():
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-        stopping._aborting = False
+        stopping._aborting = None

@@ -290,6 +290,38 @@ def test_ctrl_c_during_validation_stops_at_the_next_decoding_batch(tmp_path, tra
     assert status == 0 and "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out, err
 
 
+@pytest.mark.parametrize("aftermath", [False, True])
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_setting_up_exits_with_its_own_code_through_train_py(
+        tmp_path, train_here, monkeypatch, signum, code, aftermath):
+    """Issue 63, 6: a signal while train.py sets up aborts at once, exit 128 + its number, also
+    when the abort surfaces as another exception (its aftermath: a KeyboardInterrupt lost in a
+    finalizer, a collective failing after it), which train.py re-raised as a bare
+    KeyboardInterrupt, and a SIGTERM exited 130. Driven through train.py's main: moving its
+    catch_stop_signals() call fails this test."""
+    import os
+
+    from nmt import stopping
+    make_corpus(tmp_path / "c", n=40, val=4)
+
+    def signalled(*args, **kwargs):  # the signal arrives while the data is prepared
+        try:
+            os.kill(os.getpid(), signum)
+        except KeyboardInterrupt:
+            if aftermath:
+                raise RuntimeError("a failure after the abort") from None
+            raise
+        raise AssertionError("the signal did not abort")
+    monkeypatch.setattr(train, "get_ds", signalled)
+    try:
+        status, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1")
+    finally:
+        stopping._aborting = None
+    assert status == code, err
+    assert err.strip().splitlines()[-1] == ("train.py: aborted; the checkpoints already saved "
+                                            "are intact")
+
+
 @pytest.mark.parametrize("problem, message", [
     ("no_dir", "--data_dir nowhere: no such folder"),
     ("new_folder", "--data_dir nowhere: no such folder"),
