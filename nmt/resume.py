@@ -243,12 +243,24 @@ def init_state(config: Config, given: set):
     for name in fields_where(group="model"):  # fresh run has them; the model's are the source's
         setattr(merged, name, getattr(saved, name))
     if Path(saved.tokenizer_file).is_absolute():  # the source's tokenizers lay elsewhere: the
-        merged.tokenizer_file = Path(saved.tokenizer_file).name  # new run keeps its own copy
+        merged.tokenizer_file = own_tokenizer_file(saved.tokenizer_file)  # new run keeps copies
     merged.preload, merged.init_from = "latest", str(path)
     problem = merged.validate()
     if problem:
         raise CheckpointError(f"with the settings of --init_from {path}: {problem}")
     return (path, state), merged
+
+
+def own_tokenizer_file(absolute: str) -> str:
+    """The file name, inside the new run's folder, of an --init_from source's tokenizers kept
+    elsewhere: the absolute --tokenizer_file's name where it holds {0}, the language
+    (/tok/tokenizer_{0}.json -> tokenizer_{0}.json); where only a folder holds it
+    (/tok/{0}/tokenizer.json) the language goes into the name (tokenizer_{0}.json)."""
+    name = Path(absolute).name
+    if "{0}" in name:
+        return name
+    stem, suffix = Path(name).stem, Path(name).suffix
+    return f"{stem}_{{0}}{suffix}"
 
 
 def copy_tokenizers(path: Path, state: dict, config: Config) -> list:

@@ -999,26 +999,55 @@ def test_a_run_from_a_trained_model_inherits_its_model_and_nothing_of_its_data(t
             assert (folder / name).read_bytes() == (source / name).read_bytes()
 
 
-def test_init_from_a_run_whose_tokenizers_lay_elsewhere(trained, tmp_path, train_here):
+@pytest.mark.parametrize("layout, copied", [("tok_{0}.json", "tok_{0}.json"),
+                                            ("{0}/tokenizer.json", "tokenizer_{0}.json")])
+def test_init_from_a_run_whose_tokenizers_lay_elsewhere(trained, tmp_path, train_here, layout,
+                                                        copied):
     """Issue 56, 3: the source run used an absolute --tokenizer_file: the new run copies those
-    tokenizers into its own folder (a SameFileError traceback before) and trains."""
+    tokenizers into its own folder (a SameFileError traceback before) and trains. Issue 63, 8:
+    a layout with {0} in a folder's name (/tok/{0}/tokenizer.json) lost {0} in the copy's name,
+    and the new run was refused ("must contain {0}")."""
     import shutil
     home, _ = trained
     shared = tmp_path / "tokenizers"
-    shared.mkdir()
     for lang in ("en", "it"):
-        shutil.copyfile(home / "weights" / f"tokenizer_{lang}.json", shared / f"tok_{lang}.json")
-    source = source_with(home, tmp_path / "x1", tokenizer_file=str(shared / "tok_{0}.json"))
+        at = shared / layout.format(lang)
+        at.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(home / "weights" / f"tokenizer_{lang}.json", at)
+    source = source_with(home, tmp_path / "x1", tokenizer_file=str(shared / layout))
     for lang in ("en", "it"):
         (source / f"tokenizer_{lang}.json").unlink()
     code, _, err = train_here("--init_from", str(source), "--data_dir", str(home / "corpus"),
                               "--model_folder", "ft", "--max_steps", "1")
     assert code == 0, err
     for lang in ("en", "it"):
-        assert (tmp_path / "ft" / f"tok_{lang}.json").read_bytes() == \
-            (shared / f"tok_{lang}.json").read_bytes()
+        assert (tmp_path / "ft" / copied.format(lang)).read_bytes() == \
+            (shared / layout.format(lang)).read_bytes()
     assert load_checkpoint(next((tmp_path / "ft").glob("tmodel_0*.pt")))["config"][
-        "tokenizer_file"] == "tok_{0}.json"  # the new folder holds its own
+        "tokenizer_file"] == copied  # the new folder holds its own
+
+
+def test_init_from_with_the_preset_trains_as_the_source_recipe(trained, tmp_path):
+    """Issue 63, 7: docs/training.md's fine-tuning table was measured when --init_from took the
+    source run's training settings; its command now gives --preset multi30k_modern, which
+    must reproduce them: every setting of the merged config equals the source recipe's, but
+    those the command gives (data, epochs, lr, folders) and the run fields."""
+    from nmt.resume import init_state
+    home, _ = trained
+    recipe, _ = parse_config(["--preset", "multi30k_modern"])
+    source = source_with(home, tmp_path / "half_a", **recipe.to_dict())
+    flags = ["--init_from", str(source), "--preset", "multi30k_modern", "--data_dir", "b",
+             "--num_epochs", "3", "--lr", "2e-3", "--model_folder", "ft",
+             "--experiment_name", "runs/ft"]
+    _, merged = init_state(*parse_config(flags))
+    given = {"data_dir", "num_epochs", "lr", "init_from", "model_folder", "experiment_name",
+             "preload"}
+    different = {name for name, value in merged.to_dict().items()
+                 if name not in given and value != getattr(recipe, name)}
+    assert different == set(), different
+    _, plain = init_state(*parse_config([f for f in flags if f not in ("--preset",
+                                                                       "multi30k_modern")]))
+    assert (plain.lr_schedule, plain.dropout) == ("inverse_sqrt", 0.1)  # the defaults'
 
 
 def test_a_failed_start_from_a_trained_model_leaves_no_file(trained, tmp_path, train_here):
