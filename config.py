@@ -2,7 +2,7 @@
 
 `python train.py --help` lists every field below with its default. A checkpoint stores the
 `Config` it was trained with (as a plain dict), so `translate.py` rebuilds the model from it;
-`checkpoint.merge_config` decides, from each field's group, which values a resumed or loaded
+`nmt.checkpoint.merge_config` decides, from each field's group, which values a resumed or loaded
 run takes from the checkpoint and which from the command line.
 """
 
@@ -188,7 +188,7 @@ class Config:
     def peak_lr(self) -> float:
         """--lr, or with --lr 0 (the default) one chosen by model width, LR_AT_512 · 512 /
         d_model: Adam's learning rate inversely proportional to the width, as muP (Yang et al.,
-        2022) prescribes; measured in the README."""
+        2022) prescribes; measured in docs/training.md."""
         return self.lr or LR_AT_512 * 512 / self.d_model
 
     def validate(self, training: bool = True):

@@ -77,7 +77,7 @@ def tokenizer_fingerprints(tok) -> tuple:
     merges were hashed as the installed tokenizers wrote them, "left right" strings before
     release 0.20 and pairs after, so a checkpoint written under tokenizers < 0.20 holds the hash
     of the strings. A checkpoint matches its tokenizer if either is its record
-    (checkpoint.check_tokenizers)."""
+    (nmt.checkpoint.check_tokenizers)."""
     model = json.loads(tok.to_str())["model"]
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
     pairs = merge_pairs(model.get("merges"))

@@ -74,7 +74,7 @@ def learning_rate(config: Config, step: int, total_steps: int) -> float:
                   paper's exact values (7.0e-4 for 512 and 4000).
     cosine:       linear warm-up to lr, then half a cosine that would reach 0 one step after
                   the last: every step of the run learns. A run lengthened on resume is laid
-                  out again over its new length (resume.restore_progress)."""
+                  out again over its new length (nmt.resume.restore_progress)."""
     step, peak = max(step, 1), config.peak_lr()
     warmup = warmup_steps(config, total_steps)
     if config.lr_schedule == "inverse_sqrt":
@@ -90,7 +90,7 @@ def learning_rate(config: Config, step: int, total_steps: int) -> float:
 
 def make_optimizer(model, lr: float):
     """Adam with the paper's betas and epsilon, fused into one kernel where torch has one (CPU,
-    CUDA): the default per-parameter loop is much slower on CPU (see the README)."""
+    CUDA): the default per-parameter loop is much slower on CPU (docs/performance.md)."""
     params = list(model.parameters())
     try:
         return torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-9, fused=True)
@@ -526,7 +526,7 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
         run.writer.close()
         return progress.signal
     except Exception:
-        if aborting():  # an abort's aftermath (stopping.aborting): reported as the abort
+        if aborting():  # an abort's aftermath (nmt.stopping.aborting): reported as the abort
             raise aborted() from None
         raise
     finally:

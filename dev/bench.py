@@ -376,7 +376,7 @@ def parse(argv=None):
     """(args, config) of the command line: the benchmark's own defaults (Multi30k en-de in
     data/multi30k, 4,000-token batches, seq_len 128, dropout 0.1) under a --preset's values,
     under the flags given."""
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dev.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="timed steps per model")
     parser.add_argument("--warmup_steps", type=int, default=2, help="untimed steps first")
     parser.add_argument("--baseline_steps", type=int, default=3,
@@ -568,4 +568,4 @@ def report(rows, loop, flops, device, args):
 
 
 if __name__ == "__main__":
-    run_main("bench.py", main)
+    run_main("python -m dev.bench", main)

@@ -32,7 +32,8 @@ from tokenizer import PAD
 
 
 def parse(argv=None):
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dev.bench_bpe_dropout",
+                            description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per kind of batch")
     parser.add_argument("--warmup_steps", type=int, default=2, help="untimed steps first")
     add_config_arguments(parser)
@@ -110,4 +111,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main("bench_bpe_dropout.py", main)
+    run_main("python -m dev.bench_bpe_dropout", main)

@@ -87,12 +87,14 @@ def run_train(args, flags, label):
     watcher.join()
     seconds = time.time() - started
     if proc.returncode != 0:
-        sys.exit(f"bench_data.py: {label} failed (exit {proc.returncode}):\n{out[-3000:]}")
+        sys.exit(f"python -m dev.bench_data: {label} failed (exit {proc.returncode}):\n"
+                 f"{out[-3000:]}")
     return seconds, peak["main"], peak["worker"], out
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dev.bench_data",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default="data/multi30k", help="Multi30k-style folder "
                         "(train.en, train.de) the synthetic pairs are made from")
     parser.add_argument("--out", default="data/synthetic_wmt", help="where the corpus is written")
@@ -104,7 +106,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     source, out = Path(args.source), Path(args.out)
     if not (source / "train.en").exists():
-        parser.error(f"--source {source}: no train.en there (see the README for Multi30k)")
+        parser.error(f"--source {source}: no train.en there (the README's quick start says where "
+                     f"Multi30k comes from)")
     lines = sum(1 for _ in open(out / "train.en", "rb")) if (out / "train.en").exists() else 0
     if lines != args.pairs:
         started = time.time()

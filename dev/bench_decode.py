@@ -114,7 +114,7 @@ def variants(model):
 
 
 def parse_args(argv):
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dev.bench_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir_test", metavar="DIR", default="data/multi30k",
                         help="folder of the test files (default: data/multi30k)")
     parser.add_argument("--split", default="test_2016_flickr",
@@ -266,4 +266,4 @@ def report_attention_kernels(runs, ids, batch: int):
 
 
 if __name__ == "__main__":
-    run_main("bench_decode.py", main)
+    run_main("python -m dev.bench_decode", main)

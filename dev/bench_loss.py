@@ -71,7 +71,7 @@ def measure(d_model: int, vocab: int, positions: int, rows: list, precision: str
 
 
 def main(argv=None):
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dev.bench_loss", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["128x10000", "512x37000"],
                         help="d_model x vocabulary (default: the recipe's and the paper's base)")
     parser.add_argument("--positions", type=int, default=4000, help="target tokens")
@@ -91,7 +91,7 @@ def main(argv=None):
                                 f"512x37000") from None
             measure(d_model, vocab, args.positions, args.rows, args.precision, args.calls,
                     setup_device(args.device))
-    run_main("bench_loss.py", run)
+    run_main("python -m dev.bench_loss", run)
 
 
 if __name__ == "__main__":

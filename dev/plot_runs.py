@@ -43,7 +43,7 @@ def curve(folder: Path, gap_minutes: float, metric: str = "bleu", x: str = "minu
 
 
 def main(argv=None):
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dev.plot_runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="TensorBoard folders (--experiment_name)")
     parser.add_argument("--labels", nargs="*", help="a name for each run (default: folder)")
     parser.add_argument("--output", default="docs/validation_bleu.png")
@@ -58,7 +58,7 @@ def main(argv=None):
         parser.error("give one label a run")
     plt = pyplot()
     if plt is None:
-        parser.error("plot_runs.py needs matplotlib (pip install matplotlib)")
+        parser.error("python -m dev.plot_runs needs matplotlib (pip install matplotlib)")
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for run, label in zip(args.runs, labels):
         points = curve(Path(run), args.gap, args.metric, args.x)
@@ -76,4 +76,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main("plot_runs.py", main)
+    run_main("python -m dev.plot_runs", main)

@@ -5,7 +5,7 @@ validation, test scoring, translate.py and the benchmarks call.
     translate(model, config, tokenizer_src, tokenizer_tgt, ["A dog runs."], beam=4)
     translate_ids(model, [[17, 402, 9]], SOS, EOS, PAD, seq_len)     # ids in, ids out
 
-`model` may also be a CTranslate2 engine (engine.Engine): anything with a translate_ids method.
+`model` may also be a CTranslate2 engine (nmt.engine.Engine): anything with a translate_ids method.
 """
 
 import hashlib

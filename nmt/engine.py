@@ -1,6 +1,6 @@
 """CTranslate2, the fastest inference engine for this model family: a trained model mapped one
 to one into its Transformer specification (export.py writes it), and `Engine`, which decodes an
-exported model as decoding.translate_ids does (translate.py --ctranslate2).
+exported model as nmt.decoding.translate_ids does (translate.py --ctranslate2).
 
 The specification is built from CTranslate2's constructors: pre- or post-norm, LayerNorm or
 RMSNorm, ReLU or SwiGLU, sinusoidal positions (this repo's own table, written into the model) or
@@ -203,11 +203,11 @@ class Engine:
     def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=0.6,
                       batch_size=64, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
                       unk_id=None, progress=None):
-        """As decoding.translate_ids. The engine takes one maximum length a call. Greedy: one call
-        per batch of similar lengths (as decoding.translate_ids makes them) under the batch's
-        longest limit, each output then cut to its own limit (greedy outputs are prefixes of
-        longer ones: the same tokens; one call for all sentences would decode every one that
-        never ends to the longest limit of all). Beam search is not prefix-consistent:
+        """As nmt.decoding.translate_ids. The engine takes one maximum length a call. Greedy: one
+        call per batch of similar lengths (as nmt.decoding.translate_ids makes them) under the
+        batch's longest limit, each output then cut to its own limit (greedy outputs are
+        prefixes of longer ones: the same tokens; one call for all sentences would decode every
+        one that never ends to the longest limit of all). Beam search is not prefix-consistent:
         sentences go in groups of equal limits."""
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]
         limits = output_limits(torch.tensor([len(s) for s in sources]), max_len_a, max_len_b,

@@ -68,7 +68,7 @@ def setup_device(name: str = "auto") -> torch.device:
         torch.backends.cudnn.allow_tf32 = True
         # cuDNN's attention builds a plan for every new batch shape (about a second each on an
         # H100, measured), and token batches come in many shapes: use the flash and
-        # memory-efficient kernels, which have no such cost and run as fast (README, GPU).
+        # memory-efficient kernels, which have no such cost and run as fast (docs/scaling.md).
         torch.backends.cuda.enable_cudnn_sdp(False)
     if device.type == "cpu":
         tune_cpu_allocator()
@@ -77,8 +77,8 @@ def setup_device(name: str = "auto") -> torch.device:
 
 def tune_cpu_allocator():
     """On Linux/glibc, keep freed memory for reuse instead of handing each large activation
-    buffer back to the OS and page-faulting it in again next step (see the README for the
-    speed-up). Memory stays reserved by the process; elsewhere this does nothing."""
+    buffer back to the OS and page-faulting it in again next step (docs/performance.md gives
+    the speed-up). Memory stays reserved by the process; elsewhere this does nothing."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:

@@ -32,6 +32,18 @@ if _workers > 1:
     os.environ["OMP_NUM_THREADS"] = str(_share)
     torch.set_num_threads(_share)
 
+
+def pytest_configure(config):
+    """Under pytest-xdist (-n N) with no --dist given: --dist loadfile, each test file whole on
+    one worker, in its order (a file's tests share module fixtures and files). Set here, not in
+    pytest.ini's addopts, where a run without the plugin (an IDE's runner, -p no:xdist) failed
+    on the unknown option."""
+    given = any(a == "--dist" or a.startswith(("--dist=", "-d"))
+                for a in config.invocation_params.args)
+    if getattr(config.option, "numprocesses", None) and not given:
+        config.option.dist = "loadfile"
+
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from config import Config, run_main  # noqa: E402
@@ -69,6 +81,14 @@ def make_corpus(folder: Path, n: int = 64, seed: int = 1, val: int = 8) -> Path:
 def corpus(tmp_path):
     """make_corpus in tmp_path/corpus."""
     return make_corpus(tmp_path / "corpus")
+
+
+def children(pid: int):
+    """The pids of a process's children (Linux /proc; none where it cannot be read)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 # Flags of a tiny, fast model for the scripts.

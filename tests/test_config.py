@@ -155,7 +155,10 @@ def test_the_top_level_holds_the_core_and_the_user_scripts():
     """Issue 55: at most 10 .py files at the top (the card's five among them), the machinery in
     one flat folder nmt/, benchmarks and tools in dev/; imports run one way: scripts -> nmt/ ->
     the core -> config.py (the core never imports nmt/ or dev/: the folder is in no circle),
-    and no module outside dev/ imports a script."""
+    and no module outside dev/ imports a script. Issue 63: nor dev/ (a script or the core
+    importing it went unflagged), and config.py imports no module of the project."""
+    import re
+
     from conftest import ROOT
     top = {f.stem for f in ROOT.glob("*.py")}
     assert len(top) <= 10 and CORE | {"export", "compare"} <= top, sorted(top)
@@ -163,10 +166,22 @@ def test_the_top_level_holds_the_core_and_the_user_scripts():
     graph = project_imports()
     assert graph, "no module found"
     wrong = [(m, i) for m, imports in graph.items() for i in imports
-             if (m in top and m not in SCRIPTS and i.startswith(("nmt.", "dev.")))
+             if (m in top and m not in SCRIPTS and i.startswith("nmt."))
              or (not m.startswith("dev.") and i in SCRIPTS)
-             or (m.startswith("nmt.") and i.startswith("dev."))]
+             or (not m.startswith("dev.") and i.startswith("dev."))
+             or (m == "config" and i != "config")]
     assert wrong == []
+    # issue 63: those rules can tell (each kind of import they refuse, refused)
+    rules_refuse = [("model", "nmt.decoding"), ("train", "dev.bench"), ("dataset", "dev.bench"),
+                    ("nmt.runtime", "dev.bench"), ("config", "model"), ("nmt.files", "train")]
+    assert all((m in top and m not in SCRIPTS and i.startswith("nmt."))
+               or (not m.startswith("dev.") and i in SCRIPTS)
+               or (not m.startswith("dev.") and i.startswith("dev."))
+               or (m == "config" and i != "config") for m, i in rules_refuse)
+    # the tests import dev/ only to test its tools
+    users = sorted(f.name for f in (ROOT / "tests").glob("*.py")
+                   if re.search(r"^\s*(from|import) dev\b", f.read_text(encoding="utf-8"), re.M))
+    assert users == ["test_bench.py"], users
 
 
 def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
@@ -178,6 +193,7 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
     missing, seen = [], 0
     for f in [ROOT / "README.md", *ROOT.glob("docs/*.md")]:
         text = f.read_text(encoding="utf-8")
+        text = re.sub(r"\\?\n\s*", " ", text)  # a command wrapped across lines (issue 63, 12)
         for script in re.findall(r"python3? ([\w/]+\.py)\b", text):
             seen += 1
             if not (ROOT / script).is_file():
@@ -187,6 +203,42 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
             if module != "pytest" and not (ROOT / (module.replace(".", "/") + ".py")).is_file():
                 missing.append((f.name, module))
     assert seen > 100 and missing == []
+
+
+def test_module_paths_in_prose_name_the_modules_where_they_live():
+    """Issue 63, 12: after the layout's move, docstrings, comments and docs still named
+    `checkpoint.average_checkpoints`, `runtime.setup_device`... (now nmt.checkpoint, ...). A
+    name `X.f` where X is a module of nmt/ that defines f must be written nmt.X.f, but in code
+    of a file that imports X itself (from nmt import X). dev/LOG.md is a dated history: left."""
+    import ast
+    import re
+
+    from conftest import ROOT
+    defined = {}
+    for f in (ROOT / "nmt").glob("*.py"):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        defined[f.stem] = {n.name for n in tree.body
+                           if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    pattern = re.compile(r"(?<![\w./])(" + "|".join(defined) + r")\.(\w+)")
+    files = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("*.py"),
+             *ROOT.glob("nmt/*.py"), *ROOT.glob("dev/*.py")]
+    stale = []
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        imported = set(re.findall(r"from nmt import (\w+)", text))
+        for module, name in pattern.findall(text):
+            if name in defined[module] and module not in imported:
+                stale.append((f.name, f"{module}.{name}"))
+    assert stale == []
+
+
+def test_the_dev_tools_name_themselves_as_they_are_run():
+    """Issue 63, 12: a dev tool's usage and errors said `bench.py`, where the command is
+    `python -m dev.bench`."""
+    from conftest import ROOT, run_here
+    for tool in sorted(f.stem for f in (ROOT / "dev").glob("*.py")):
+        t = run_here(f"dev/{tool}.py", "--help", cwd=ROOT)
+        assert t.stdout.decode().startswith(f"usage: python -m dev.{tool} "), tool
 
 
 def test_the_tools_in_dev_run_from_the_root():

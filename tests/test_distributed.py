@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, make_corpus, number_pairs, run_here, write_aligned
+from conftest import ROOT, TINY, children, make_corpus, number_pairs, run_here, write_aligned
 
 from dataset import Collator, TokenBatchSampler, split_for_ranks
-from dev.bench_data import children
 from tokenizer import PAD
 
 # torchrun is launched as `python -m torch.distributed.run`: no script on PATH needed
