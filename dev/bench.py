@@ -39,18 +39,14 @@ from torch.profiler import record_function
 import model
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
+from dev.timing import PEAK_BF16, model_flops, sync
 from kernels import ProjectedCrossEntropy
-from model import PositionalEncoding, swiglu_width
+from model import PositionalEncoding
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
 from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
                    set_up, train_step)
-
-# Dense bf16 peak FLOP/s of common GPUs, for MFU.
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
-             "4090": 165e12, "3090": 71e12}
-
 
 class TorchTransformer(nn.Module):
     """torch.nn.Transformer with the same embeddings, positional encoding, pre-norm layers and
@@ -85,23 +81,6 @@ class TorchTransformer(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), label.view(-1),
                                ignore_index=loss.ignore_index,
                                label_smoothing=loss.label_smoothing, reduction="sum")
-
-
-def model_flops(config: Config, batch, tgt_vocab: int) -> float:
-    """Training FLOPs of one step (3x forward: forward + backward), counting padded positions:
-    every matmul of the layers and projection, and attention's QK^T and AV. Keys and values
-    are n_kv_heads wide (grouped-query attention); SwiGLU has three matrices of its width."""
-    b, s = batch["encoder_input"].shape
-    t = batch["decoder_input"].size(1)
-    d = config.d_model
-    kv = d // config.h * (config.n_kv_heads or config.h)  # width of the keys (and values)
-    ffn = 3 * d * swiglu_width(config.d_ff) if config.ffn == "swiglu" else 2 * d * config.d_ff
-    attn = 2 * d * d + 2 * d * kv  # W_Q, W_O; W_K, W_V
-    enc = s * (attn + ffn) + 2 * s * s * d  # projections, FFN, attention scores
-    dec = t * (attn + ffn) + 2 * t * t * d + t * 2 * d * d + s * 2 * d * kv \
-        + 2 * t * s * d  # self-attention, FFN, cross-attention (K/V of the memory)
-    forward = 2 * b * (config.N * enc + config.decoder_layers() * dec + t * d * tgt_vocab)
-    return 3 * forward
 
 
 def wmt_like_corpus(folder: Path, pairs: int, vocab_size: int, seed: int) -> Path:
@@ -202,11 +181,6 @@ class Step:
 
     def tokens_per_s(self, padded=False):
         return sum(self.padded if padded else self.tokens) / sum(self.times)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_train_loop(config: Config, data, steps: int) -> float:

@@ -25,7 +25,8 @@ import torch
 from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
 from dataset import (POOL_BATCHES, BPEDropout, Collator, PooledBatches, TokenBatchSampler, get_ds,
                      real_tokens)
-from dev.bench import Step, sync
+from dev.bench import Step
+from dev.timing import sync
 from nmt.runtime import setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD

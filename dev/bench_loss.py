@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from config import ArgumentParser, UserError, run_main
-from dev.bench import sync
+from dev.timing import sync
 from kernels import BlockwiseLabelSmoothedCrossEntropy, block_rows
 from nmt.runtime import setup_device
 

@@ -14,7 +14,7 @@ def test_the_benchmarks_flop_count_is_the_models(options):
     attention). Counted here against torch's FLOP counter over the written-out attention."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from dev.bench import model_flops
+    from dev.timing import model_flops
     from nmt.trained_model import build_model
     config = Config(d_model=64, N=2, h=4, d_ff=128, seq_len=32, **options)
     model = build_model(config, 50, 60).eval()
@@ -271,3 +271,17 @@ def test_bench_bpe_dropout_prices_an_epoch_three_ways(trained):
         int(rows["plain (no dropout)"][1].replace(",", ""))  # longer segmentations
     ratio = out.split("epoch with --bpe_dropout 0.1 / without:")[1].split("x")[0]
     assert float(ratio) > 0, out
+
+
+def test_the_shared_timing_helpers_load_no_training_loop():
+    """Issue 63: dev/bench.py was both a benchmark and the other tools' library: importing it
+    for `sync` loaded train.py, datasets and TensorBoard. dev/timing.py holds what they share."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    code = ("import sys, dev.timing; print(sorted(m for m in ('train', 'datasets', "
+            "'torch.utils.tensorboard', 'dev.bench') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.decode().strip() == "[]", proc.stderr.decode()

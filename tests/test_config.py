@@ -163,6 +163,8 @@ def test_the_top_level_holds_the_core_and_the_user_scripts():
     top = {f.stem for f in ROOT.glob("*.py")}
     assert len(top) <= 10 and CORE | {"export", "compare"} <= top, sorted(top)
     assert not [p for p in (ROOT / "nmt").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    # regular packages (issue 63): a namespace package loses to any nmt or dev on sys.path
+    assert (ROOT / "nmt" / "__init__.py").is_file() and (ROOT / "dev" / "__init__.py").is_file()
     graph = project_imports()
     assert graph, "no module found"
     wrong = [(m, i) for m, imports in graph.items() for i in imports
@@ -236,9 +238,16 @@ def test_the_dev_tools_name_themselves_as_they_are_run():
     """Issue 63, 12: a dev tool's usage and errors said `bench.py`, where the command is
     `python -m dev.bench`."""
     from conftest import ROOT, run_here
-    for tool in sorted(f.stem for f in (ROOT / "dev").glob("*.py")):
+    for tool in dev_tools():
         t = run_here(f"dev/{tool}.py", "--help", cwd=ROOT)
         assert t.stdout.decode().startswith(f"usage: python -m dev.{tool} "), tool
+
+
+def dev_tools():
+    """The modules of dev/ a user runs (python -m dev.NAME), not the helpers they share."""
+    from conftest import ROOT
+    return sorted(f.stem for f in (ROOT / "dev").glob("*.py")
+                  if 'if __name__ == "__main__":' in f.read_text(encoding="utf-8"))
 
 
 def test_the_tools_in_dev_run_from_the_root():
@@ -248,7 +257,7 @@ def test_the_tools_in_dev_run_from_the_root():
     import sys
 
     from conftest import ROOT, run_here
-    tools = sorted(f.stem for f in (ROOT / "dev").glob("*.py"))
+    tools = dev_tools()
     assert {"bench", "bench_decode", "bench_loss", "plot_runs"} <= set(tools)
     proc = subprocess.run([sys.executable, "-m", "dev.bench_loss", "--help"], cwd=ROOT,
                           capture_output=True, timeout=120)
