@@ -7,6 +7,13 @@
     cat sentences.txt | python translate.py                    # one output line per input line
     python translate.py --ensemble weights/a,weights/b --beam 4 "..."   # models as one
     python translate.py --sample 5 --top_p 0.9 --input mono.de      # 5 samples a line
+    python translate.py --attention map.png --attention_view encoder "..."   # what it attends to
+
+From Python (a model loaded once, then as many calls as you like):
+
+    from translate import Translator
+    translator = Translator("weights/multi30k_modern", average=5)
+    translator.translate(["A dog runs.", "Two men talk."], beam=5)   # ["Ein Hund ...", ...]
 """
 
 import argparse
@@ -19,7 +26,7 @@ from config import (ArgumentParser, Config, UserError, add_locating_arguments, c
 from corpus import column, decode_lines, load_corpus
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
-from nmt.attention_map import save_attention_map
+from nmt.attention_map import VIEWS, save_attention_map
 from nmt.decoding import Sampling, clean, translate
 from nmt.engine import load_engine
 from nmt.metrics import papers_bleu, score
@@ -69,8 +76,17 @@ def parse_args(argv):
     parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
     parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
                         "(score, then translation, tab-separated)")
-    parser.add_argument("--attention", metavar="PNG", help="write the cross-attention map of "
-                        "the (single) sentence to this PNG file")
+    parser.add_argument("--attention", metavar="PNG", help="draw what the (single) sentence's "
+                        "translation attends to into this PNG file: every layer x head of "
+                        "--attention_view")
+    parser.add_argument("--attention_view", choices=sorted(VIEWS), default="cross",
+                        help="--attention's view: cross (the decoder's attention to the "
+                        "source), encoder or decoder (their self-attention) (default: cross)")
+    parser.add_argument("--attention_layer", type=int, default=0, metavar="N",
+                        help="--attention: layer N alone, from 1 (default 0: every layer)")
+    parser.add_argument("--attention_head", default="all", metavar="N",
+                        help="--attention: head N alone (from 1), mean (their mean) or all "
+                        "(default)")
     parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
                         "by export.py, on the CTranslate2 engine")
     parser.add_argument("--ensemble", type=model_list, action=ModelList, metavar="A,B,...",
@@ -103,6 +119,10 @@ def parse_args(argv):
     for flag in ("reference", "papers_reference"):
         if getattr(args, flag) and (args.sentence is not None or args.example is not None):
             parser.error(f"--{flag} goes with --input or stdin")
+    drawn = {"attention_view": args.attention_view != "cross", "attention_layer":
+             args.attention_layer != 0, "attention_head": args.attention_head != "all"}
+    if not args.attention and any(drawn.values()):
+        parser.error(f"--{min(k for k, v in drawn.items() if v)} goes with --attention PNG")
     if args.attention and args.sentence is None and args.example is None:
         parser.error("--attention maps one sentence: give it as the sentence argument or with "
                      "--example N, not --input or stdin")
@@ -250,6 +270,51 @@ def write_outputs(args, sentences, outputs, reference):
         raise InputError(f"cannot write {args.output}: {e.strerror}") from None
 
 
+class Translator:
+    """A trained model loaded once, to translate from Python code (what translate.py does for
+    a command line, with the same results for the same settings):
+
+        translator = Translator("weights/multi30k_modern", average=5)
+        translator.translate(["A dog runs.", "Two men talk."], beam=5)
+
+    `model`: a model folder (at `preload`: latest, best or an epoch number) or a checkpoint
+    file; `average`: the newest N per-epoch checkpoints averaged; `device` (auto, cpu, cuda,
+    cuda:N, mps) and `threads` (CPU threads, 0: torch's default) as translate.py's flags.
+    Where translate.py would print one line and exit 2, this raises config.UserError (a
+    subclass: nmt.checkpoint.CheckpointError, translate.InputError) with that line."""
+
+    def __init__(self, model: str, preload: str = "latest", average: int = 1,
+                 device: str = "auto", threads: int = 0):
+        if average < 1:
+            raise InputError("--average and --batch_size must be positive")
+        config = Config(device=device, threads=threads, preload=str(preload))
+        problem = config.validate(training=False)
+        if problem:
+            raise InputError(problem)
+        given, checkpoint = {"device", "threads", "preload"}, None
+        if Path(model).is_file():
+            checkpoint = model
+        else:
+            config.model_folder = str(model)
+            given.add("model_folder")
+        self.model, self.config, self.tokenizer_src, self.tokenizer_tgt = load_translator(
+            config, given, checkpoint, average)
+
+    def translate(self, sentences, beam: int = 1, alpha: float = 0.6, nbest: int = 1,
+                  batch_size: int = 64):
+        """Translations of a list of sentences (a list of strings), or of one sentence (a
+        string); `beam` 1 is greedy; with nbest > 1, each an n-best list of (translation, score)
+        pairs, best first (score: the length-penalized log-probability beam search ranks by;
+        nbest alone searches with a beam of that width, as translate.py --nbest does)."""
+        if beam < 1 or nbest < 1 or nbest > beam > 1:
+            raise InputError("--beam and --nbest must be positive, with --nbest at most --beam")
+        one = isinstance(sentences, str)
+        outputs = translate(self.model, self.config, self.tokenizer_src, self.tokenizer_tgt,
+                            [sentences] if one else list(sentences), max(beam, nbest), alpha,
+                            nbest, batch_size)
+        return outputs[0] if one else outputs
+
+
 def main(argv=None):
     args, config, given = parse_args(argv)
     if args.ctranslate2:  # (load_translator applies --threads to this repo's decoder)
@@ -272,8 +337,9 @@ def main(argv=None):
     best = [hyps[0][0] for hyps in outputs] if listed else outputs
     if args.attention:
         save_attention_map(model, tokenizer_src, tokenizer_tgt, clean(sentences[0]), best[0],
-                           args.attention)
-        print(f"wrote the cross-attention map to {args.attention}", file=sys.stderr)
+                           args.attention, args.attention_view, args.attention_layer,
+                           args.attention_head)
+        print(f"wrote the {VIEWS[args.attention_view]} to {args.attention}", file=sys.stderr)
     if refs is not None:
         print(score(best, refs, error_rates=False)["report"], file=sys.stderr)
     if tokenized is not None:

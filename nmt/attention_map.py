@@ -1,5 +1,17 @@
-"""The cross-attention map of a translation: which source tokens each output token looked at
-(translate.py --attention PNG)."""
+"""What a translation attends to, in every view: the decoder's cross-attention (which source
+tokens each output token looked at), the encoder's self-attention and the decoder's (causal)
+self-attention, each of every layer and head (translate.py --attention, the tour notebook, and
+the picture TensorBoard shows at each validation).
+
+    weights = attention_weights(model, tok_src, tok_tgt, "A dog runs.", "Ein Hund rennt.")
+    weights.views["cross"]     # (decoder layers, heads, target tokens, source tokens)
+    weights.views["encoder"]   # (encoder layers, heads, source tokens, source tokens)
+    weights.views["decoder"]   # (decoder layers, heads, target tokens, target tokens)
+
+Grouped-query attention draws its query heads: h of them, each with its shared key/value head.
+"""
+
+from dataclasses import dataclass
 
 import torch
 
@@ -9,53 +21,134 @@ from model import causal_mask
 from nmt.plotting import pyplot
 from tokenizer import SOS
 
+VIEWS = {"cross": "decoder cross-attention", "encoder": "encoder self-attention",
+         "decoder": "decoder self-attention"}
+
+
+@dataclass
+class AttentionWeights:
+    """The weights of each view, (layers, heads, query tokens, key tokens), and the tokens of
+    both axes: the source tokens framed by [SOS] and [EOS]; the target positions labelled by
+    the token each predicts (the translation, then [EOS]) as queries, and by the token each
+    reads (its input: [SOS], then the translation) as the decoder's keys."""
+    views: dict
+    src_tokens: list
+    tgt_tokens: list  # what each decoder position predicts (queries)
+    tgt_inputs: list  # what each decoder position reads (keys of the decoder's self-attention)
+
+    def axes(self, view: str) -> tuple:
+        """(query tokens, key tokens) of a view."""
+        return {"cross": (self.tgt_tokens, self.src_tokens),
+                "encoder": (self.src_tokens, self.src_tokens),
+                "decoder": (self.tgt_tokens, self.tgt_inputs)}[view]
+
+
+def attention_blocks(model) -> dict:
+    """The MultiHeadAttentionBlocks of each view, in layer order."""
+    return {"cross": [layer.cross_attention_block for layer in model.decoder.layers],
+            "encoder": [layer.self_attention_block for layer in model.encoder.layers],
+            "decoder": [layer.self_attention_block for layer in model.decoder.layers]}
+
 
 @torch.no_grad()
-def cross_attention(model, tokenizer_src, tokenizer_tgt, sentence: str, translation: str):
-    """Teacher-forces `translation` and returns the decoder's cross-attention weights,
-    (layers, heads, target tokens, source tokens), with the token strings of both axes."""
+def attention_weights(model, tokenizer_src, tokenizer_tgt, sentence: str,
+                      translation: str) -> AttentionWeights:
+    """Teacher-forces `translation` of `sentence` through the model (in eval mode) and keeps
+    the attention weights of every block: one forward pass."""
     device = next(model.parameters()).device
     src_ids = tokenizer_src.encode(sentence).ids[:model.seq_len - 2]
     tgt_ids = tokenizer_tgt.encode(translation).ids[:model.seq_len - 1]
     src, src_mask = (t.to(device) for t in source_batch([src_ids], model.seq_len))  # (1, len)
     tgt = torch.tensor([[SOS] + tgt_ids], device=device)  # (1, tgt_len)
-    blocks = [layer.cross_attention_block for layer in model.decoder.layers]
-    for block in blocks:
+    blocks = attention_blocks(model)
+    every = [b for view in blocks.values() for b in view]
+    training = model.training
+    model.eval()
+    for block in every:
         block.need_weights = True
     try:
         model.decode(model.encode(src, src_mask), src_mask, tgt,
                      causal_mask(tgt.size(1), device))
-        weights = torch.stack([b.attention_scores[0] for b in blocks])  # (N, h, tgt, src)
+        views = {view: torch.stack([b.attention_scores[0] for b in found]).float().cpu()
+                 for view, found in blocks.items()}  # each (layers, h, queries, keys)
     finally:
-        for block in blocks:
+        for block in every:
             block.need_weights, block.attention_scores = False, None
-    label = (lambda tok, i: tok.decode([i]) or tok.id_to_token(i))
-    src_tokens = ["[SOS]"] + [label(tokenizer_src, i) for i in src_ids] + ["[EOS]"]
-    tgt_tokens = [label(tokenizer_tgt, i) for i in tgt_ids] + ["[EOS]"]
-    return weights.float().cpu(), src_tokens, tgt_tokens
+        model.train(training)
+    target = [label(tokenizer_tgt, i) for i in tgt_ids]
+    return AttentionWeights(views, ["[SOS]"] + [label(tokenizer_src, i) for i in src_ids]
+                            + ["[EOS]"], target + ["[EOS]"], ["[SOS]"] + target)
 
 
-def save_attention_map(model, tokenizer_src, tokenizer_tgt, sentence, translation, path):
-    """A PNG: one heatmap per decoder layer (averaged over heads), target rows x source
-    columns, so you can see which source words each output word looked at."""
+def label(tokenizer, i: int) -> str:
+    """A token as an axis label: its text, or where that is blank or not printable (a byte of
+    a character split by byte-level BPE, a control character) the vocabulary's own name."""
+    text = tokenizer.decode([i])
+    return text if text.strip() and text.isprintable() else tokenizer.id_to_token(i)
+
+
+def cross_attention(model, tokenizer_src, tokenizer_tgt, sentence: str, translation: str):
+    """The decoder's cross-attention weights, (layers, heads, target tokens, source tokens),
+    with the token strings of both axes."""
+    found = attention_weights(model, tokenizer_src, tokenizer_tgt, sentence, translation)
+    return found.views["cross"], found.src_tokens, found.tgt_tokens
+
+
+def grid(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: str = "all"):
+    """The panels of a picture of one view: rows the layers (or the one `layer`, counting from
+    1; 0: all), columns the heads (or the one `head`, counting from 1; "mean": their mean;
+    "all": each). A list of rows, each a list of (title, (queries, keys) matrix). A layer or
+    head that does not exist is one UserError line."""
+    found = weights.views[view]  # (layers, h, queries, keys)
+    layers, heads = found.shape[:2]
+    if not 0 <= layer <= layers:
+        raise UserError(f"--attention_layer {layer}: the {VIEWS[view]} has {layers} layers "
+                        f"(1 to {layers}; 0: all)")
+    if head not in ("all", "mean") and not (head.isdigit() and 1 <= int(head) <= heads):
+        raise UserError(f"--attention_head {head}: the {VIEWS[view]} has {heads} heads (1 to "
+                        f"{heads}, mean or all)")
+    rows = []
+    for n in ([layer - 1] if layer else range(layers)):
+        if head == "mean":
+            rows.append([(f"layer {n + 1}, mean of {heads} heads", found[n].mean(0))])
+        else:
+            chosen = [int(head) - 1] if head != "all" else range(heads)
+            rows.append([(f"layer {n + 1}, head {j + 1}", found[n, j]) for j in chosen])
+    return rows
+
+
+def draw(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: str = "all",
+         cell: float = 0.3):
+    """A matplotlib figure of `grid`: one heatmap a panel, query tokens down, key tokens
+    across. Returns the figure (the caller saves and closes it)."""
     plt = pyplot()
     if plt is None:
-        raise UserError("--attention needs matplotlib (pip install matplotlib)")
-    weights, src_tokens, tgt_tokens = cross_attention(model, tokenizer_src, tokenizer_tgt,
-                                                      sentence, translation)
-    layers = weights.size(0)
-    width = max(4.0, 0.35 * len(src_tokens) + 1.5)
-    height = max(3.0, 0.3 * len(tgt_tokens) + 1.2)
-    fig, axes = plt.subplots(1, layers, figsize=(width * layers, height), squeeze=False)
-    for n, ax in enumerate(axes[0]):
-        ax.imshow(weights[n].mean(0).numpy(), cmap="viridis", vmin=0.0, aspect="auto")
-        ax.set_xticks(range(len(src_tokens)), src_tokens, rotation=90, fontsize=8)
-        ax.set_yticks(range(len(tgt_tokens)), tgt_tokens, fontsize=8)
-        ax.set_title(f"decoder layer {n + 1}", fontsize=9)
+        raise UserError("drawing attention needs matplotlib (pip install matplotlib)")
+    rows = grid(weights, view, layer, head)
+    queries, keys = weights.axes(view)
+    width = max(2.5, cell * len(keys) + 1.2)
+    height = max(2.0, cell * len(queries) + 1.0)
+    fig, axes = plt.subplots(len(rows), len(rows[0]), squeeze=False,
+                             figsize=(width * len(rows[0]), height * len(rows)))
+    for panels, row in zip(axes, rows):
+        for ax, (title, matrix) in zip(panels, row):
+            ax.imshow(matrix.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+            ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(queries)), queries, fontsize=7)
+            ax.set_title(title, fontsize=8)
+    fig.suptitle(VIEWS[view], fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def save_attention_map(model, tokenizer_src, tokenizer_tgt, sentence, translation, path,
+                       view: str = "cross", layer: int = 0, head: str = "all"):
+    """A PNG of one view of the translation's attention (`draw`)."""
+    weights = attention_weights(model, tokenizer_src, tokenizer_tgt, sentence, translation)
+    fig = draw(weights, view, layer, head)
     try:
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=110)
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror}") from None
     finally:
-        plt.close(fig)
+        pyplot().close(fig)

@@ -16,10 +16,12 @@ from tqdm import tqdm
 
 from dataset import Collator, TokenBatchSampler
 from kernels import BlockwiseLabelSmoothedCrossEntropy
+from nmt.attention_map import attention_weights, draw
 from nmt.checkpoint import best_checkpoint_path, load_checkpoint
 from nmt.decoding import decoding_limits, translate, translate_ids
 from nmt.files import write_text_atomic
 from nmt.metrics import score
+from nmt.plotting import pyplot
 from nmt.runtime import gather_to_all, sum_over_ranks
 from nmt.stopping import StopRequested
 from nmt.trained_model import build_model, load_model_weights
@@ -126,12 +128,27 @@ def run_validation(run, progress) -> dict:
         run.writer.add_text("validation/examples",
                             "\n\n".join("    " + e.replace("\n", "\n    ") for e in examples),
                             progress.step)
+    if n and predictions[0].strip():
+        log_attention(run, val.src_texts[0], predictions[0], progress.step)
     tqdm.write(f"validation: loss {metrics['loss']:.3f} (nll {metrics['nll']:.3f}, ppl "
                f"{metrics['ppl']:.2f})  BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
                f"CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}  ({n} sentences decoded in "
                f"{time.time() - started:.1f}s)")
     run.model.train()
     return metrics
+
+
+def log_attention(run, sentence: str, translation: str, step: int):
+    """The cross-attention of the first validation sentence with its greedy translation, as a
+    picture in TensorBoard (IMAGES, validation/cross_attention: one panel per decoder layer, the
+    mean of its heads), so that scrubbing through the validations shows the alignment form.
+    One teacher-forced forward pass of one sentence (docs/training.md measures it)."""
+    if pyplot() is None:  # (matplotlib is in requirements.txt; without it, no picture)
+        return
+    weights = attention_weights(run.model, run.data.tokenizer_src, run.data.tokenizer_tgt,
+                                sentence, translation)
+    run.writer.add_figure("validation/cross_attention",
+                          draw(weights, "cross", layer=0, head="mean", cell=0.22), step)
 
 
 @torch.no_grad()

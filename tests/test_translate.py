@@ -403,3 +403,38 @@ def test_batch_size_sets_the_sentences_decoded_at_once(trained):
         t = run_here("translate.py", "--batch_size", n, "--input", "corpus/val.en", cwd=home)
         assert t.returncode == 0, t.stderr.decode()
         assert t.stdout == default.stdout and len(t.stdout.decode().splitlines()) == 8
+
+
+def test_the_python_api_translates_as_the_command_line(trained, monkeypatch):
+    """Issue 64: a folder loaded once from Python, three sentences translated in three lines
+    of user code, equal to translate.py's output for the same flags (greedy, beam, n-best);
+    a folder with no model raises the CLI's one line as config.UserError."""
+    from config import UserError
+    from nmt.checkpoint import CheckpointError
+    from translate import Translator
+    home, _ = trained
+    monkeypatch.chdir(home)
+    sentences = ["one two three", "four five", "six"]
+    translator = Translator("weights", average=2)                      # the three lines
+    beam = translator.translate(sentences, beam=3)                     # of a user's code
+    cli = run_here("translate.py", "--model_folder", "weights", "--average", "2", "--beam", "3",
+                   input="".join(s + "\n" for s in sentences).encode(), cwd=home)
+    assert cli.returncode == 0 and beam == cli.stdout.decode().splitlines()
+    greedy = run_here("translate.py", "--model_folder", "weights", "--preload", "best",
+                      input="".join(s + "\n" for s in sentences).encode(), cwd=home)
+    best = Translator("weights", preload="best")
+    assert best.translate(sentences) == greedy.stdout.decode().splitlines()
+    assert best.translate("one two three") == greedy.stdout.decode().splitlines()[0]
+    nbest = best.translate(sentences, beam=3, nbest=2)
+    listed = run_here("translate.py", "--model_folder", "weights", "--preload", "best",
+                      "--beam", "3", "--nbest", "2",
+                      input="".join(s + "\n" for s in sentences).encode(), cwd=home)
+    assert [f"{n}\t{s:.4f}\t{t}" for n, hyps in enumerate(nbest) for t, s in hyps] == \
+        listed.stdout.decode().splitlines()
+    Translator(str(home / "weights" / "tmodel_00.pt"))  # a checkpoint file
+    with pytest.raises(CheckpointError) as error:
+        Translator("corpus")
+    cli = run_here("translate.py", "--model_folder", "corpus", "hi", cwd=home)
+    assert cli.stderr.decode().strip() == f"translate.py: error: {error.value}"
+    with pytest.raises(UserError, match="--nbest at most --beam"):
+        best.translate(sentences, beam=2, nbest=3)
