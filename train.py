@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from config import ArgumentParser, Config, parse_config, run_main
+from config import ArgumentParser, Config, UserError, parse_config, run_main
 from corpus import distilled_meta
 from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
 from kernels import BlockwiseLabelSmoothedCrossEntropy
@@ -316,6 +316,25 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
     return loss_total, n_tokens
 
 
+class OutOfMemory(UserError):
+    """A training step that did not fit the device's memory."""
+
+
+def out_of_memory(run: Run, group, error: Exception) -> Exception:
+    """A step's out-of-memory error as one line that says what to lower (docs/troubleshooting.md);
+    any other error as it was."""
+    if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error):
+        return error
+    padded = sum(b["encoder_input"].numel() + b["label"].numel() for b in group)
+    size = (f"--max_tokens {run.config.max_tokens}" if run.config.max_tokens else
+            f"--batch_size {run.config.batch_size}")
+    return OutOfMemory(
+        f"out of memory on {run.device} in a step of {padded:,} padded tokens ({size}, "
+        f"--accum_steps {run.config.accum_steps}): lower --max_tokens (or --batch_size) and "
+        f"raise --accum_steps to keep the update's size; the checkpoints already saved are "
+        f"intact, resume from them")
+
+
 def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the gradient
     (or, with the fp16 scaler, the loss on any rank) is not finite: then the update is skipped
@@ -430,10 +449,14 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
         if signals:
             stop = Stop.SIGNAL
             break
-        loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
-                             run.scaler, run.world_size, no_sync, int(n_tokens))
         lr = run.lr(progress.step + 1)
-        optimizer_step(run, progress, loss, lr)
+        try:
+            loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
+                                 run.scaler, run.world_size, no_sync, int(n_tokens))
+            optimizer_step(run, progress, loss, lr)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            bar.close()  # the line below the bar, not on it
+            raise out_of_memory(run, group, e) from None
         progress.step, progress.batch = progress.step + 1, done
         progress.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)

@@ -265,3 +265,60 @@ def test_the_tools_in_dev_run_from_the_root():
     for tool in tools:
         t = run_here(f"dev/{tool}.py", "--help", cwd=ROOT)
         assert t.returncode == 0 and b"usage:" in t.stdout, (tool, t.stderr.decode()[-800:])
+
+
+def message_patterns():
+    """A regular expression for every string the project's code can build (its modules and
+    scripts), with the length of its literal text: literal parts escaped, each placeholder,
+    conditional or call any text."""
+    import ast
+    import re
+
+    from conftest import ROOT
+
+    def pattern(node):  # (regex, literal characters)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return re.escape(node.value), len(node.value)
+        if isinstance(node, ast.JoinedStr):
+            parts = [pattern(v) for v in node.values]
+            return "".join(p for p, _ in parts), sum(n for _, n in parts)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            (a, m), (b, n) = pattern(node.left), pattern(node.right)
+            return a + b, m + n
+        if isinstance(node, ast.IfExp):
+            (a, m), (b, n) = pattern(node.body), pattern(node.orelse)
+            return f"(?:{a}|{b})", max(m, n)
+        return ".*?", 0  # a placeholder, a call, a name
+    found = []
+    for f in [*ROOT.glob("*.py"), *ROOT.glob("nmt/*.py")]:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.JoinedStr, ast.BinOp)) or (
+                    isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                text, literal = pattern(node)
+                if literal >= 20:
+                    found.append((re.compile(text, re.S), literal))
+    return found
+
+
+def test_every_message_the_troubleshooting_page_quotes_is_still_printed():
+    """Issue 64: docs/troubleshooting.md quotes the exact lines the repo prints (`…` for what
+    varies); each must still be a whole line some string of the code builds (its prefix
+    "train.py: error: " is run_main's), its own words at least 80% of the quote: a message
+    reworded in the code fails here until the page follows."""
+    import re
+
+    from conftest import ROOT
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"```text\n(.*?)\n```", page, re.S)
+    assert len(quoted) >= 10
+    patterns = message_patterns()
+
+    def printed(line):
+        line = re.sub(r"^\w+\.py: error: ", "", line)
+        words = len(line.replace("…", ""))
+        return any(p.fullmatch(line.replace("…", "\x00")) and n >= 0.8 * words
+                   for p, n in patterns)
+    assert [q for q in quoted if not printed(q)] == []
+    assert not printed("--device mps: MPS is not available on this machinery")  # it can tell
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "docs/troubleshooting.md" in readme

@@ -322,6 +322,31 @@ def test_a_signal_while_setting_up_exits_with_its_own_code_through_train_py(
                                             "are intact")
 
 
+def test_out_of_memory_in_a_step_is_one_line_that_says_what_to_lower(tmp_path, train_here,
+                                                                    monkeypatch):
+    """Issue 64: a step that does not fit the device (torch.OutOfMemoryError on a GPU; a
+    RuntimeError "... out of memory" on MPS) is one line naming the step's size and what to
+    lower (docs/troubleshooting.md quotes it), exit 2; the epochs saved before stay."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    status, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1")
+    assert status == 0, err
+    for error in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                  RuntimeError("MPS backend out of memory (MPS allocated: 8 GB)")):
+        def failing(*args, error=error, **kwargs):
+            raise error
+        monkeypatch.setattr(train, "train_step", failing)
+        status, _, err = train_here("--num_epochs", "2")
+        lines = err.strip().splitlines()
+        assert status == 2 and lines[-1].startswith("train.py: error: out of memory on cpu in "
+                                                     "a step of "), err
+        assert "(--max_tokens 200, --accum_steps 1): lower --max_tokens" in lines[-1]
+        assert (tmp_path / "weights" / "tmodel_00.pt").exists()
+    monkeypatch.setattr(train, "train_step", lambda *a, **k: (_ for _ in ()).throw(
+        RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # any other error: as it was
+        train_here("--num_epochs", "2")
+
+
 @pytest.mark.parametrize("problem, message", [
     ("no_dir", "--data_dir nowhere: no such folder"),
     ("new_folder", "--data_dir nowhere: no such folder"),
