@@ -274,3 +274,42 @@ def stop_one_rank(proc, tmp_path):
     assert len(saved) == 1
     state = torch.load(saved[0], weights_only=False)
     assert len(state["rank_rng_states"]) == 2 and state["next_batch"] > 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_a_rank_that_dies_stops_the_others_and_leaves_the_saved_files_whole(tmp_path):
+    """Issue 63 (a promise of docs/resuming.md with no test): a torchrun process killed outright
+    (SIGKILL: no handler, no save) does not leave the others waiting for it for ever: the whole
+    run ends, non-zero, no process left; the checkpoint saved before loads, and the folder's
+    lock is free for the resume."""
+    from nmt.files import FolderLock
+    write_aligned(tmp_path / "corpus", "train", number_pairs(1000, seed=5))
+    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node=2", str(ROOT / "train.py"), "--data_dir", "corpus",
+                             *TINY, "--max_tokens", "60", "--num_epochs", "100",
+                             "--val_examples", "0", "--model_folder", "w",
+                             "--experiment_name", "runs/w"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "w" / "tmodel_validation.json").exists() and \
+                time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # into epoch 1
+        workers = children(proc.pid)
+        os.kill(rank_pid(proc.pid, 1, deadline), signal.SIGKILL)
+        proc.communicate(timeout=90)  # ends: no rank waits for ever
+        assert proc.returncode != 0
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                    and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+        state = torch.load(tmp_path / "w" / "tmodel_00.pt", weights_only=False)
+        assert state["epoch"] == 0 and len(state["rank_rng_states"]) == 2
+        FolderLock(tmp_path / "w").acquire().release()  # free: a resume may start
+    finally:
+        if proc.poll() is None:
+            for pid in children(proc.pid) + [proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()

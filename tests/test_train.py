@@ -347,6 +347,30 @@ def test_out_of_memory_in_a_step_is_one_line_that_says_what_to_lower(tmp_path, t
         train_here("--num_epochs", "2")
 
 
+@pytest.mark.parametrize("failing", ["run_validation", "score_test_sets"])
+def test_a_scoring_that_raises_finds_the_epochs_checkpoint_already_saved(tmp_path, train_here,
+                                                                         monkeypatch, failing):
+    """Issue 63 (a promise of docs/resuming.md with no test): the epoch's checkpoint is saved
+    before validation decodes, and every epoch's before the test sets are scored, so a crash
+    while scoring loses no training: the next start resumes after it."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    write_aligned(tmp_path / "c", "test", number_pairs(4, seed=8))
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("a crash while scoring")
+    monkeypatch.setattr(train, failing, crash)
+    with pytest.raises(RuntimeError, match="a crash while scoring"):
+        train_here("--data_dir", "c", *TINY, "--num_epochs", "2")
+    saved = sorted(p.name for p in (tmp_path / "weights").glob("tmodel_0*.pt"))
+    assert saved == (["tmodel_00.pt"] if failing == "run_validation"
+                     else ["tmodel_00.pt", "tmodel_01.pt"])
+    monkeypatch.undo()
+    status, out, err = train_here()
+    assert status == 0, err
+    if failing == "run_validation":
+        assert "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out
+
+
 @pytest.mark.parametrize("problem, message", [
     ("no_dir", "--data_dir nowhere: no such folder"),
     ("new_folder", "--data_dir nowhere: no such folder"),

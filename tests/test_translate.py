@@ -393,16 +393,26 @@ def test_a_repeated_ensemble_flag_adds_its_models(trained, monkeypatch):
     assert loaded == ["weights", "weights/tmodel_00.pt"]
 
 
-def test_batch_size_sets_the_sentences_decoded_at_once(trained):
+def test_batch_size_sets_the_sentences_decoded_at_once(trained, monkeypatch):
     """Issue 56, 8: `translate.py --batch_size N` was always refused ("--max_tokens is a
     training setting": train.py's rule, --batch_size alone means sentence batches, added the
     flag). The outputs do not depend on it."""
+    import nmt.decoding
     home, _ = trained
     default = run_here("translate.py", "--input", "corpus/val.en", cwd=home)
+    real, batches = nmt.decoding.translate_ids, []
+
+    def counting(model, src_ids, *args, **kwargs):  # the sentences of each decoded batch
+        kwargs["progress"] = lambda n: batches[-1].append(n)
+        return real(model, src_ids, *args, **kwargs)
+    monkeypatch.setattr(nmt.decoding, "translate_ids", counting)
     for n in ("1", "3"):
+        batches.append([])
         t = run_here("translate.py", "--batch_size", n, "--input", "corpus/val.en", cwd=home)
         assert t.returncode == 0, t.stderr.decode()
         assert t.stdout == default.stdout and len(t.stdout.decode().splitlines()) == 8
+    # issue 63, 14: the flag is used (the outputs above are equal by design, so cannot tell)
+    assert batches == [[1] * 8, [3, 3, 2]]
 
 
 def test_the_python_api_translates_as_the_command_line(trained, monkeypatch):
@@ -438,3 +448,55 @@ def test_the_python_api_translates_as_the_command_line(trained, monkeypatch):
     assert cli.stderr.decode().strip() == f"translate.py: error: {error.value}"
     with pytest.raises(UserError, match="--nbest at most --beam"):
         best.translate(sentences, beam=2, nbest=3)
+
+
+def test_an_ensemble_reads_the_sentence_with_each_members_own_source_tokenizer(trained,
+                                                                              monkeypatch):
+    """Issue 63 (a promise of docs/translating.md with no test): an ensemble's members may
+    have their own source tokenizers, and each reads the sentence with its own. The second
+    member here has a word-level source vocabulary (other ids for the same words); each
+    member's encoder input is recorded."""
+    from nmt import trained_model
+    from tokenizer import EOS, SOS, build_tokenizer
+    home, _ = trained
+    word = build_tokenizer("word", 60, [s for s, _ in number_pairs(100)])
+    real, seen = trained_model.load_translator, {}
+
+    def load(config, given, checkpoint=None, average=1):
+        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average)
+        member = len(seen)
+        if member == 1:  # the second: another source vocabulary, same target one
+            model = trained_model.build_model(config, word.get_vocab_size(),
+                                              tok_tgt.get_vocab_size()).eval()
+            tok_src = word
+        seen[member] = []
+        model.src_embed.register_forward_hook(
+            lambda module, args, out, member=member: seen[member].append(args[0][0].tolist()))
+        return model, config, tok_src, tok_tgt
+    monkeypatch.setattr(trained_model, "load_translator", load)
+    t = run_here("translate.py", "--ensemble", "weights,weights", "one two three", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    from tokenizer import load_tokenizer
+    tok_a = load_tokenizer(home / "weights" / "tokenizer_en.json")
+    assert seen[0][0] == [SOS, *tok_a.encode("one two three").ids, EOS]
+    assert seen[1][0] == [SOS, *word.encode("one two three").ids, EOS]
+    assert seen[0][0] != seen[1][0]
+
+
+def test_an_ensemble_applies_average_and_preload_to_each_member(trained, monkeypatch):
+    """Issue 63 (a promise with no test): `--ensemble A,B --average N --preload P` loads each
+    member at P with its newest N per-epoch checkpoints averaged."""
+    from nmt import trained_model
+    home, _ = trained
+    real, asked = trained_model.load_translator, []
+
+    def load(config, given, checkpoint=None, average=1):
+        asked.append((config.preload, average))
+        return real(config, given, checkpoint, average)
+    monkeypatch.setattr(trained_model, "load_translator", load)
+    t = run_here("translate.py", "--ensemble", "weights,weights", "--preload", "01",
+                 "--average", "2", "one two", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert asked == [("01", 2), ("01", 2)]
+    err = t.stderr.decode()
+    assert err.count("averaged 2 checkpoints: tmodel_00.pt, tmodel_01.pt") == 2
