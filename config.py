@@ -124,8 +124,17 @@ class Config:
     accum_steps: int = _f(1, "batches whose gradients are summed per optimizer step")
     precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16), "
                                 "fp32 elsewhere", ["auto", "fp32", "bf16", "fp16"])
-    compile: bool = _f(False, "torch.compile the model (for GPUs: on CPU, training measured "
-                              "slower than eager, docs/performance.md)")
+    compile: bool = _f(False, "torch.compile the model's training step (for GPUs: on CPU, "
+                              "training measured slower than eager, docs/performance.md), once "
+                              "per batch shape (--fixed_shapes)")
+    fixed_shapes: int = _f(0, "fixed batch shapes: each token batch padded to one of N lengths, "
+                              "chosen from the training pairs' to pad the least, and to "
+                              "max_tokens // length rows (filler rows weightless); 0: 16 under "
+                              "--compile (compiled once per shape, no dynamic shapes), none "
+                              "without it")
+    cuda_graphs: bool = _f(False, "with --compile on CUDA: capture each shape's forward and "
+                                  "backward as CUDA graphs (torch.compile's reduce-overhead "
+                                  "mode), so the host launches one graph instead of each kernel")
     num_workers: int = _f(0, "DataLoader worker processes", group="run")
     seed: int = _f(42, "random seed (data split, batch order, initialisation, dropout)")
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
@@ -185,6 +194,13 @@ class Config:
         n_dec = self.decoder_layers()
         return str(self.N) if n_dec == self.N else f"{self.N}+{n_dec}"
 
+    def shape_count(self) -> int:
+        """How many fixed batch lengths (dataset.FixedShapes), or 0 for none: --fixed_shapes,
+        or 16 under --compile (not with BPE-dropout, whose batches are cut again)."""
+        if self.fixed_shapes or self.bpe_dropout:
+            return self.fixed_shapes
+        return 16 if self.compile else 0
+
     def peak_lr(self) -> float:
         """--lr, or with --lr 0 (the default) one chosen by model width, LR_AT_512 · 512 /
         d_model: Adam's learning rate inversely proportional to the width, as muP (Yang et al.,
@@ -201,6 +217,7 @@ class Config:
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "keep_optimizer", "val_max_sentences", "val_examples",
                      "num_workers", "clip_grad", "patience", "eval_every", "tokenizer_sample",
+                     "fixed_shapes",
                      "max_len_a", "max_len_b", "min_len", "N_dec", "threads"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
@@ -272,6 +289,11 @@ class Config:
         if not 0 <= self.bpe_dropout < 1:
             return (f"--bpe_dropout must lie in [0, 1) (got {self.bpe_dropout}): the probability "
                     f"of skipping each merge")
+        if self.bpe_dropout and self.fixed_shapes:
+            return ("--fixed_shapes does not go with --bpe_dropout (its batches are cut again "
+                    "as they are segmented)")
+        if self.cuda_graphs and not self.compile:
+            return "--cuda_graphs goes with --compile true (it is a mode of torch.compile)"
         if self.bpe_dropout and self.tokenizer_type != "bpe":
             return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
         return None

@@ -99,11 +99,14 @@ class BlockwiseLabelSmoothedCrossEntropy(nn.Module):
     def forward(self, x, projection, label):
         """x: (batch, tgt_len, d_model), the decoder's output; label: (batch, tgt_len)."""
         if torch.compiler.is_compiling():
-            # Left out of torch.compile's graph: its loop over blocks would be traced, and traced
-            # again for each new number of positions; eager, it is a graph break at the model's
-            # end. Marked here, not with a decorator: that would import torch._dynamo (2 s) at
-            # every start of every script, compiled or not.
-            return torch.compiler.disable(self.blockwise)(x, projection, label)
+            # Under torch.compile: the whole logits and torch's own loss (the same formula), which
+            # the compiler traces into the step's graph and fuses; no graph break. (The blocks'
+            # autograd function would break the graph at the model's end.) With fixed batch
+            # shapes (train.py --fixed_shapes) each shape is one static graph.
+            logits = projection(x)  # (batch, tgt_len, vocab)
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                   label.reshape(-1), ignore_index=self.ignore_index,
+                                   label_smoothing=self.label_smoothing, reduction="sum")
         return self.blockwise(x, projection, label)
 
     def blockwise(self, x, projection, label):

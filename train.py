@@ -32,7 +32,8 @@ from tqdm import tqdm
 
 from config import ArgumentParser, Config, UserError, parse_config, run_main
 from corpus import distilled_meta
-from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
+from dataset import (Data, FixedShapes, TokenBatchSampler, best_lengths, get_ds, real_tokens,
+                     training_batches)
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
@@ -221,12 +222,16 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if world > 1:
         torch.manual_seed(config.seed + rank)  # the same weights, but each rank its own dropout
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    shapes = fixed_shapes(config, data)
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
-                                shuffle=True, seed=config.seed, rank=rank, world_size=world)
+                                shuffle=True, seed=config.seed, rank=rank, world_size=world,
+                                shapes=shapes)
+    if shapes and rank == 0:
+        print(shapes_note(shapes, data, sampler))
     workers = config.num_workers
     # the sampler is driven from this process: set_epoch reaches workers kept between epochs
     train_set, batch_sampler, collate = training_batches(data, sampler, config.bpe_dropout,
-                                                         config.seq_len)
+                                                         config.seq_len, shapes)
     loader = DataLoader(train_set, batch_sampler=batch_sampler, collate_fn=collate,
                         num_workers=workers, pin_memory=device.type == "cuda",
                         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
@@ -249,13 +254,53 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
             model, device_ids=[device.index] if device.type == "cuda" else None,  # none sent
             broadcast_buffers=False, gradient_as_bucket_view=True)  # nor gradients copied
     if config.compile:
-        step_model = torch.compile(step_model, dynamic=True)
+        step_model = compiled(step_model, config, device, shapes)
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
         if rank == 0 and not nothing_to_do(config, progress) else NoWriter()
     precision = str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32"
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
                schedule_steps, lock, precision, rank, world, writer), progress
+
+
+def fixed_shapes(config: Config, data: Data):
+    """The fixed batch shapes of --fixed_shapes (16 under --compile), or None: the lengths
+    that pad the training pairs the least (dataset.best_lengths)."""
+    count = config.shape_count()
+    if not count:
+        return None
+    return FixedShapes(best_lengths(data.train.lengths(), count), config.max_tokens,
+                       config.batch_size)
+
+
+def shapes_note(shapes: FixedShapes, data: Data, sampler: TokenBatchSampler) -> str:
+    """What the fixed shapes cost the first epoch: its distinct shapes and its padding."""
+    plain = TokenBatchSampler(data.train.lengths(), sampler.max_tokens, sampler.batch_size,
+                              seed=sampler.seed)
+    found = shapes.report(data.train.src_ids.lengths() + 2, data.train.tgt_ids.lengths() + 1,
+                          sampler.batches(0), plain.batches(0))
+    return (f"fixed shapes: {len(shapes.lengths)} lengths ({', '.join(map(str, shapes.lengths))}"
+            f"), {found['shapes']} shapes in epoch 0; {found['steps']} steps padded "
+            f"{100 * found['fixed_padding']:.1f}%, against {found['plain_steps']} padded "
+            f"{100 * found['plain_padding']:.1f}% without them ({100 * found['added']:+.1f}% "
+            f"tokens)")
+
+
+def compiled(model, config: Config, device, shapes):
+    """torch.compile of the training step's model: static shapes, compiled once per fixed
+    shape (the recompile limit raised to their number), or with BPE-dropout's free shapes
+    dynamic; --cuda_graphs adds CUDA graphs (mode reduce-overhead)."""
+    if config.cuda_graphs and device.type != "cuda":
+        raise UserError(f"--cuda_graphs needs a CUDA device (this run is on {device})")
+    if shapes is None:
+        return torch.compile(model, dynamic=True)
+    import torch._dynamo as dynamo
+    limit = 2 * (len(shapes.lengths) + 2)  # every shape, in train and eval modes
+    for name in ("recompile_limit", "cache_size_limit"):  # (the name of torch >= 2.6, before)
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, max(getattr(dynamo.config, name), limit))
+    return torch.compile(model, dynamic=False,
+                         mode="reduce-overhead" if config.cuda_graphs else None)
 
 
 def nothing_to_do(config: Config, progress: Progress):

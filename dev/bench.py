@@ -21,6 +21,7 @@ BPE instead (see wmt_like_corpus: the sentence lengths, a 37,000-token vocabular
 padding share of each side under the token batches, and under an order by both sides' lengths.
 """
 
+import collections
 import dataclasses
 import math
 import statistics
@@ -45,8 +46,8 @@ from model import PositionalEncoding
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
-from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
-                   set_up, train_step)
+from train import (accumulation_groups, compiled, fixed_shapes, learning_rate, make_loss,
+                   make_optimizer, optimizer_step, set_up, shapes_note, train_step)
 
 class TorchTransformer(nn.Module):
     """torch.nn.Transformer with the same embeddings, positional encoding, pre-norm layers and
@@ -183,9 +184,11 @@ class Step:
         return sum(self.padded if padded else self.tokens) / sum(self.times)
 
 
-def time_train_loop(config: Config, data, steps: int) -> float:
+def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -> float:
     """Real tokens/s of train.py's own loop pieces (data loading, step, optimizer, learning
-    rate) over `steps` optimizer steps after one untimed step, in a throw-away folder."""
+    rate) over `steps` optimizer steps after one untimed step, in a throw-away folder; with
+    `host_only`, the mean seconds a step of that loop takes with the device's work (the model's
+    step and Adam's) removed: what the host adds to each step."""
     with tempfile.TemporaryDirectory() as tmp:
         loop_config = dataclasses.replace(config, preload="none", model_folder=tmp,
                                           experiment_name=f"{tmp}/runs")
@@ -194,9 +197,14 @@ def time_train_loop(config: Config, data, steps: int) -> float:
         run, progress = set_up(loop_config, set())
         seconds, tokens, started = [], [], time.perf_counter()
         for group, _ in accumulation_groups(run, 0):
-            loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
-                                 run.scaler)
-            optimizer_step(run, progress, loss, learning_rate(config, progress.step + 1, 0))
+            if host_only:  # the batch still goes to the device, and its tokens are counted
+                for b in group:
+                    [b[k].to(run.device, non_blocking=True) for k in b]
+                learning_rate(config, progress.step + 1, 0)
+            else:
+                loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device,
+                                     run.amp, run.scaler)
+                optimizer_step(run, progress, loss, learning_rate(config, progress.step + 1, 0))
             progress.step += 1
             sync(run.device)
             seconds.append(time.perf_counter() - started)
@@ -206,6 +214,8 @@ def time_train_loop(config: Config, data, steps: int) -> float:
                 break
         run.writer.close()
         run.lock.release()
+    if host_only:
+        return statistics.mean(seconds[1:])
     return sum(tokens[1:]) / sum(seconds[1:])
 
 
@@ -351,7 +361,8 @@ def parse(argv=None):
     data/multi30k, 4,000-token batches, seq_len 128, dropout 0.1) under a --preset's values,
     under the flags given."""
     parser = ArgumentParser(prog="python -m dev.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per model")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per model (0: the "
+                        "batches' padding and fixed shapes only, nothing timed)")
     parser.add_argument("--warmup_steps", type=int, default=2, help="untimed steps first")
     parser.add_argument("--baseline_steps", type=int, default=3,
                         help="timed steps of the pad-to-seq_len baseline (0 = skip)")
@@ -366,6 +377,17 @@ def parse(argv=None):
                         "0 = skip)")
     parser.add_argument("--loss_block_rows", type=int, default=0,
                         help="positions per block of this repo's loss (0: kernels.block_rows)")
+    parser.add_argument("--host_steps", type=int, default=0,
+                        help="steps of train.py's loop timed with the device work removed (the "
+                        "model's step and Adam's): the host time a step adds to the model's, "
+                        "which predicts the loop against the step on a GPU (0 = skip)")
+    parser.add_argument("--shapes_timed", type=int, default=0,
+                        help="with fixed shapes (--compile): time batches of the N shapes most "
+                        "frequent in an epoch only, so that N compilations are paid, not every "
+                        "shape's (0: the epoch's first batches, whatever their shapes)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="check the command line and print the settings, then stop (the "
+                        "GPU script's rehearsal)")
     parser.add_argument("--wmt_pairs", type=int, default=0,
                         help="train on a synthetic corpus of this many pairs with WMT14 en-de's "
                         "sentence lengths and a 37,000-token joint vocabulary (0: --data_dir)")
@@ -397,6 +419,13 @@ def parse(argv=None):
 
 def main(argv=None):
     args, config = parse(argv)
+    if args.dry_run:
+        print(f"dry run: d_model {config.d_model}, N {config.depth()}, max_tokens "
+              f"{config.max_tokens}, precision {config.precision}, compile {config.compile}, "
+              f"device {config.device}, cuda_graphs "
+              f"{config.cuda_graphs}, fixed shapes {config.shape_count()}, steps {args.steps}, "
+              f"train_steps {args.train_steps}, host_steps {args.host_steps}")
+        return
     if args.wmt_pairs:
         wmt_like_corpus(Path(config.data_dir), args.wmt_pairs, config.vocab_size, config.seed)
     data = get_ds(config)
@@ -411,6 +440,13 @@ def main(argv=None):
           f"{args.warmup_steps} warm-up + {args.steps} timed steps each")
     if config.max_tokens:
         report_padding(data, config.max_tokens)
+    shapes = fixed_shapes(config, data)
+    if shapes:
+        print(shapes_note(shapes, data, TokenBatchSampler(
+            data.train.lengths(), config.max_tokens, config.batch_size, seed=config.seed,
+            shapes=shapes)))
+    if not args.steps:  # (--steps 0: the data's figures only)
+        return
 
     step_ours, step_theirs, step_fp32, flops, batches = compare(config, data, device, args)
     rows = [("this repo (token batches)", step_ours),
@@ -423,6 +459,13 @@ def main(argv=None):
                      f"{args.baseline_seq_len}", baseline))
     loop = time_train_loop(config, data, args.train_steps) if args.train_steps else None
     report(rows, loop, flops, device, args)
+    if args.host_steps:
+        host = time_train_loop(config, data, args.host_steps, host_only=True)
+        step = statistics.mean(step_ours.times)
+        print(f"host time of train.py's loop a step, the device's work removed: "
+              f"{1000 * host:.1f} ms, against the model's step {1000 * step:.1f} ms: where the "
+              f"host waits for nothing else, the loop runs at {step / (step + host):.2f}x the "
+              f"step")
     if args.profile_steps:  # last, so that a failure here loses none of the figures above
         profiled = batches[-args.profile_steps:]  # the last timed batches again
         report_split(*profile_split(step_ours, profiled, config.compile), len(profiled), device)
@@ -441,17 +484,29 @@ def compare(config: Config, data, device, args):
     if autocast_dtype(config, device) is not None or config.compile:
         plain = build_model(config, src_vocab, tgt_vocab).to(device).train()
         plain.load_state_dict(ours.state_dict())
+    shapes = fixed_shapes(config, data)  # under --compile: static shapes, compiled once each
     if config.compile:
-        ours, theirs = torch.compile(ours, dynamic=True), torch.compile(theirs, dynamic=True)
+        ours = compiled(ours, config, device, shapes)
+        theirs = torch.compile(theirs, dynamic=shapes is None,
+                               mode="reduce-overhead" if config.cuda_graphs else None)
     step_ours, step_theirs = Step(ours, config, device), Step(theirs, config, device)
     step_ours.loss_fn.block_rows = args.loss_block_rows
     step_fp32 = None if plain is None else \
         Step(plain, dataclasses.replace(config, precision="fp32", compile=False), device)
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
-                                seed=config.seed)
-    batches = [Collator()([data.train[i] for i in b])
-               for b in sampler.batches(0)[:args.warmup_steps + args.steps]]
-    flops = []
+                                seed=config.seed, shapes=shapes)
+    chosen = sampler.batches(0)
+    if shapes and args.shapes_timed:  # the most frequent shapes' batches: fewer compilations
+        lengths = shapes.padded_lengths(data.train.lengths())
+        count = collections.Counter(int(lengths[b].max()) for b in chosen)
+        frequent = {n for n, _ in count.most_common(args.shapes_timed)}
+        chosen = [b for b in chosen if int(lengths[b].max()) in frequent]
+    batches = [Collator(PAD, shapes)([data.train[i] for i in b])
+               for b in chosen[:args.warmup_steps + args.steps]]
+    if shapes:
+        print(f"fixed shapes: {len({tuple(b['encoder_input'].shape) for b in batches})} among "
+              f"the {len(batches)} batches timed ({len(shapes.lengths)} lengths in all)")
+    flops, seen = [], {}
     for n, batch in enumerate(batches):
         timed = n >= args.warmup_steps
         # alternate which model goes first, so neither always runs on a warmer cache
@@ -459,9 +514,12 @@ def compare(config: Config, data, device, args):
         for step in pair + ((step_fp32,) if step_fp32 else ()):
             started = time.perf_counter()
             step(batch, record=timed)
-            if n == 0 and config.compile and step is not step_fp32:
-                print(f"  first step of {'ours' if step is step_ours else 'nn.Transformer'}, "
-                      f"compiling: {time.perf_counter() - started:.1f}s", flush=True)
+            new = tuple(batch["encoder_input"].shape) not in seen.setdefault(id(step), set())
+            seen[id(step)].add(tuple(batch["encoder_input"].shape))
+            if new and config.compile and step is not step_fp32:
+                print(f"  first step of {'ours' if step is step_ours else 'nn.Transformer'} at "
+                      f"{tuple(batch['encoder_input'].shape)}, compiling: "
+                      f"{time.perf_counter() - started:.1f}s", flush=True)
         if timed:
             flops.append(model_flops(config, batch, tgt_vocab))
         times = f"ours {step_ours.times[-1]:.2f}s, nn.Transformer {step_theirs.times[-1]:.2f}s" \

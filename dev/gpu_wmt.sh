@@ -8,16 +8,22 @@
 #
 #   bash dev/gpu_wmt.sh [LOG] [SECONDS] [PART]   # from the repo root; Multi30k in data/multi30k
 #
-# PART 1 (the default) is the first call's list; PART 2 the second call's: the loss's block size
-# in the whole step (the change the first call's split pointed to), train.py's own tokens/s, and
-# the compiled base model (the first call's budget ended inside its compilation).
+# PART 3 (the default) is issue 62's call, within 9 minutes: the base and big models at WMT
+# lengths and 25,000 tokens, eager, compiled under fixed shapes, and compiled with CUDA graphs,
+# each against nn.Transformer in the same mode (MFU, peak memory), train.py's loop over 200
+# steps against the bare step, and the host time a step of the loop adds (the device's work
+# removed). PART 1 and 2 are issue 58's two calls: the first list; the loss's block size in the
+# whole step, train.py's own tokens/s, and the compiled base model.
+#
+#   DRY=1 bash dev/gpu_wmt.sh LOG 600 3       # the rehearsal: every command line checked, no run
+#   TINY=1 bash dev/gpu_wmt.sh LOG 900 3      # every step for real at a toy size, on the CPU
 #
 # Each step has its own time limit, and the whole stays within SECONDS (default 450): the most
 # important steps come first, so a step cut short loses only what follows it.
 set -u
 log=${1:-gpu_wmt.log}
 budget=${2:-450}
-part=${3:-1}
+part=${3:-3}
 start=$(date +%s)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
@@ -37,6 +43,36 @@ step() {  # step LIMIT TITLE COMMAND...: run COMMAND for at most LIMIT seconds (
 }
 
 WMT="--wmt_pairs 100000 --precision bf16 --baseline_steps 0 --steps 20 --warmup_steps 5"
+BASE="--preset paper_base"
+BIG="--preset paper_big"
+GRAPHS="--cuda_graphs true"
+if [ "${TINY:-0}" = 1 ]; then  # the same steps at a toy size on the CPU (no CUDA graphs there)
+    WMT="--wmt_pairs 3000 --vocab_size 3000 --device cpu --baseline_steps 0 --steps 4 --warmup_steps 1"
+    BASE="--d_model 32 --N 1 --h 2 --d_ff 64"
+    BIG="--d_model 48 --N 1 --h 2 --d_ff 96"
+    GRAPHS=""
+fi
+DRYRUN=""
+[ "${DRY:-0}" = 1 ] && DRYRUN="--dry_run"
+if [ "$part" = 3 ]; then
+step 20 "the machine" bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())'; nproc"
+step 120 "base, WMT lengths, 25,000 tokens, eager; train.py's loop, 200 steps; its host time" \
+    python3 -m dev.bench $BASE $WMT --max_tokens 25000 --train_steps 200 --host_steps 50 \
+    --profile_steps 2 $DRYRUN
+step 130 "base, WMT lengths, 25,000 tokens, compiled (fixed shapes, the 2 most frequent)" \
+    python3 -m dev.bench $BASE $WMT --max_tokens 25000 --compile true --shapes_timed 2 \
+    --train_steps 0 --profile_steps 2 $DRYRUN
+step 110 "base, WMT lengths, 25,000 tokens, compiled with CUDA graphs" \
+    python3 -m dev.bench $BASE $WMT --max_tokens 25000 --compile true $GRAPHS \
+    --shapes_timed 2 --train_steps 0 --profile_steps 0 $DRYRUN
+step 60 "big, WMT lengths, 25,000 tokens, eager" \
+    python3 -m dev.bench $BIG $WMT --max_tokens 25000 --train_steps 0 --profile_steps 0 $DRYRUN
+step 110 "big, WMT lengths, 25,000 tokens, compiled with CUDA graphs" \
+    python3 -m dev.bench $BIG $WMT --max_tokens 25000 --compile true $GRAPHS \
+    --shapes_timed 2 --train_steps 0 --profile_steps 0 $DRYRUN
+echo "=== done at $(($(date +%s) - start)) s" | tee -a "$log"
+exit 0
+fi
 step 30 "the machine" bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'; nproc"
 if [ "$part" = 2 ]; then
 for rows in 0 8192; do

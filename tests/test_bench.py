@@ -285,3 +285,46 @@ def test_the_shared_timing_helpers_load_no_training_loop():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.decode().strip() == "[]", proc.stderr.decode()
+
+
+def test_the_gpu_scripts_call_is_rehearsed_command_by_command(tmp_path):
+    """Issue 62: dev/gpu_wmt.sh's call (part 3) checked on the CPU before a GPU is lent: with
+    DRY=1 every dev.bench command line of it is parsed and validated (a typo in a flag fails
+    here, not in the GPU's minutes), every step within its time limit."""
+    import os
+    import subprocess
+
+    from conftest import ROOT
+    log = tmp_path / "gpu.log"
+    proc = subprocess.run(["bash", str(ROOT / "dev" / "gpu_wmt.sh"), str(log), "600", "3"],
+                          cwd=ROOT, env=dict(os.environ, DRY="1"), capture_output=True,
+                          timeout=300)
+    out = log.read_text()
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    steps = [line for line in out.splitlines() if line.startswith("=== ") and ": exit " in line]
+    assert len(steps) == 6 and all(": exit 0," in line for line in steps), out[-3000:]
+    assert out.count("dry run: ") == 5 and "compile True" in out and "cuda_graphs True" in out
+    assert "=== done at" in out
+
+
+def test_wmt_lengths_fall_into_16_shapes_with_little_added_padding(tmp_path):
+    """Issue 62's target on the CPU: an epoch of token batches at WMT14-like lengths (the
+    synthetic corpus dev.bench times) in at most 16 fixed shapes, with at most 10% more tokens
+    than batches padded to their own longest; lengths in plain steps of 16 pad far more."""
+    import numpy as np
+
+    from dataset import FixedShapes, TokenBatchSampler, best_lengths
+    from dev.bench import wmt_like_corpus
+    folder = wmt_like_corpus(tmp_path / "wmt", 20000, 37000, seed=1)
+    src = np.array([len(x.split()) for x in (folder / "train.en").read_text().splitlines()]) + 2
+    tgt = np.array([len(x.split()) for x in (folder / "train.de").read_text().splitlines()]) + 1
+    lengths = np.maximum(src, tgt)
+    plain = TokenBatchSampler(lengths, 25000, seed=1).batches(0)
+    shapes = FixedShapes(best_lengths(lengths, 16), 25000, 0)
+    found = shapes.report(src, tgt, TokenBatchSampler(lengths, 25000, seed=1,
+                                                      shapes=shapes).batches(0), plain)
+    assert found["shapes"] <= 16 and found["added"] <= 0.10, found
+    steps16 = FixedShapes(tuple(range(16, 257, 16)), 25000, 0)
+    coarse = steps16.report(src, tgt, TokenBatchSampler(lengths, 25000, seed=1,
+                                                        shapes=steps16).batches(0), plain)
+    assert coarse["added"] > 2 * found["added"]
