@@ -19,8 +19,9 @@ against the dataset's tokenized references; nmt/metrics.papers_bleu), never mixe
 
 from pathlib import Path
 
-from config import ArgumentParser, UserError, run_main
+from config import UserError
 from corpus import read_lines
+from nmt.cli import ArgumentParser, run_main
 from nmt.metrics import BOOTSTRAP_SAMPLES, PAPERS_BLEU, RANDOMIZATION_SAMPLES, compare
 
 

@@ -10,9 +10,7 @@ import argparse
 import dataclasses
 import os
 import re
-import signal
 import sys
-import time
 from dataclasses import dataclass, field
 
 
@@ -390,62 +388,11 @@ class UserError(Exception):
     one line on stderr and exit with code 2, never a traceback."""
 
 
-class ReportedElsewhere(Exception):
-    """Under torchrun: rank 0 met a user's error while the others waited for it, and has
-    printed the line. The others exit 2 without a word (no second line, no traceback)."""
-
-
 def is_main() -> bool:
     """Rank 0, which alone writes files, logs and progress bars and says what went wrong: under
     torchrun the process whose RANK is 0 (torchrun gives each its rank in the environment, as
     the process group reads it), and always the one process of a plain run."""
     return os.environ.get("RANK", "0") == "0"
-
-
-def fail(prog: str, message: str, quiet: bool = False):
-    """The one way a script reports a user's error: one line on stderr, exit code 2. `quiet`
-    (a torchrun process other than rank 0, whose rank 0 meets the same error): no line, and a
-    pause first, so that rank 0's line is out before torchrun sees a process fail and stops
-    the others."""
-    if quiet:
-        time.sleep(10)  # torchrun usually ends this process sooner, when rank 0 exits
-    else:
-        sys.stderr.write(f"{prog}: error: {message}\n")
-    sys.exit(2)
-
-
-def run_main(prog: str, main, aborted: str = "aborted"):
-    """Runs a script's `main`: a UserError becomes one line and exit 2, Ctrl-C one line and
-    exit 130 (143 for a SIGTERM that aborts), wherever it lands (also while an error unwinds,
-    as when a torchrun process's collective fails because another process was interrupted
-    first). Under torchrun only
-    rank 0 says "aborted"."""
-    try:
-        try:
-            return main()
-        except UserError as e:
-            fail(prog, str(e))
-        except ReportedElsewhere:
-            sys.exit(2)
-    except KeyboardInterrupt as interrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
-        if is_main():
-            newline = "\n" if sys.stderr.isatty() else ""  # below a progress bar, not on it
-            sys.stderr.write(f"{newline}{prog}: {aborted}\n")
-        # 130 for Ctrl-C; a SIGTERM turned into this interrupt (nmt.stopping.abort) says so: 143
-        sys.exit(128 + int(getattr(interrupt, "signum", signal.SIGINT)))
-
-
-# ---- command line -------------------------------------------------------------------------------
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but an error is one line on stderr and exit code 2 (no usage dump). Under
-    torchrun every process parses the same command line: rank 0 alone says what is wrong."""
-
-    def error(self, message):
-        under_torchrun = "WORLD_SIZE" in os.environ  # as nmt.runtime.start_distributed tells
-        fail(self.prog, f"{message} (see --help)",
-             quiet=under_torchrun and not is_main())
 
 
 def _bool(text):
@@ -509,7 +456,7 @@ def config_from_args(args, base: Config = None, training: bool = True):
 def parse_config(argv=None, parser=None):
     """The train.py command line: every Config field as a flag. Exits 2 on a bad value.
     Returns (config, names of the flags given)."""
-    parser = parser or ArgumentParser()
+    parser = parser or argparse.ArgumentParser()  # the scripts give nmt.cli.ArgumentParser
     add_config_arguments(parser)
     config, given = config_from_args(parser.parse_args(argv))
     problem = config.validate()

@@ -11,7 +11,8 @@ How the weights map to the engine's specification: nmt/engine.py.
 
 import sys
 
-from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
+from config import add_locating_arguments, checkpoint_config
+from nmt.cli import ArgumentParser, run_main
 from nmt.engine import QUANTIZATIONS, check_output, export, import_ctranslate2
 from nmt.trained_model import load_translator
 

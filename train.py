@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from config import ArgumentParser, Config, UserError, parse_config, run_main
+from config import Config, UserError, parse_config
 from corpus import distilled_meta
 from dataset import (Data, FixedShapes, TokenBatchSampler, best_lengths, get_ds, real_tokens,
                      training_batches)
@@ -39,6 +39,7 @@ from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_pa
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
+from nmt.cli import ArgumentParser, run_main
 from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty

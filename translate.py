@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 
-from config import (ArgumentParser, Config, UserError, add_locating_arguments, checkpoint_config,
-                    fields_where, run_main)
+from config import Config, UserError, add_locating_arguments, checkpoint_config, fields_where
 from corpus import column, decode_lines, load_corpus
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, save_attention_map
+from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import Sampling, clean, translate
 from nmt.engine import load_engine
 from nmt.metrics import papers_bleu, score

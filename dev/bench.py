@@ -38,11 +38,12 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 import model
-from config import ArgumentParser, Config, add_config_arguments, config_from_args, run_main
+from config import Config, add_config_arguments, config_from_args
 from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
 from dev.timing import PEAK_BF16, model_flops, sync
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding
+from nmt.cli import ArgumentParser, run_main
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path

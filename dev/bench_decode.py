@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
-from config import ArgumentParser, add_locating_arguments, checkpoint_config, run_main
+from config import add_locating_arguments, checkpoint_config
 from corpus import read_lines
+from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import decoding_model, translate_ids
 from nmt.metrics import score
 from nmt.trained_model import load_ensemble, load_translator

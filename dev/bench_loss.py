@@ -16,9 +16,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from config import ArgumentParser, UserError, run_main
+from config import UserError
 from dev.timing import sync
 from kernels import BlockwiseLabelSmoothedCrossEntropy, block_rows
+from nmt.cli import ArgumentParser, run_main
 from nmt.runtime import setup_device
 
 

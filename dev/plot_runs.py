@@ -12,7 +12,8 @@ steps: runs compared at equal steps, whatever their speed.
 import sys
 from pathlib import Path
 
-from config import ArgumentParser, UserError, run_main
+from config import UserError
+from nmt.cli import ArgumentParser, run_main
 from nmt.plotting import pyplot
 
 

@@ -9,7 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from config import ArgumentParser, UserError, run_main
+from config import UserError
+from nmt.cli import ArgumentParser, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 BADGE = re.compile(r"(colab\.research\.google\.com/github/)([^/\s]+/[^/\s]+)(/blob/main/"

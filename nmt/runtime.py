@@ -11,7 +11,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.distributed as dist
 
-from config import Config, ReportedElsewhere, UserError, is_main
+from config import Config, UserError, is_main
+from nmt.cli import ReportedElsewhere
 
 
 def get_device(name: str = "auto") -> torch.device:

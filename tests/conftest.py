@@ -46,8 +46,9 @@ def pytest_configure(config):
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from config import Config, run_main  # noqa: E402
+from config import Config  # noqa: E402
 from model import build_transformer  # noqa: E402
+from nmt.cli import run_main  # noqa: E402
 
 EN = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 IT = ["zero", "uno", "due", "tre", "quattro", "cinque", "sei", "sette", "otto", "nove"]

@@ -328,3 +328,28 @@ def test_wmt_lengths_fall_into_16_shapes_with_little_added_padding(tmp_path):
     coarse = steps16.report(src, tgt, TokenBatchSampler(lengths, 25000, seed=1,
                                                         shapes=steps16).batches(0), plain)
     assert coarse["added"] > 2 * found["added"]
+
+
+def test_the_readmes_badge_and_the_notebook_name_one_repository(tmp_path):
+    """What this can check without the network: the badge and the notebook's REPO setting name
+    one repository (whether the address exists, it cannot tell). While they hold the
+    placeholder OWNER/REPO the README says so and how to set it; dev/set_repo.py writes the
+    address into both (issue 63, 13)."""
+    import shutil
+
+    import nbformat
+
+    from conftest import ROOT
+    from dev.set_repo import repositories, set_repository
+    NOTEBOOKS = ROOT / "notebooks"
+    badge, setting = repositories()
+    assert badge == setting
+    if badge == "OWNER/REPO":
+        readme = (ROOT / "README.md").read_text(encoding="utf-8")
+        assert "`OWNER/REPO` is a placeholder" in readme and "python -m dev.set_repo" in readme
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copy(NOTEBOOKS / "colab.ipynb", tmp_path / "notebooks" / "colab.ipynb")
+    set_repository("someone/transformer", tmp_path)
+    assert repositories(tmp_path) == ("someone/transformer", "someone/transformer")
+    nbformat.read(tmp_path / "notebooks" / "colab.ipynb", as_version=4)  # still a notebook

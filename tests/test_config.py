@@ -36,8 +36,9 @@ def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batche
     (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_bad_flags_are_refused_with_one_line(argv, message, capsys):
+    from nmt.cli import ArgumentParser  # train.py's, whose errors are one line
     with pytest.raises(SystemExit) as exit_info:
-        parse_config(argv)
+        parse_config(argv, ArgumentParser(prog="train.py"))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -65,8 +66,9 @@ def test_flags_beside_a_preset_win_over_its_token_batches():
 ])
 def test_shapes_and_values_the_model_cannot_use_are_one_line(argv, message, capsys):
     """10, 11. An odd width ended in a traceback; --keep_last 0 kept every checkpoint."""
+    from nmt.cli import ArgumentParser
     with pytest.raises(SystemExit) as e:
-        parse_config(argv)
+        parse_config(argv, ArgumentParser(prog="train.py"))
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and err.count("\n") == 1, err
 

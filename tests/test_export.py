@@ -128,7 +128,7 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
 
     import export
     import translate
-    from config import run_main
+    from nmt.cli import run_main
     for script, args, message in (
             (translate, ["--ctranslate2", str(tmp_path / "ct2"), "--checkpoint", "x.pt", "hi"],
              "not with --checkpoint"),

@@ -118,27 +118,6 @@ def test_the_committed_notebooks_tour_with_outputs_colab_without():
     assert "parameters" in colab.cells[1].metadata.get("tags", [])  # settings in one cell
 
 
-def test_the_readmes_badge_and_the_notebook_name_one_repository(tmp_path):
-    """What this can check without the network: the badge and the notebook's REPO setting name
-    one repository (whether the address exists, it cannot tell). While they hold the
-    placeholder OWNER/REPO the README says so and how to set it; dev/set_repo.py writes the
-    address into both (issue 63, 13)."""
-    import shutil
-
-    from dev.set_repo import repositories, set_repository
-    badge, setting = repositories()
-    assert badge == setting
-    if badge == "OWNER/REPO":
-        readme = (ROOT / "README.md").read_text(encoding="utf-8")
-        assert "`OWNER/REPO` is a placeholder" in readme and "python -m dev.set_repo" in readme
-    (tmp_path / "notebooks").mkdir()
-    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
-    shutil.copy(NOTEBOOKS / "colab.ipynb", tmp_path / "notebooks" / "colab.ipynb")
-    set_repository("someone/transformer", tmp_path)
-    assert repositories(tmp_path) == ("someone/transformer", "someone/transformer")
-    nbformat.read(tmp_path / "notebooks" / "colab.ipynb", as_version=4)  # still a notebook
-
-
 def test_the_tours_training_cell_never_blocks_on_a_full_pipe(tmp_path):
     """Issue 63, 3: the tour's training cell read train.py's output through a pipe it only
     polled: past 64 KiB of progress bars and validation lines (16 KiB on macOS) the child

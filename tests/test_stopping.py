@@ -83,7 +83,7 @@ def test_a_signal_while_setting_up_aborts_with_its_own_exit_code(sig, code, caps
     import os
     import signal
 
-    from config import run_main
+    from nmt.cli import run_main
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def setting_up():

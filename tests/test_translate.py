@@ -231,7 +231,8 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
     from conftest import TINY, write_aligned
 
     import translate
-    from config import Config, run_main
+    from config import Config
+    from nmt.cli import run_main
     from dataset import get_ds
     pairs = number_pairs(60, seed=7)
     pairs[::6] = [("one " * 30 + ".", "uno.")] * 10  # too long for seq_len 24: dropped
