@@ -200,12 +200,13 @@ def test_ctrl_c_while_the_processes_start_is_one_line(tmp_path, delay=0.2):
 
 def test_a_bad_flag_under_torchrun_is_reported_by_rank_0_alone(monkeypatch, capsys):
     from config import parse_config
+    from nmt.cli import ArgumentParser
     monkeypatch.setattr("time.sleep", lambda s: None)  # the pause that lets rank 0 speak first
     for rank, says in (("0", True), ("1", False)):
         monkeypatch.setenv("WORLD_SIZE", "2")
         monkeypatch.setenv("RANK", rank)
         with pytest.raises(SystemExit) as e:
-            parse_config(["--max_tokens", "5"])
+            parse_config(["--max_tokens", "5"], ArgumentParser(prog="train.py"))
         assert e.value.code == 2
         assert ("--max_tokens (5) must be at least" in capsys.readouterr().err) == says
 

@@ -57,7 +57,7 @@ def test_an_error_after_a_lost_abort_is_reported_as_the_abort(monkeypatch, tmp_p
     try:
         for abort, expected in ((False, RuntimeError), (True, KeyboardInterrupt)):
             state["abort"] = abort
-            monkeypatch.setattr(stopping, "_aborting", False)
+            monkeypatch.setattr(stopping, "_aborting", None)
             with pytest.raises(expected):
                 train.train_model(Config(model_folder=str(tmp_path / "w")))
     finally:
