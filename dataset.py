@@ -122,8 +122,8 @@ def real_tokens(batch) -> int:
     """Non-padding source and target tokens of a batch: what throughput counts (the rows that
     fill a fixed shape, weightless, not counted)."""
     real = batch["label"] != PAD  # (batch, tgt_len)
-    rows = real.any(dim=1)  # (batch,) rows with a target: pairs, not filler
-    return int((batch["encoder_input"][rows] != PAD).sum() + real.sum())
+    filler = int((~real.any(dim=1)).sum())  # rows with no target: each holds [SOS] [EOS]
+    return int((batch["encoder_input"] != PAD).sum() + real.sum()) - 2 * filler
 
 
 @dataclass(frozen=True)

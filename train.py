@@ -30,25 +30,24 @@ from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from config import Config, UserError, parse_config
-from corpus import distilled_meta
-from dataset import (Data, FixedShapes, TokenBatchSampler, best_lengths, get_ds, real_tokens,
-                     training_batches)
+from config import Config, parse_config
+from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
+from nmt.compiling import compiled, fixed_shapes
 from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import write_run_card
 from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
-                        restore_progress, restore_rng, restore_training, resume_state, rng_states,
-                        set_aside_later, write_history)
+                        nothing_to_do, restore_progress, restore_rng, restore_training,
+                        resume_state, rng_states, set_aside_later, write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
-                         main_first, max_over_ranks, note_precision, setup_device,
+                         main_first, max_over_ranks, note_precision, out_of_memory, setup_device,
                          start_distributed, stop_distributed, sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, aborted, aborting, catch_stop_signals,
                           ignore_sigint, launcher, resume_command, stop_message)
@@ -182,8 +181,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                 lock.acquire()
                 if init:  # a new run from a trained model: its tokenizers, not new ones
                     created = copy_tokenizers(*init, config)
-                if config.distill_from and not (resume and distilled_meta(config)):
-                    distil(config)  # the teachers translate the training sources (once)
+                distil(config, resumed=resume is not None)  # --distill_from's translations
             start = (resume or init) if rank == 0 else None  # (path, state): before preparing
             data = get_ds(config, shared.get("data_key"),
                           partial(check_corpus, *resume[::-1]) if resume and rank == 0 else None,
@@ -223,12 +221,10 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if world > 1:
         torch.manual_seed(config.seed + rank)  # the same weights, but each rank its own dropout
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    shapes = fixed_shapes(config, data)
+    shapes = fixed_shapes(config, data, say=rank == 0)  # None without --fixed_shapes/--compile
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
                                 shuffle=True, seed=config.seed, rank=rank, world_size=world,
                                 shapes=shapes)
-    if shapes and rank == 0:
-        print(shapes_note(shapes, data, sampler))
     workers = config.num_workers
     # the sampler is driven from this process: set_epoch reaches workers kept between epochs
     train_set, batch_sampler, collate = training_batches(data, sampler, config.bpe_dropout,
@@ -262,57 +258,6 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
                schedule_steps, lock, precision, rank, world, writer), progress
-
-
-def fixed_shapes(config: Config, data: Data):
-    """The fixed batch shapes of --fixed_shapes (16 under --compile), or None: the lengths
-    that pad the training pairs the least (dataset.best_lengths)."""
-    count = config.shape_count()
-    if not count:
-        return None
-    return FixedShapes(best_lengths(data.train.lengths(), count), config.max_tokens,
-                       config.batch_size)
-
-
-def shapes_note(shapes: FixedShapes, data: Data, sampler: TokenBatchSampler) -> str:
-    """What the fixed shapes cost the first epoch: its distinct shapes and its padding."""
-    plain = TokenBatchSampler(data.train.lengths(), sampler.max_tokens, sampler.batch_size,
-                              seed=sampler.seed)
-    found = shapes.report(data.train.src_ids.lengths() + 2, data.train.tgt_ids.lengths() + 1,
-                          sampler.batches(0), plain.batches(0))
-    return (f"fixed shapes: {len(shapes.lengths)} lengths ({', '.join(map(str, shapes.lengths))}"
-            f"), {found['shapes']} shapes in epoch 0; {found['steps']} steps padded "
-            f"{100 * found['fixed_padding']:.1f}%, against {found['plain_steps']} padded "
-            f"{100 * found['plain_padding']:.1f}% without them ({100 * found['added']:+.1f}% "
-            f"tokens)")
-
-
-def compiled(model, config: Config, device, shapes):
-    """torch.compile of the training step's model: static shapes, compiled once per fixed
-    shape (the recompile limit raised to their number), or with BPE-dropout's free shapes
-    dynamic; --cuda_graphs adds CUDA graphs (mode reduce-overhead)."""
-    if config.cuda_graphs and device.type != "cuda":
-        raise UserError(f"--cuda_graphs needs a CUDA device (this run is on {device})")
-    if shapes is None:
-        return torch.compile(model, dynamic=True)
-    import torch._dynamo as dynamo
-    limit = 2 * (len(shapes.lengths) + 2)  # every shape, in train and eval modes
-    for name in ("recompile_limit", "cache_size_limit"):  # (the name of torch >= 2.6, before)
-        if hasattr(dynamo.config, name):
-            setattr(dynamo.config, name, max(getattr(dynamo.config, name), limit))
-    return torch.compile(model, dynamic=False,
-                         mode="reduce-overhead" if config.cuda_graphs else None)
-
-
-def nothing_to_do(config: Config, progress: Progress):
-    """Why a resumed run has no step left to train (said instead of starting), or None."""
-    if config.max_steps and progress.step >= config.max_steps:
-        return (f"already at step {progress.step} of --max_steps {config.max_steps}; raise "
-                f"it to train on")
-    if progress.epoch >= config.num_epochs:
-        return (f"all {config.num_epochs} epochs are trained (step {progress.step}); raise "
-                f"--num_epochs to train on")
-    return None
 
 
 # ---- one optimizer step -------------------------------------------------------------------------
@@ -360,25 +305,6 @@ def train_step(model, group, loss_fn, pad_id: int, device, amp=nullcontext, scal
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_total += loss.detach()
     return loss_total, n_tokens
-
-
-class OutOfMemory(UserError):
-    """A training step that did not fit the device's memory."""
-
-
-def out_of_memory(run: Run, group, error: Exception) -> Exception:
-    """A step's out-of-memory error as one line that says what to lower (docs/troubleshooting.md);
-    any other error as it was."""
-    if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error):
-        return error
-    padded = sum(b["encoder_input"].numel() + b["label"].numel() for b in group)
-    size = (f"--max_tokens {run.config.max_tokens}" if run.config.max_tokens else
-            f"--batch_size {run.config.batch_size}")
-    return OutOfMemory(
-        f"out of memory on {run.device} in a step of {padded:,} padded tokens ({size}, "
-        f"--accum_steps {run.config.accum_steps}): lower --max_tokens (or --batch_size) and "
-        f"raise --accum_steps to keep the update's size; the checkpoints already saved are "
-        f"intact, resume from them")
 
 
 def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):

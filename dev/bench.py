@@ -44,11 +44,12 @@ from dev.timing import PEAK_BF16, model_flops, sync
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding
 from nmt.cli import ArgumentParser, run_main
+from nmt.compiling import compiled, fixed_shapes
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
-from train import (accumulation_groups, compiled, fixed_shapes, learning_rate, make_loss,
-                   make_optimizer, optimizer_step, set_up, shapes_note, train_step)
+from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
+                   set_up, train_step)
 
 class TorchTransformer(nn.Module):
     """torch.nn.Transformer with the same embeddings, positional encoding, pre-norm layers and
@@ -441,11 +442,7 @@ def main(argv=None):
           f"{args.warmup_steps} warm-up + {args.steps} timed steps each")
     if config.max_tokens:
         report_padding(data, config.max_tokens)
-    shapes = fixed_shapes(config, data)
-    if shapes:
-        print(shapes_note(shapes, data, TokenBatchSampler(
-            data.train.lengths(), config.max_tokens, config.batch_size, seed=config.seed,
-            shapes=shapes)))
+    fixed_shapes(config, data, say=True)  # (prints what they cost, where there are some)
     if not args.steps:  # (--steps 0: the data's figures only)
         return
 

@@ -70,10 +70,15 @@ def check_teacher(teacher: str, state: dict, config: Config, source: str):
             f"{source}: a teacher must be trained on the student's corpus")
 
 
-def distil(config: Config):
+def distil(config: Config, resumed: bool = False):
     """Makes sure <model_folder>/distilled holds the teachers' translations of this run's
-    training sources: checks the teachers, and translates (with a progress bar) unless the
-    folder already holds the translations of these teachers, settings and sources."""
+    training sources (with --distill_from; nothing without): checks the teachers, and
+    translates (with a progress bar) unless the folder already holds the translations of these
+    teachers, settings and sources. A resumed run keeps the translations it trained on, whatever
+    its teachers' folders hold now (a new checkpoint there would change the key, and then the
+    corpus the resume is checked against)."""
+    if not config.distill_from or (resumed and distilled_meta(config)):
+        return distilled_meta(config)
     names = teachers(config)
     base = dataclasses.replace(config, distill_from="", extra_data_dir="", extra_tag="",
                                upsample=1)

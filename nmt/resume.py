@@ -337,3 +337,15 @@ def set_rng_states(state: dict, device):
         torch.set_rng_state(state["rng_state"])
     if device.type == "cuda" and "cuda_rng_state" in state:
         torch.cuda.set_rng_state(state["cuda_rng_state"], device)
+
+
+def nothing_to_do(config: Config, progress):
+    """Why a resumed run (train.py's Progress: its step and epoch) has no step left to train
+    (said instead of starting), or None."""
+    if config.max_steps and progress.step >= config.max_steps:
+        return (f"already at step {progress.step} of --max_steps {config.max_steps}; raise "
+                f"it to train on")
+    if progress.epoch >= config.num_epochs:
+        return (f"all {config.num_epochs} epochs are trained (step {progress.step}); raise "
+                f"--num_epochs to train on")
+    return None

@@ -240,3 +240,24 @@ def gather_to_all(obj):
 def stop_distributed():
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ---- a step that does not fit ---------------------------------------------------------------
+
+class OutOfMemory(UserError):
+    """A training step that did not fit the device's memory."""
+
+
+def out_of_memory(run, group, error: Exception) -> Exception:
+    """A training step's out-of-memory error (train.py's Run, the step's batches) as one line that
+    says what to lower (docs/troubleshooting.md); any other error as it was."""
+    if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error):
+        return error
+    padded = sum(b["encoder_input"].numel() + b["label"].numel() for b in group)
+    size = (f"--max_tokens {run.config.max_tokens}" if run.config.max_tokens else
+            f"--batch_size {run.config.batch_size}")
+    return OutOfMemory(
+        f"out of memory on {run.device} in a step of {padded:,} padded tokens ({size}, "
+        f"--accum_steps {run.config.accum_steps}): lower --max_tokens (or --batch_size) and "
+        f"raise --accum_steps to keep the update's size; the checkpoints already saved are "
+        f"intact, resume from them")

@@ -237,6 +237,14 @@ def rank_pid(launcher: int, rank: int, deadline: float):
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once(tmp_path):
+    with long_two_rank_run(tmp_path) as proc:
+        stop_one_rank(proc, tmp_path)
+
+
+@contextlib.contextmanager
+def long_two_rank_run(tmp_path):
+    """A two-rank torchrun training of many short epochs in tmp_path/w, started; after the
+    block (or its failure) no process is left behind, torchrun's workers included."""
     write_aligned(tmp_path / "corpus", "train", number_pairs(1000, seed=5))  # epochs of seconds
     write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
@@ -247,8 +255,8 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once
                              "--experiment_name", "runs/w"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        stop_one_rank(proc, tmp_path)
-    finally:  # after a failure, no process is left behind (torchrun's workers included)
+        yield proc
+    finally:
         if proc.poll() is None:
             for pid in children(proc.pid) + [proc.pid]:
                 with contextlib.suppress(ProcessLookupError):
@@ -284,16 +292,7 @@ def test_a_rank_that_dies_stops_the_others_and_leaves_the_saved_files_whole(tmp_
     run ends, non-zero, no process left; the checkpoint saved before loads, and the folder's
     lock is free for the resume."""
     from nmt.files import FolderLock
-    write_aligned(tmp_path / "corpus", "train", number_pairs(1000, seed=5))
-    write_aligned(tmp_path / "corpus", "val", number_pairs(4, seed=6))
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node=2", str(ROOT / "train.py"), "--data_dir", "corpus",
-                             *TINY, "--max_tokens", "60", "--num_epochs", "100",
-                             "--val_examples", "0", "--model_folder", "w",
-                             "--experiment_name", "runs/w"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with long_two_rank_run(tmp_path) as proc:
         deadline = time.time() + 120
         while not (tmp_path / "w" / "tmodel_validation.json").exists() and \
                 time.time() < deadline:
@@ -308,9 +307,3 @@ def test_a_rank_that_dies_stops_the_others_and_leaves_the_saved_files_whole(tmp_
         state = torch.load(tmp_path / "w" / "tmodel_00.pt", weights_only=False)
         assert state["epoch"] == 0 and len(state["rank_rng_states"]) == 2
         FolderLock(tmp_path / "w").acquire().release()  # free: a resume may start
-    finally:
-        if proc.poll() is None:
-            for pid in children(proc.pid) + [proc.pid]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.communicate()

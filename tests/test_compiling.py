@@ -1,0 +1,95 @@
+"""nmt/compiling.py: fixed batch shapes in a run and the step compiled once per shape (issue 62)."""
+
+import torch
+from conftest import TINY, make_corpus, run_here
+
+from config import Config
+from nmt.compiling import compiled
+from tokenizer import EOS, PAD, SOS
+from train import make_loss, train_step
+
+
+def shaped_batches(count: int = 3, max_tokens: int = 120):
+    """Batches of random pairs in `count` fixed shapes (dataset.FixedShapes), and the shapes."""
+    import numpy as np
+
+    from dataset import BilingualDataset, Collator, FixedShapes, TokenBatchSampler, best_lengths
+    rng = np.random.default_rng(0)
+    data = BilingualDataset([rng.integers(4, 20, rng.integers(1, 14)).tolist()
+                             for _ in range(120)],
+                            [rng.integers(4, 20, rng.integers(1, 14)).tolist()
+                             for _ in range(120)])
+    shapes = FixedShapes(best_lengths(data.lengths(), count), max_tokens, 0)
+    sampler = TokenBatchSampler(data.lengths(), max_tokens, shapes=shapes, seed=1)
+    collate = Collator(PAD, shapes)
+    return [collate([data[i] for i in b]) for b in sampler.batches(0)], shapes
+
+
+def test_the_compiled_step_breaks_no_graph_and_compiles_once_per_shape(monkeypatch):
+    """Issue 62: under fixed shapes, the compiled step (nmt.compiling.compiled: dynamic=False)
+    traces one graph per shape, with no graph break (the loss included: kernels.py gives the
+    compiler the whole-logits formula), and a shape seen again compiles nothing. Dynamo's own
+    counters, with its eager backend (the tracing is the same; no code generation)."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    from conftest import tiny_model
+    batches, shapes = shaped_batches()
+    distinct = {tuple(b["encoder_input"].shape): b for b in batches}
+    assert len(distinct) == 3
+    dynamo.reset()
+    counters.clear()
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="eager", **kw))
+    config = Config(compile=True, max_tokens=120, d_model=32)
+    step_model = compiled(tiny_model(vocab=20, seq_len=32).train(), config,
+                                torch.device("cpu"), shapes)
+    loss_fn = make_loss(config)
+    for batch in [*distinct.values(), *distinct.values()]:  # each shape twice
+        train_step(step_model, [batch], loss_fn, PAD, torch.device("cpu"))
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 3
+    dynamo.reset()
+
+
+def test_the_compiled_step_equals_the_eager_one():
+    """Issue 62: the compiled step (AOT autograd, what inductor compiles from; the default
+    backend generates C++ too, minutes on CPU) gives the eager step's loss and gradients on a
+    fixed-shape batch with filler rows, in fp32."""
+    import torch._dynamo as dynamo
+
+    from conftest import tiny_model
+    batches, _ = shaped_batches(count=2)
+    batch = {k: batches[0][k].clone() for k in ("encoder_input", "decoder_input", "label")}
+    for v in batch.values():  # the last two rows made filler, as FixedShapes fills them
+        v[-2:] = PAD
+    batch["encoder_input"][-2:, :2] = torch.tensor([SOS, EOS])
+    batch["decoder_input"][-2:, 0] = SOS
+    batch["encoder_mask"] = (batch["encoder_input"] != PAD)[:, None, None, :]
+    loss_fn = make_loss(Config())
+    results = []
+    for compiling in (False, True):
+        model = tiny_model(vocab=20, seq_len=32).train()
+        step = torch.compile(model, dynamic=False, backend="aot_eager") if compiling else model
+        loss, _ = train_step(step, [batch], loss_fn, PAD, torch.device("cpu"))
+        results.append((loss, [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    dynamo.reset()
+
+
+def test_a_run_with_fixed_shapes_says_what_they_cost_and_trains(tmp_path):
+    """Issue 62: --fixed_shapes prints its lengths, the shapes of the first epoch and the
+    padding they add; the run trains as any; --cuda_graphs on a CPU is one line."""
+    make_corpus(tmp_path / "c", n=120, val=4)
+    t = run_here("train.py", "--data_dir", "c", *TINY, "--num_epochs", "1", "--fixed_shapes",
+                 "3", cwd=tmp_path)
+    out, err = t.stdout.decode(), t.stderr.decode()
+    assert t.returncode == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("fixed shapes: 3 lengths ("))
+    assert "shapes in epoch 0;" in line and "% tokens)" in line
+    t = run_here("train.py", "--data_dir", "c", *TINY, "--num_epochs", "1", "--compile",
+                 "--cuda_graphs", "--model_folder", "g", cwd=tmp_path)
+    assert t.returncode == 2 and "--cuda_graphs needs a CUDA device (this run is on cpu)" in \
+        t.stderr.decode()
