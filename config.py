@@ -205,6 +205,10 @@ class Config:
         2022) prescribes; measured in docs/training.md."""
         return self.lr or LR_AT_512 * 512 / self.d_model
 
+    def teachers(self) -> list:
+        """--distill_from's models, in the order given (names trimmed: "A, B" is A and B)."""
+        return [t.strip() for t in self.distill_from.split(",") if t.strip()]
+
     def validate(self, training: bool = True):
         """An error message for an invalid combination of values, or None (training: the
         batching flags too; translate.py and export.py have none)."""
@@ -282,6 +286,9 @@ class Config:
                                       or self.distill_average != 1):
             return ("--distill_data, --distill_beam and --distill_average go with "
                     "--distill_from (the teachers)")
+        if self.distill_from and not self.teachers():
+            return "--distill_from names no model: give model folders or checkpoint files, " \
+                   "comma-separated"
         if self.distill_beam < 1 or self.distill_average < 1:
             return "--distill_beam and --distill_average must be at least 1"
         if not 0 <= self.bpe_dropout < 1:

@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -344,40 +345,122 @@ def load_corpus(config: Config, wanted=SPLITS):
     return _with_extra(config, splits, wanted) if config.extra_data_dir else splits
 
 
-def distilled_folder(config: Config) -> Path:
-    """Where a run keeps its teachers' translations of the training split (--distill_from;
-    made by nmt/distill.py): train.src, train.tgt and meta.json (what made them)."""
-    return Path(config.model_folder) / "distilled"
+class DistilledTargets:
+    """<model_folder>/distilled: the teachers' translations of the training split's sources
+    (sequence-level distillation, --distill_from), one line each in the split's order. This
+    class owns the format: nmt/distill.py writes through it, load_corpus reads through it.
+
+        parts/NNNNN.tgt   a chunk of translations, each file written whole (a temporary
+                          file renamed), under parts/plan.json (the key of what makes them)
+        train.tgt         all of them, joined in order once every chunk is done
+        meta.json         what made them (key, teachers, settings, sentences, seconds); written
+                          last: its presence means train.tgt is complete
+
+    A translation stopped at any point keeps its finished chunks and goes on from them when
+    started again with the same key; another key starts afresh. Under torchrun each rank
+    translates its own chunks (i, i + world, ...)."""
+
+    def __init__(self, model_folder):
+        self.folder = Path(model_folder) / "distilled"
+        self.parts = self.folder / "parts"
+
+    def meta(self):
+        """The meta.json of complete translations, or None."""
+        try:
+            return json.loads((self.folder / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def sources_key(train) -> str:
+        """What identifies the sources translated: the digest of the split's source column."""
+        return lines_digest(train, "src")
+
+    def begin(self, key: str) -> int:
+        """Readies parts/ for translations made under `key` (the chunks of another key go);
+        returns the number of chunks already done."""
+        try:
+            plan = json.loads((self.parts / "plan.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            plan = None
+        if plan is None or plan.get("key") != key:
+            shutil.rmtree(self.parts, ignore_errors=True)
+            self.parts.mkdir(parents=True)
+            _write_atomic(self.parts / "plan.json", json.dumps({"key": key}))
+        return len(list(self.parts.glob("*.tgt")))
+
+    def done(self, chunk: int) -> bool:
+        return (self.parts / f"{chunk:05d}.tgt").is_file()
+
+    def write_chunk(self, chunk: int, lines: list):
+        _write_atomic(self.parts / f"{chunk:05d}.tgt", "".join(t + "\n" for t in lines))
+
+    def finish(self, chunks: int, meta: dict):
+        """Joins the `chunks` parts in order into train.tgt, then writes meta.json (the mark of
+        completion) and removes the parts."""
+        missing = [c for c in range(chunks) if not self.done(c)]
+        if missing:
+            raise DataError(f"{self.parts}: chunk(s) {', '.join(map(str, missing[:5]))} of the "
+                            f"teachers' translations are missing; the same command makes them")
+        tmp = self.folder / ".train.tgt.tmp"
+        with open(tmp, "wb") as out:
+            for c in range(chunks):
+                with open(self.parts / f"{c:05d}.tgt", "rb") as part:
+                    shutil.copyfileobj(part, out)
+        os.replace(tmp, self.folder / "train.tgt")
+        _write_atomic(self.folder / "meta.json", json.dumps(meta, indent=1))
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+    def pairs(self, train, chunk: int = 100_000):
+        """The training pairs: the split's own sources with the teachers' translations, read
+        `chunk` lines at a time (no Python list of a whole WMT-size split); a pair whose
+        translation is empty is dropped, counted."""
+        meta, path = self.meta() or {}, self.folder / "train.tgt"
+        if meta.get("sources") != self.sources_key(train):
+            raise DataError(f"{self.folder} translates other sources than this run's training "
+                            f"split (another corpus, --seed or --val_fraction): train.py "
+                            f"translates them again when it starts")
+        tables, dropped = [], 0
+        try:
+            with open(path, "rb") as f:
+                n = 0
+                for batch in train.select_columns(["src"]).iter(batch_size=chunk):
+                    lines = list(itertools.islice(f, len(batch["src"])))
+                    if len(lines) < len(batch["src"]):
+                        raise DataError(f"{path} has {n + len(lines)} lines for {len(train)} "
+                                        f"sources; delete {self.folder} to translate again")
+                    table, d = _non_empty_pairs(batch["src"],
+                                                decode_lines(b"".join(lines), path, n + 1))
+                    tables.append(table)
+                    dropped, n = dropped + d, n + len(lines)
+        except OSError as e:
+            raise DataError(f"cannot read {path}: {e.strerror}") from None
+        return _to_dataset(tables, dropped, f"{path.name} (the teachers' translations)")
 
 
-def distilled_meta(config: Config):
-    """The meta.json of the run's distilled translations (nmt/distill.py), or None."""
-    try:
-        return json.loads((distilled_folder(config) / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+def _write_atomic(path: Path, text: str):
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _with_distilled(config: Config, splits: dict, wanted):
     """Sequence-level knowledge distillation (--distill_from): the training split's targets
-    are the teachers' translations of its sources, kept in distilled_folder by nmt/distill.py
-    (which train.py runs first), alone or after the corpus's own pairs (--distill_data both).
+    are the teachers' translations of its sources (DistilledTargets, made by nmt/distill.py
+    when train.py starts), alone or after the corpus's own pairs (--distill_data both).
     The fingerprint covers the teachers and the mode; splits["real"] keeps the corpus's own
     pairs (the tokenizers train on those), splits["distilled"] what made the translations."""
     from datasets import concatenate_datasets
-    meta, folder = distilled_meta(config), distilled_folder(config)
+    targets = DistilledTargets(config.model_folder)
+    meta = targets.meta()
     if meta is None:
-        raise DataError(f"{folder} holds no teachers' translations for --distill_from: train.py "
-                        f"makes them when it starts")
+        raise DataError(f"{targets.folder} holds no teachers' translations for --distill_from: "
+                        f"train.py makes them when it starts")
     splits["fingerprint"] = digest([splits["fingerprint"], meta["key"], config.distill_data])
     splits["distilled"] = {k: meta[k] for k in ("teachers", "beam", "average", "sentences")}
     if "train" not in wanted:
         return splits
-    distilled = _aligned_dataset(folder / "train.src", folder / "train.tgt")
-    if meta.get("sources") != lines_digest(splits["train"], "src"):
-        raise DataError(f"{folder} translates other sources than this run's training split "
-                        f"(another corpus, --seed or --val_fraction): train.py translates "
-                        f"them again when it starts")
+    distilled = targets.pairs(splits["train"])
     splits["real"] = splits["train"]
     splits["train"] = (distilled if config.distill_data == "distilled"
                        else concatenate_datasets([splits["train"], distilled]))
@@ -385,6 +468,13 @@ def _with_distilled(config: Config, splits: dict, wanted):
          + (f", after the corpus's own {len(splits['real'])}" if config.distill_data == "both"
             else ", in place of the corpus's references"))
     return splits
+
+
+def own_corpus(config: Config) -> Config:
+    """The config reading the corpus alone: no teachers' translations, no extra pairs (the
+    validation and test splits, what teachers must have been trained on)."""
+    return dataclasses.replace(config, distill_from="", extra_data_dir="", extra_tag="",
+                               upsample=1)
 
 
 def _with_extra(config: Config, splits: dict, wanted):

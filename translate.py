@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 from config import Config, UserError, add_locating_arguments, checkpoint_config, fields_where
-from corpus import column, decode_lines, load_corpus
+from corpus import column, decode_lines, load_corpus, own_corpus
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, save_attention_map
@@ -47,8 +47,9 @@ def read_lines(path_or_stdin):
 def validation_example(config: Config, tokenizer_src, tokenizer_tgt, index: int):
     """(source, reference) of example `index` of the validation split training validated on:
     the corpus's own, or the one held out of train with the checkpoint's --seed and
-    --val_fraction, less the pairs longer than seq_len (as training dropped them)."""
-    val = load_corpus(config)["validation"]
+    --val_fraction, less the pairs longer than seq_len (as training dropped them). Never the
+    teachers' translations of a distilled run, nor extra pairs: validation is the corpus's."""
+    val = load_corpus(own_corpus(config), wanted=("train", "validation"))["validation"]
     val = to_bilingual(column(val, "src"), column(val, "tgt"), tokenizer_src, tokenizer_tgt,
                        config.seq_len, "validation")
     if not 0 <= index < len(val):

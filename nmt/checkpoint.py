@@ -40,6 +40,7 @@ that made it the best.
 """
 
 import dataclasses
+import hashlib
 import os
 import pickle
 import re
@@ -333,7 +334,7 @@ def average_checkpoints(paths):
     return {**keep, "model_state_dict": averaged}
 
 
-def load_averaged(config: Config, path: Path, average: int):
+def load_averaged(config: Config, path: Path, average: int, flag: str = "--average"):
     """(state, paths): the state of `path`, or with average > 1 the mean of the newest
     `average` per-epoch checkpoints up to the step `path` holds (mid-epoch files never take
     part: they are not the end of an epoch, and they overlap the per-epoch ones). A best
@@ -349,6 +350,18 @@ def load_averaged(config: Config, path: Path, average: int):
         paths.pop()  # the end of the best's epoch: trained past it
     paths = paths[-average:]
     if len(paths) < average:
-        raise CheckpointError(f"--average {average}: only {len(paths)} per-epoch "
+        raise CheckpointError(f"{flag} {average}: only {len(paths)} per-epoch "
                               f"checkpoint(s) up to {path.name} in {path.parent}")
     return average_checkpoints(paths), paths
+
+
+def weights_digest(state: dict) -> str:
+    """What identifies a checkpoint's weights: the SHA-256 of its tensors' names, types,
+    shapes and bytes (not of its file, which other keys, an optimizer state dropped or
+    another save format change)."""
+    sha = hashlib.sha256()
+    for name, tensor in sorted(state["model_state_dict"].items()):
+        tensor = tensor.detach().cpu().contiguous()
+        sha.update(f"{name} {tensor.dtype} {tuple(tensor.shape)};".encode())
+        sha.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return sha.hexdigest()[:32]

@@ -1,44 +1,44 @@
 """Sequence-level knowledge distillation (Kim and Rush, 2016): the teachers (one model, or
 several as one ensemble) translate the training split's sources once with beam search, and the
 student trains on their translations, alone or beside the corpus's own references
-(--distill_data). train.py calls `distil` before it loads the data; corpus.py then reads the
-translations in place of (or beside) the references.
+(--distill_data). train.py plans the translation before it loads the data
+(`plan_translation`: the teachers checked, what is left to translate), every process translates
+its share (`translate_share`), and rank 0 joins the parts (`finish`); corpus.py then reads the
+translations in place of (or beside) the references. `distil` does the three in one process.
 
     python train.py --preset multi30k_modern --data_dir data/multi30k \\
         --distill_from weights/teacher_a,weights/teacher_b --distill_average 5 \\
         --model_folder weights/student
 
-The translations are kept in <model_folder>/distilled/ (train.src, train.tgt, meta.json) with
-what made them: the teachers' checkpoint files (by content), beam, averaging and the sources. A
-later start (a resume, a run stopped while translating and started again) finds them and does
-not translate again; other teachers, settings or sources translate afresh. Under torchrun rank 0
-translates alone while the others wait (nmt.runtime.WAIT_TIMEOUT, two hours): distil a large
-corpus in a single process first (the same command, stopped once training begins) and start
-torchrun on the same --model_folder after.
+The translations are kept in <model_folder>/distilled/ (corpus.DistilledTargets: the format,
+its parts and its meta.json) under a key: the teachers' weights (each the average it translates
+with; the order they are named in does not matter), beam, averaging, length penalty and the
+sources. They are made in chunks, each kept as it is done: a run stopped while translating goes
+on from its last finished chunk when started again. A later start with the same key does not
+translate again; other teachers, weights, settings or sources translate afresh. Under torchrun
+every process translates its own chunks.
 """
 
 import dataclasses
-import json
-import os
-import shutil
+import math
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
 from config import Config
-from corpus import (column, corpus_source, digest, distilled_folder, distilled_meta, file_digest,
-                    lines_digest, load_corpus, note)
-from nmt.checkpoint import CheckpointError, load_checkpoint, resolve_preload
-from nmt.decoding import clean, translate
-from nmt.trained_model import load_ensemble, load_translator
+from corpus import (DistilledTargets, column, corpus_source, digest, load_corpus, note,
+                    own_corpus)
+from nmt.checkpoint import (CheckpointError, load_averaged, load_checkpoint, resolve_preload,
+                            weights_digest)
+from nmt.decoding import translate
+from nmt.runtime import sum_over_ranks
+from nmt.trained_model import check_languages, load_ensemble, load_translator
 
 ALPHA = 0.6  # the teachers' length penalty (translate.py's default)
-
-
-def teachers(config: Config) -> list:
-    """--distill_from's models, in the order given."""
-    return [t for t in config.distill_from.split(",") if t]
+CHUNK = 2048  # sentences a part at most: what a stop loses at most, per process
+PARTS = 16  # parts at least (a small corpus too is shared out between processes)
+FLAGS = {"ensemble": "--distill_from", "average": "--distill_average"}  # (load_ensemble's words)
 
 
 def teacher_checkpoint(teacher: str) -> Path:
@@ -54,67 +54,138 @@ def teacher_checkpoint(teacher: str) -> Path:
     raise CheckpointError(f"--distill_from {teacher}: no such model folder or checkpoint file")
 
 
-def check_teacher(teacher: str, state: dict, config: Config, source: str):
+def check_teacher(teacher: str, state: dict, config: Config, corpus: dict):
     """A teacher must translate the student's language pair, and have been trained on the
-    student's corpus (its checkpoint records where the corpus came from): one line, else."""
+    student's corpus: the same text (its checkpoint records the corpus's fingerprint, which
+    reads the files' contents, wherever they lie), and, where validation is held out of the
+    training split, the same held-out pairs (else the teacher trained on the student's
+    validation). One line, else."""
     saved = Config.from_dict(state["config"])
-    if (saved.lang_src, saved.lang_tgt) != (config.lang_src, config.lang_tgt):
+    check_languages(f"--distill_from {teacher}", saved, "the student", config,
+                    "a teacher must translate the student's language pair")
+    recorded = state.get("corpus") or {}
+    if recorded.get("version", 1) < 2 and recorded.get("source") == corpus["source"]:
+        note(f"--distill_from {teacher} records its corpus by the files' times (an earlier "
+             f"version): the same folder, its text not checked")
+    elif recorded.get("fingerprint") != corpus["fingerprint"]:
+        trained_on = recorded.get("source") or "a corpus it does not record"
         raise CheckpointError(
-            f"--distill_from {teacher} translates {saved.lang_src}->{saved.lang_tgt}, not "
-            f"{config.lang_src}->{config.lang_tgt}: a teacher must translate the student's "
-            f"language pair")
-    trained_on = (state.get("corpus") or {}).get("source") or "a corpus it does not record"
-    if trained_on != source:
-        raise CheckpointError(
-            f"--distill_from {teacher} was trained on {trained_on}, not this run's corpus "
-            f"{source}: a teacher must be trained on the student's corpus")
+            f"--distill_from {teacher} was trained on {trained_on}, whose text is not this "
+            f"run's corpus {corpus['source']}: a teacher must be trained on the student's corpus")
+    if corpus["held_out"]:
+        for name in ("seed", "val_fraction"):
+            if getattr(saved, name) != getattr(config, name):
+                raise CheckpointError(
+                    f"--distill_from {teacher} held its validation pairs out of the training "
+                    f"split with --{name} {getattr(saved, name)}, this run with "
+                    f"{getattr(config, name)}: it trained on the student's validation pairs; "
+                    f"give the student --{name} {getattr(saved, name)}")
+
+
+def describe(teacher: str, config: Config, corpus: dict) -> dict:
+    """A teacher checked, with the checkpoint it translates with and the digest of the weights
+    it translates with (the average of its newest --distill_average checkpoints)."""
+    path = teacher_checkpoint(teacher)
+    check_teacher(teacher, load_checkpoint(path, mmap=True), config, corpus)
+    folder = dataclasses.replace(Config(), model_folder=str(path.parent))
+    state, paths = load_averaged(folder, path, config.distill_average, FLAGS["average"])
+    return {"teacher": teacher, "checkpoint": str(path.resolve()),
+            "averaged": [p.name for p in paths], "weights": weights_digest(state)}
+
+
+def plan_translation(config: Config, resumed: bool = False):
+    """What this run must translate (rank 0, before any data is prepared): None with no
+    --distill_from, for a resumed run that has its translations (it keeps what it trained on,
+    whatever its teachers' folders hold now), and where the translations of these teachers,
+    settings and sources are already there; else the plan every process translates its share
+    of, with parts/ readied for it (the parts of an earlier start kept). Checks the teachers
+    first (one line and exit 2 for a bad one), and writes nothing before."""
+    targets = DistilledTargets(config.model_folder)
+    meta = targets.meta()
+    if not config.distill_from or (resumed and meta):
+        return None
+    splits = load_corpus(own_corpus(config), wanted=("train", "validation"))
+    corpus = {"source": corpus_source(config), "fingerprint": splits["fingerprint"],
+              "held_out": bool(splits.get("held_out"))}
+    described = sorted((describe(t, config, corpus) for t in config.teachers()),
+                       key=lambda t: t["weights"])  # one ensemble, however ordered
+    sources = targets.sources_key(splits["train"])
+    key = digest([[t["weights"] for t in described], config.distill_beam,
+                  config.distill_average, ALPHA, sources])
+    if meta and meta.get("key") == key:
+        note(f"the teachers' translations of {meta['sentences']:,} training sources are in "
+             f"{targets.folder}: not translating again")
+        return None
+    if meta:
+        note(f"{targets.folder} holds translations by other teachers, weights, settings or "
+             f"sources: translating again")
+    sentences = len(splits["train"])
+    chunk = min(CHUNK, math.ceil(sentences / PARTS))
+    chunks = math.ceil(sentences / chunk)
+    found = targets.begin(f"{key}/{chunk}")  # parts/ ready for every process
+    if found:
+        note(f"{found} of {chunks} chunks of the teachers' translations are done "
+             f"({targets.parts}): going on from them")
+    return {"key": key, "teachers": described, "beam": config.distill_beam,
+            "average": config.distill_average, "alpha": ALPHA, "sentences": sentences,
+            "sources": sources, "chunk": chunk, "chunks": chunks, "started": time.time()}
+
+
+def translate_share(config: Config, plan: dict, rank: int = 0, world: int = 1):
+    """This process's chunks of the plan (i, i + world, ...) not yet done, each written as it
+    ends; then, once every process is done, rank 0 joins them (`finish`). A stop (Ctrl-C)
+    keeps the chunks done."""
+    if plan is None:
+        return
+    targets = DistilledTargets(config.model_folder)
+    mine = [c for c in range(rank, plan["chunks"], world) if not targets.done(c)]
+    if mine:
+        translate_chunks(config, plan, targets, mine)
+    sum_over_ranks(0)  # every chunk is written
+    if rank == 0:
+        finish(plan, targets)
+
+
+def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chunks: list):
+    train = load_corpus(own_corpus(config), wanted=("train", "validation"))["train"]
+    model, teacher_config, tokenizer_src, tokenizer_tgt = load_teachers(config, plan["teachers"])
+    size = plan["chunk"]
+    todo = sum(min(size, plan["sentences"] - c * size) for c in chunks)
+    bar = tqdm(total=todo, desc=f"teachers translating (beam {plan['beam']})",
+               unit=" sentences", dynamic_ncols=True, mininterval=1.0)
+    finished = 0
+    try:
+        for c in chunks:
+            part = train.select(range(c * size, min((c + 1) * size, plan["sentences"])))
+            outputs = translate(model, teacher_config, tokenizer_src, tokenizer_tgt,
+                                column(part, "src"), beam=plan["beam"], alpha=plan["alpha"],
+                                progress=bar.update)
+            targets.write_chunk(c, outputs)
+            finished += 1
+    except KeyboardInterrupt:
+        bar.close()
+        note(f"stopped while translating: {finished} more chunk(s) of {len(chunks)} kept in "
+             f"{targets.parts}; the same command goes on from them")
+        raise
+    bar.close()
+
+
+def finish(plan: dict, targets: DistilledTargets) -> dict:
+    seconds = time.time() - plan["started"]
+    meta = {k: plan[k] for k in ("key", "teachers", "beam", "average", "alpha", "sentences",
+                                 "sources")}
+    meta["seconds"] = round(seconds, 1)  # this start's (a resumed translation: its rest)
+    targets.finish(plan["chunks"], meta)
+    note(f"the teachers translated {plan['sentences']:,} training sources in {seconds:.0f}s "
+         f"({plan['sentences'] / max(seconds, 1e-9):.1f} a second): {targets.folder}")
+    return meta
 
 
 def distil(config: Config, resumed: bool = False):
-    """Makes sure <model_folder>/distilled holds the teachers' translations of this run's
-    training sources (with --distill_from; nothing without): checks the teachers, and
-    translates (with a progress bar) unless the folder already holds the translations of these
-    teachers, settings and sources. A resumed run keeps the translations it trained on, whatever
-    its teachers' folders hold now (a new checkpoint there would change the key, and then the
-    corpus the resume is checked against)."""
-    if not config.distill_from or (resumed and distilled_meta(config)):
-        return distilled_meta(config)
-    names = teachers(config)
-    base = dataclasses.replace(config, distill_from="", extra_data_dir="", extra_tag="",
-                               upsample=1)
-    splits = load_corpus(base, wanted=("train", "validation"))  # validation: a held-out split
-    source, sources_key = corpus_source(config), lines_digest(splits["train"], "src")
-    described = []
-    for name, path in ((n, teacher_checkpoint(n)) for n in names):
-        check_teacher(name, load_checkpoint(path, mmap=True), config, source)
-        described.append({"teacher": name, "checkpoint": str(path.resolve()),
-                          "digest": file_digest(path)})
-    key = digest([[t["digest"] for t in described], config.distill_beam,
-                  config.distill_average, ALPHA, sources_key])
-    folder, meta = distilled_folder(config), distilled_meta(config)
-    if meta and meta.get("key") == key and (folder / "train.tgt").is_file():
-        note(f"the teachers' translations of {meta['sentences']:,} training sources are in "
-             f"{folder}: not translating again")
-        return meta
-    if meta:
-        note(f"{folder} holds translations by other teachers, settings or sources: "
-             f"translating again")
-    sentences = [clean(s) for s in column(splits["train"], "src")]
-    started = time.time()
-    model, teacher_config, tokenizer_src, tokenizer_tgt = load_teachers(config, described)
-    bar = tqdm(total=len(sentences), desc=f"teachers translating (beam {config.distill_beam})",
-               unit=" sentences", dynamic_ncols=True, mininterval=1.0)
-    outputs = translate(model, teacher_config, tokenizer_src, tokenizer_tgt, sentences,
-                        beam=config.distill_beam, alpha=ALPHA, progress=bar.update)
-    bar.close()
-    seconds = time.time() - started
-    meta = {"key": key, "teachers": described, "beam": config.distill_beam,
-            "average": config.distill_average, "alpha": ALPHA, "sentences": len(sentences),
-            "sources": sources_key, "seconds": round(seconds, 1)}
-    write_folder(folder, sentences, outputs, meta)
-    note(f"the teachers translated {len(sentences):,} training sources in {seconds:.0f}s "
-         f"({len(sentences) / max(seconds, 1e-9):.1f} a second): {folder}")
-    return meta
+    """In one process: the plan, its translation, the parts joined; returns the meta.json of
+    the translations the run trains on (None without --distill_from)."""
+    translate_share(config, plan_translation(config, resumed))
+    return DistilledTargets(config.model_folder).meta() if config.distill_from else None
 
 
 def load_teachers(config: Config, described: list):
@@ -124,18 +195,6 @@ def load_teachers(config: Config, described: list):
     given = {"device", "threads"}
     checkpoints = [t["checkpoint"] for t in described]
     if len(checkpoints) == 1:
-        return load_translator(loading, given, checkpoints[0], config.distill_average)
-    return load_ensemble(loading, given, checkpoints, config.distill_average)
-
-
-def write_folder(folder: Path, sources: list, outputs: list, meta: dict):
-    """The translations and their meta.json, into a temporary folder that replaces `folder`
-    only when complete: a run stopped while writing leaves the old folder, or none."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / "train.src").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
-    (tmp / "train.tgt").write_text("".join(t + "\n" for t in outputs), encoding="utf-8")
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+        return load_translator(loading, given, checkpoints[0], config.distill_average,
+                               FLAGS["average"])
+    return load_ensemble(loading, given, checkpoints, config.distill_average, FLAGS)

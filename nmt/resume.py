@@ -28,6 +28,8 @@ from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
 
 # The settings that fix the order of an epoch's batches: a mid-epoch checkpoint needs them.
 BATCH_ORDER_FIELDS = ("max_tokens", "batch_size", "seed", "accum_steps")
+# The settings of sequence-level distillation: what a run trains on, fixed when it starts.
+DISTILL_FIELDS = ("distill_from", "distill_data", "distill_beam", "distill_average")
 # What a flag given on the command line may change in a checkpoint's config: all but the model.
 NOT_THE_MODEL = frozenset(f.name for f in dataclasses.fields(Config)) - fields_where(group="model")
 
@@ -76,6 +78,7 @@ def resume_state(config: Config, given: set, world_size: int = 1):
             f"a newer one (--preload latest), or translate with this one")
     saved = Config.from_dict(state["config"])
     merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
+    check_distillation(saved, merged, path)
     if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
         for name in BATCH_ORDER_FIELDS:
             if getattr(saved, name) != getattr(merged, name):
@@ -94,6 +97,25 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     if problem:
         raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
     return (path, state), merged
+
+
+def check_distillation(saved: Config, merged: Config, path: Path):
+    """A run's training pairs are fixed when it starts: a resume that adds, drops or changes
+    the teachers (in any order) or their settings would train on other pairs than the
+    checkpoint's, and record flags that did not make the model. Refused before any work,
+    naming the flag."""
+    for name in DISTILL_FIELDS:
+        before, after = getattr(saved, name), getattr(merged, name)
+        if name == "distill_from":
+            before, after = ",".join(saved.teachers()) or "none", sorted(merged.teachers())
+            if sorted(saved.teachers()) == after:
+                continue
+        elif before == after:
+            continue
+        raise CheckpointError(
+            f"{path} was trained with --{name} {before} (a run's training pairs are fixed when "
+            f"it starts): resume without --{name}, or train a new run into another "
+            f"--model_folder")
 
 
 def check_corpus(state: dict, path: Path, corpus: dict):

@@ -1,103 +1,294 @@
-"""nmt/distill.py and train.py --distill_from: sequence-level knowledge distillation on tiny
-data (two tiny teachers, a student trained on their translations, a second start that does not
-translate again, mismatched teachers refused)."""
+"""nmt/distill.py, corpus.DistilledTargets and train.py --distill_from: sequence-level knowledge
+distillation with teachers that translate (tiny models trained until they get most number words
+right), so that a student's targets can be held line by line to what the teachers output: the
+order, the content and the settings each show."""
 
 import dataclasses
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from config import Config
-from conftest import TINY, make_corpus, number_pairs, run_here, write_aligned
+from conftest import ROOT, TINY, make_corpus, number_pairs, run_here, write_aligned
 from nmt.checkpoint import load_checkpoint
+
+# Teachers that learn the number words: 160 pairs, 16 epochs (13 s on a busy core).
+TEACHER = [*TINY, "--warmup", "16", "--lr", "5e-3"]
 
 
 @pytest.fixture(scope="module")
 def teachers(tmp_path_factory):
-    """A folder with a tiny corpus and two tiny teachers trained on it (seeds 1 and 2)."""
+    """A folder with a tiny corpus (with a test set) and two teachers trained on it: t1 from
+    scratch, t2 from t1 with another seed for 2 epochs (other weights, as good)."""
     home = tmp_path_factory.mktemp("distil")
-    make_corpus(home / "corpus", n=48)
-    for seed in (1, 2):
-        result = run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
-                          "--seed", seed, "--model_folder", f"weights/t{seed}",
-                          "--experiment_name", f"runs/t{seed}", cwd=home)
+    make_corpus(home / "corpus", n=160)
+    write_aligned(home / "corpus", "test", number_pairs(6, seed=9))
+    for folder, flags in (("t1", ["--num_epochs", "16", "--seed", "1"]),
+                          ("t2", ["--num_epochs", "2", "--seed", "2",
+                                  "--init_from", "weights/t1"])):
+        result = run_here("train.py", "--data_dir", "corpus", *TEACHER, *flags,
+                          "--model_folder", f"weights/{folder}", "--experiment_name",
+                          f"runs/{folder}", cwd=home)
         assert result.returncode == 0, result.stderr.decode()[-2000:]
     return home
 
 
-def student(home, *flags, folder="weights/student"):
-    return run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "1",
+def student(home, *flags, folder="weights/student", epochs="1"):
+    return run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", epochs,
                     "--model_folder", folder, "--experiment_name", "runs/student", *flags,
                     cwd=home)
 
 
+def ensemble_output(home, *flags, source="corpus/train.en"):
+    result = run_here("translate.py", *flags, "--input", source, cwd=home)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    return result.stdout.decode().splitlines()
+
+
+def lines(path):
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def prepared_pairs(home, folder):
+    """The (source, target) texts a run's prepared training data decode to."""
+    from dataset import load_prepared
+    from tokenizer import load_tokenizer
+    meta = json.loads((home / folder / "prepared/meta.json").read_text())
+    train, _, _ = load_prepared(home / folder / "prepared", meta["key"])
+    src = load_tokenizer(home / folder / "tokenizer_en.json", "bpe")
+    tgt = load_tokenizer(home / folder / "tokenizer_it.json", "bpe")
+    return sorted((src.decode(list(map(int, train.src_ids[i]))).strip(),
+                   tgt.decode(list(map(int, train.tgt_ids[i]))).strip())
+                  for i in range(len(train)))
+
+
+def distil_config(home, **changes):
+    return dataclasses.replace(Config(), **{
+        "data_dir": str(home / "corpus"), "seq_len": 24, "distill_from": f"{home}/weights/t1",
+        "distill_beam": 2, **changes})
+
+
+def test_the_teachers_translate(teachers):
+    """The tests below can see order and content only if the teachers translate: most of
+    their outputs are distinct, and many are right."""
+    out = ensemble_output(teachers, "--model_folder", "weights/t1")
+    reference = lines(teachers / "corpus/train.it")
+    assert len(set(out)) > 100 and sum(a == b for a, b in zip(out, reference)) > 20
+
+
 def test_student_trains_on_the_ensembles_translations(teachers):
     home = teachers
-    result = student(home, "--distill_from", "weights/t1,weights/t2", "--distill_beam", "2")
+    result = student(home, "--distill_from", "weights/t1, weights/t2", "--distill_beam", "2",
+                     epochs="2")  # (a space after the comma: names are trimmed)
     err = result.stderr.decode()
     assert result.returncode == 0, err[-2000:]
     assert "teachers translating (beam 2)" in err  # the progress bar
-    assert "training pairs: 48 translated by the teachers" in err
-    folder = home / "weights/student/distilled"
-    targets = (folder / "train.tgt").read_text(encoding="utf-8").splitlines()
-    assert len(targets) == 48
-    # the targets are the two teachers' translations as one ensemble, as translate.py makes them
-    ensemble = run_here("translate.py", "--ensemble", "weights/t1,weights/t2", "--beam", "2",
-                        "--input", "corpus/train.en", cwd=home)
-    assert ensemble.returncode == 0, ensemble.stderr.decode()[-2000:]
-    assert ensemble.stdout.decode().splitlines() == targets
-    # ... and they are what the student trained on: its prepared targets decode to them
-    from dataset import load_prepared
-    from tokenizer import load_tokenizer
-    meta = json.loads((home / "weights/student/prepared/meta.json").read_text())
-    train, _, _ = load_prepared(home / "weights/student/prepared", meta["key"])
-    tok = load_tokenizer(home / "weights/student/tokenizer_it.json", "bpe")
-    trained_on = sorted(tok.decode(list(map(int, train.tgt_ids[i]))).strip()
-                        for i in range(len(train)))
-    assert trained_on == sorted(targets)
+    assert "training pairs: 160 translated by the teachers" in err
+    targets = lines(home / "weights/student/distilled/train.tgt")
+    # line by line what translate.py --ensemble makes of the training sources
+    assert targets == ensemble_output(home, "--ensemble", "weights/t1,weights/t2", "--beam", "2")
+    # ... and the student trained on each source with its own translation (not shifted)
+    sources = lines(home / "corpus/train.en")
+    assert prepared_pairs(home, "weights/student") == sorted(zip(sources, targets))
+    # its tokenizers are the corpus's (as the teachers', trained on the same text), not ones
+    # trained on the translations
+    for name in ("tokenizer_en.json", "tokenizer_it.json"):
+        assert (home / "weights/student" / name).read_bytes() == \
+            (home / "weights/t1" / name).read_bytes()
+    # validation and test stay the corpus's references
+    import dataset
+    data = dataset.get_ds(dataclasses.replace(
+        Config(), data_dir=str(home / "corpus"), model_folder=str(home / "weights/student"),
+        seq_len=24, vocab_size=300, distill_from="weights/t1,weights/t2", distill_beam=2))
+    assert data.validation.tgt_texts == lines(home / "corpus/val.it")
+    assert data.test["test"][1] == lines(home / "corpus/test.it")
     # the checkpoint and the model card record the teachers
     state = load_checkpoint(home / "weights/student/tmodel_00.pt")
     recorded = state["corpus"]["distilled"]
-    assert [t["teacher"] for t in recorded["teachers"]] == ["weights/t1", "weights/t2"]
+    assert sorted(t["teacher"] for t in recorded["teachers"]) == ["weights/t1", "weights/t2"]
     assert recorded["beam"] == 2
     card = (home / "weights/student/MODEL_CARD.md").read_text(encoding="utf-8")
     assert "knowledge distillation" in card and "`weights/t1`" in card and "`weights/t2`" in card
-
-    # a second start (a resume for one more epoch) does not translate again
-    again = student(home, "--num_epochs", "2")
-    err = again.stderr.decode()
-    assert again.returncode == 0, err[-2000:]
-    assert "teachers translating" not in err
-    assert load_checkpoint(home / "weights/student/tmodel_01.pt")["corpus"] == state["corpus"]
-
-
-def test_distil_translates_once_per_teachers_and_settings(teachers, capsys, monkeypatch):
-    from nmt import distill
-    monkeypatch.chdir(teachers)
-    config = dataclasses.replace(Config(), data_dir="corpus", model_folder="weights/once",
-                                 seq_len=24, distill_from="weights/t1", distill_beam=1)
-    first = distill.distil(config)
-    assert "teachers translated 48 training sources" in capsys.readouterr().err
-    assert distill.distil(config) == first  # found: not translated again
-    assert "not translating again" in capsys.readouterr().err
-    for other in (dict(distill_beam=2), dict(distill_from="weights/t1,weights/t2")):
-        changed = distill.distil(dataclasses.replace(config, **other))
-        assert changed["key"] != first["key"]
-        assert "translating again" in capsys.readouterr().err
-    # new translations of the same sources, from the other settings
-    meta = json.loads((teachers / "weights/once/distilled/meta.json").read_text())
-    assert [t["teacher"] for t in meta["teachers"]] == ["weights/t1", "weights/t2"]
+    # translate.py --example reads validation, not the teachers' translations it no longer needs
+    shutil.rmtree(home / "weights/student/distilled")
+    example = run_here("translate.py", "--model_folder", "weights/student", "--example", "3",
+                       cwd=home)
+    assert example.returncode == 0, example.stderr.decode()[-2000:]
+    assert lines(home / "corpus/val.en")[3] in example.stdout.decode()
 
 
 def test_both_keeps_the_references_beside_the_translations(teachers):
-    result = student(teachers, "--distill_from", "weights/t1", "--distill_data", "both",
+    home = teachers
+    result = student(home, "--distill_from", "weights/t1", "--distill_data", "both",
                      "--distill_beam", "1", folder="weights/both")
     err = result.stderr.decode()
     assert result.returncode == 0, err[-2000:]
-    assert "48 translated by the teachers (--distill_from), after the corpus's own 48" in err
-    meta = json.loads((teachers / "weights/both/prepared/meta.json").read_text())
-    assert meta["pairs"] == 96  # (some of the tiny teachers' outputs outgrow seq_len: dropped)
+    assert "160 translated by the teachers (--distill_from), after the corpus's own 160" in err
+    sources = lines(home / "corpus/train.en")
+    translated = ensemble_output(home, "--model_folder", "weights/t1")
+    own = list(zip(sources, lines(home / "corpus/train.it")))
+    assert prepared_pairs(home, "weights/both") == sorted(own + list(zip(sources, translated)))
+
+
+def test_averaging_translates_with_the_averaged_weights(teachers):
+    """--distill_average N: each teacher is the mean of its newest N epochs, as translate.py
+    --average N loads it (and that translates otherwise than the newest alone)."""
+    from nmt import distill
+    home = teachers
+    config = distil_config(home, model_folder=str(home / "weights/avg"), distill_average=3)
+    meta = distill.distil(config)
+    assert meta["average"] == 3 and meta["teachers"][0]["averaged"] == [
+        "tmodel_13.pt", "tmodel_14.pt", "tmodel_15.pt"]
+    averaged = ensemble_output(home, "--model_folder", "weights/t1", "--average", "3",
+                               "--beam", "2")
+    assert lines(home / "weights/avg/distilled/train.tgt") == averaged
+    assert averaged != ensemble_output(home, "--model_folder", "weights/t1", "--beam", "2")
+
+
+def test_the_key_is_the_weights_not_the_files(teachers, tmp_path, capsys):
+    """The same weights translate once: a copy of the teacher elsewhere, a checkpoint file
+    named in place of its folder, the file saved again without its optimizer state, the
+    teachers of an ensemble in another order. Other weights translate again."""
+    from nmt import distill
+    home = teachers
+    config = distil_config(home, model_folder=str(tmp_path / "w"))
+    first = distill.distil(config)
+    assert "teachers translated 160 training sources" in capsys.readouterr().err
+    copy = tmp_path / "copy"
+    shutil.copytree(home / "weights/t1", copy)
+    state = torch.load(copy / "tmodel_15.pt", weights_only=False)
+    state.pop("optimizer_state_dict")
+    torch.save(state, copy / "tmodel_15.pt")  # another file, the same weights
+    for teacher in (str(copy), str(copy / "tmodel_15.pt")):
+        again = distill.distil(dataclasses.replace(config, distill_from=teacher))
+        assert again["key"] == first["key"]
+        assert "not translating again" in capsys.readouterr().err
+    both = dataclasses.replace(config, distill_from=f"{home}/weights/t1,{home}/weights/t2")
+    made = distill.distil(both)
+    assert made["key"] != first["key"]  # other teachers: translated again
+    assert "translating again" in capsys.readouterr().err
+    reordered = distill.distil(dataclasses.replace(
+        config, distill_from=f"{home}/weights/t2,{home}/weights/t1"))
+    assert reordered["key"] == made["key"]
+    assert "not translating again" in capsys.readouterr().err
+    other = distill.distil(dataclasses.replace(config, distill_from=f"{home}/weights/t1/"
+                                                                    f"tmodel_14.pt"))
+    assert other["key"] != first["key"]  # an earlier epoch: other weights
+
+
+def test_a_stopped_translation_goes_on_where_it_stopped(teachers, tmp_path, monkeypatch,
+                                                        capsys):
+    """Chunks are kept as they are done: a stop (Ctrl-C) in the third of four keeps two, the
+    next start translates the other two only, and the whole equals an unbroken run's."""
+    from nmt import distill
+    home = teachers
+    monkeypatch.setattr(distill, "PARTS", 4)  # 4 parts of 40
+    whole = distil_config(home, model_folder=str(tmp_path / "whole"))
+    distill.distil(whole)
+    config = dataclasses.replace(whole, model_folder=str(tmp_path / "stopped"))
+    real, calls = distill.translate, []
+
+    def stopping(*args, **kw):
+        calls.append(len(args[4]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(distill, "translate", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        distill.distil(config)
+    assert "stopped while translating: 2 more chunk(s) of 4 kept" in capsys.readouterr().err
+    parts = tmp_path / "stopped/distilled/parts"
+    assert sorted(p.name for p in parts.glob("*.tgt")) == ["00000.tgt", "00001.tgt"]
+    assert not (tmp_path / "stopped/distilled/meta.json").exists()  # not complete
+    calls.clear()
+    distill.distil(config)
+    assert calls == [40, 40]  # the two chunks left
+    assert "2 of 4 chunks of the teachers' translations are done" in capsys.readouterr().err
+    assert lines(tmp_path / "stopped/distilled/train.tgt") == \
+        lines(tmp_path / "whole/distilled/train.tgt")
+    assert not parts.exists()
+
+
+def test_translation_is_shared_out_between_processes(teachers, tmp_path, monkeypatch):
+    """Under torchrun each rank translates chunks rank, rank + world, ...; rank 0 joins them
+    when every rank is done: the same lines as one process."""
+    from nmt import distill
+    home = teachers
+    monkeypatch.setattr(distill, "PARTS", 4)  # 4 parts of 40
+    monkeypatch.setattr(distill, "sum_over_ranks", lambda *v: v)  # (the ranks run in turn)
+    config = distil_config(home, model_folder=str(tmp_path / "w"))
+    plan = distill.plan_translation(config)
+    written = {}
+    real = distill.DistilledTargets.write_chunk
+
+    def write(self, chunk, text):
+        written.setdefault(rank, []).append(chunk)
+        return real(self, chunk, text)
+    monkeypatch.setattr(distill.DistilledTargets, "write_chunk", write)
+    for rank in (1, 0):  # rank 0 joins at its end: rank 1 is done by then
+        distill.translate_share(config, plan, rank, 2)
+    assert written == {1: [1, 3], 0: [0, 2]}
+    alone = distil_config(home, model_folder=str(tmp_path / "alone"))
+    distill.distil(alone)
+    assert lines(tmp_path / "w/distilled/train.tgt") == \
+        lines(tmp_path / "alone/distilled/train.tgt")
+
+
+def test_a_copy_of_the_corpus_is_the_corpus(teachers, tmp_path):
+    """Teachers are checked against the corpus's text, not its path: a byte-identical copy
+    elsewhere is accepted, a corpus rewritten at the teachers' path is refused."""
+    from nmt import distill
+    from nmt.checkpoint import CheckpointError
+    home = teachers
+    shutil.copytree(home / "corpus", tmp_path / "corpus")
+    copied = distil_config(tmp_path, model_folder=str(tmp_path / "w"),
+                           distill_from=f"{home}/weights/t1", distill_beam=1)
+    assert distill.plan_translation(copied)["sentences"] == 160
+    (tmp_path / "corpus/train.it").write_text("".join(
+        line.upper() + "\n" for line in lines(home / "corpus/train.it")), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="whose text is not this run's corpus"):
+        distill.plan_translation(copied)
+
+
+def test_a_resume_keeps_its_teachers_and_settings(teachers):
+    """A resume that adds, drops or changes --distill_from, --distill_beam, --distill_data or
+    --distill_average is refused before any work, naming the flag; the same teachers in
+    another order are the same."""
+    home = teachers
+    plain = student(home, folder="weights/plain")
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    added = student(home, "--distill_from", "weights/t1", folder="weights/plain", epochs="2")
+    err = added.stderr.decode()
+    assert added.returncode == 2
+    assert err.strip().splitlines()[-1].endswith(
+        "was trained with --distill_from none (a run's training pairs are fixed when it "
+        "starts): resume without --distill_from, or train a new run into another "
+        "--model_folder")
+    assert "translating" not in err and not (home / "weights/plain/distilled").exists()
+    made = student(home, "--distill_from", "weights/t1,weights/t2", "--distill_beam", "1",
+                   folder="weights/resumed")
+    assert made.returncode == 0, made.stderr.decode()[-2000:]
+    teachers_given = ["--distill_from", "weights/t1,weights/t2"]
+    for flags, name in (([*teachers_given, "--distill_beam", "3"], "distill_beam 1"),
+                        ([*teachers_given, "--distill_data", "both"], "distill_data distilled"),
+                        ([*teachers_given, "--distill_average", "2"], "distill_average 1"),
+                        (["--distill_from", "weights/t1"], "distill_from weights/t1,weights/t2")):
+        changed = student(home, *flags, folder="weights/resumed", epochs="2")
+        assert changed.returncode == 2, flags
+        assert f"was trained with --{name} (a run's" in changed.stderr.decode(), flags
+    alone = student(home, "--distill_beam", "3", folder="weights/resumed", epochs="2")
+    assert alone.returncode == 2 and "--distill_beam" in alone.stderr.decode()
+    card = (home / "weights/resumed/MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "--distill_beam 3" not in card
+    same = student(home, "--distill_from", "weights/t2,weights/t1", folder="weights/resumed",
+                   epochs="2")
+    assert same.returncode == 0, same.stderr.decode()[-2000:]
+    assert "teachers translating" not in same.stderr.decode()
 
 
 def test_mismatched_teachers_are_refused(teachers):
@@ -107,8 +298,8 @@ def test_mismatched_teachers_are_refused(teachers):
                      "en", folder="weights/reverse")
     err = result.stderr.decode().strip().splitlines()
     assert result.returncode == 2
-    assert err[-1].startswith("train.py: error: --distill_from weights/t1 translates en->it, "
-                              "not it->en")
+    assert err[-1] == ("train.py: error: --distill_from weights/t1 translates en->it, the "
+                       "student it->en: a teacher must translate the student's language pair")
     # another corpus
     write_aligned(home / "other", "train", number_pairs(32, seed=9))
     write_aligned(home / "other", "val", number_pairs(8, seed=10))
@@ -117,33 +308,55 @@ def test_mismatched_teachers_are_refused(teachers):
                       cwd=home)
     err = result.stderr.decode().strip().splitlines()
     assert result.returncode == 2
-    assert "was trained on" in err[-1] and "a teacher must be trained on the student's corpus" \
-        in err[-1]
+    assert "a teacher must be trained on the student's corpus" in err[-1]
     # a teacher that does not exist
     result = student(home, "--distill_from", "weights/t1,weights/none", folder="weights/x")
     assert result.returncode == 2
     assert result.stderr.decode().strip().splitlines()[-1] == (
         "train.py: error: --distill_from weights/none: no such model folder or checkpoint file")
-    for refused in ("reverse", "other", "x"):  # nothing left behind by a refused start
+    # more checkpoints to average than the teacher has: the student's flag is named
+    result = student(home, "--distill_from", "weights/t2", "--distill_average", "5",
+                     folder="weights/y")
+    assert result.returncode == 2
+    assert result.stderr.decode().strip().splitlines()[-1].startswith(
+        "train.py: error: --distill_average 5: only 2 per-epoch checkpoint(s)")
+    for refused in ("reverse", "other", "x", "y"):  # nothing left behind by a refused start
         assert not (home / "weights" / refused).exists()
+
+
+def test_held_out_validation_must_be_the_teachers(tmp_path):
+    """Without a validation split, each run holds one out of train by --seed: a teacher that
+    held out others trained on the student's validation pairs."""
+    from nmt.checkpoint import CheckpointError
+    from nmt.distill import check_teacher
+    state = {"config": Config(seed=7).to_dict(), "corpus": {"fingerprint": "f", "version": 2}}
+    corpus = {"source": "/data", "fingerprint": "f", "held_out": True}
+    with pytest.raises(CheckpointError, match="give the student --seed 7"):
+        check_teacher("t", state, Config(seed=42), corpus)
+    check_teacher("t", state, Config(seed=7), corpus)
+    check_teacher("t", state, Config(seed=42), {**corpus, "held_out": False})
 
 
 def test_distill_flags_need_teachers():
     from config import parse_config
     with pytest.raises(SystemExit):
         parse_config(["--distill_beam", "3"])
-    config, _ = parse_config(["--distill_from", "a,b", "--distill_beam", "3"])
-    assert config.distill_beam == 3
+    with pytest.raises(SystemExit):
+        parse_config(["--distill_from", " , "])
+    config, _ = parse_config(["--distill_from", "a, b", "--distill_beam", "3"])
+    assert config.distill_beam == 3 and config.teachers() == ["a", "b"]
 
 
-def test_teacher_check_reads_the_checkpoint(tmp_path):
-    """check_teacher refuses a checkpoint that records no corpus (written before corpora were
-    recorded): which corpus it learned is unknown."""
-    from nmt.checkpoint import CheckpointError
-    from nmt.distill import check_teacher
-    state = {"config": Config(lang_src="en", lang_tgt="it").to_dict()}
-    with pytest.raises(CheckpointError, match="a corpus it does not record"):
-        check_teacher("old", state, Config(lang_src="en", lang_tgt="it"), "/data")
-    state["corpus"] = {"source": "/data"}
-    check_teacher("old", state, Config(lang_src="en", lang_tgt="it"), "/data")
-    torch.manual_seed(0)  # (no state leaks from here)
+def test_two_ranks_translate_and_train(teachers, tmp_path):
+    """torchrun straight away: both processes translate their chunks, then train on them."""
+    home = teachers
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(ROOT / "train.py"), "--data_dir", str(home / "corpus"), *TINY, "--num_epochs", "1",
+         "--distill_from", str(home / "weights/t1"), "--distill_beam", "1",
+         "--model_folder", "w", "--experiment_name", "runs/w"],
+        cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    assert lines(tmp_path / "w/distilled/train.tgt") == \
+        ensemble_output(home, "--model_folder", "weights/t1")
