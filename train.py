@@ -43,12 +43,14 @@ from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import write_run_card
-from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
-                        nothing_to_do, restore_progress, restore_rng, restore_training,
-                        resume_state, rng_states, set_aside_later, write_history)
+from nmt.resume import (after_smaller_batches, check_corpus, check_resume_data, copy_tokenizers,
+                        coverage_note, init_state, nothing_to_do, restore_progress, restore_rng,
+                        restore_training, resume_state, rng_states, set_aside_later,
+                        write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
-                         main_first, max_over_ranks, note_precision, out_of_memory, setup_device,
-                         start_distributed, stop_distributed, sum_over_ranks, use_threads)
+                         is_out_of_memory, main_first, max_over_ranks, note_precision,
+                         out_of_memory, setup_device, start_distributed, stop_distributed,
+                         sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, aborted, aborting, catch_stop_signals,
                           ignore_sigint, launcher, resume_command, stop_message)
 from nmt.trained_model import build_model, load_model_weights
@@ -428,7 +430,10 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
             optimizer_step(run, progress, loss, lr)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             bar.close()  # the line below the bar, not on it
-            raise out_of_memory(run, group, e) from None
+            if not is_out_of_memory(e):
+                raise  # as it was, its cause kept
+            raise out_of_memory(run.config, run.device, group,
+                                after_smaller_batches(run.config)) from None
         progress.step, progress.batch = progress.step + 1, done
         progress.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)

@@ -341,10 +341,14 @@ def test_out_of_memory_in_a_step_is_one_line_that_says_what_to_lower(tmp_path, t
                                                      "a step of "), err
         assert "(--max_tokens 200, --accum_steps 1): lower --max_tokens" in lines[-1]
         assert (tmp_path / "weights" / "tmodel_00.pt").exists()
-    monkeypatch.setattr(train, "train_step", lambda *a, **k: (_ for _ in ()).throw(
-        RuntimeError("shape mismatch")))
-    with pytest.raises(RuntimeError, match="shape mismatch"):  # any other error: as it was
-        train_here("--num_epochs", "2")
+    cause = ValueError("the cause")
+
+    def other(*args, **kwargs):
+        raise RuntimeError("shape mismatch") from cause
+    monkeypatch.setattr(train, "train_step", other)
+    with pytest.raises(RuntimeError, match="shape mismatch") as raised:  # any other error: as
+        train_here("--num_epochs", "2")  # it was, its cause kept (issue 70, 6: `from None`)
+    assert raised.value.__cause__ is cause
 
 
 @pytest.mark.parametrize("failing", ["run_validation", "score_test_sets"])
