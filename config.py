@@ -292,6 +292,9 @@ class Config:
                     "as they are segmented)")
         if self.cuda_graphs and not self.compile:
             return "--cuda_graphs goes with --compile true (it is a mode of torch.compile)"
+        if self.cuda_graphs and self.bpe_dropout:
+            return ("--cuda_graphs captures fixed batch shapes, which --bpe_dropout does not "
+                    "have (its batches are cut again as they are segmented)")
         if self.bpe_dropout and self.tokenizer_type != "bpe":
             return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
         return None

@@ -38,7 +38,7 @@ from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_pa
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
-from nmt.compiling import compiled, fixed_shapes
+from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
 from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
@@ -171,7 +171,9 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
-    note_precision(get_device(config.device), config.precision)  # no device: refused here
+    device = get_device(config.device)  # no device: refused here, before any file is written
+    note_precision(device, config.precision)
+    check_cuda_graphs(config, device)
     lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
     created = []  # files this start wrote before it could fail: a failed start takes them back
     try:
@@ -223,7 +225,7 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if world > 1:
         torch.manual_seed(config.seed + rank)  # the same weights, but each rank its own dropout
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    shapes = fixed_shapes(config, data, say=rank == 0)  # None without --fixed_shapes/--compile
+    shapes = choose_shapes(config, data, say=rank == 0)  # None without --fixed_shapes/--compile
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
                                 shuffle=True, seed=config.seed, rank=rank, world_size=world,
                                 shapes=shapes)

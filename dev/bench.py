@@ -44,7 +44,7 @@ from dev.timing import PEAK_BF16, model_flops, sync
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding
 from nmt.cli import ArgumentParser, run_main
-from nmt.compiling import compiled, fixed_shapes
+from nmt.compiling import choose_shapes, compiled
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
@@ -442,7 +442,7 @@ def main(argv=None):
           f"{args.warmup_steps} warm-up + {args.steps} timed steps each")
     if config.max_tokens:
         report_padding(data, config.max_tokens)
-    fixed_shapes(config, data, say=True)  # (prints what they cost, where there are some)
+    choose_shapes(config, data, say=True)  # (prints what they cost, where there are some)
     if not args.steps:  # (--steps 0: the data's figures only)
         return
 
@@ -482,7 +482,7 @@ def compare(config: Config, data, device, args):
     if autocast_dtype(config, device) is not None or config.compile:
         plain = build_model(config, src_vocab, tgt_vocab).to(device).train()
         plain.load_state_dict(ours.state_dict())
-    shapes = fixed_shapes(config, data)  # under --compile: static shapes, compiled once each
+    shapes = choose_shapes(config, data)  # under --compile: static shapes, compiled once each
     if config.compile:
         ours = compiled(ours, config, device, shapes)
         theirs = torch.compile(theirs, dynamic=shapes is None,
