@@ -97,16 +97,9 @@ class BlockwiseLabelSmoothedCrossEntropy(nn.Module):
         self.block_rows = block_rows  # 0: `block_rows` below
 
     def forward(self, x, projection, label):
-        """x: (batch, tgt_len, d_model), the decoder's output; label: (batch, tgt_len)."""
-        if torch.compiler.is_compiling():
-            # Under torch.compile: the whole logits and torch's own loss (the same formula), which
-            # the compiler traces into the step's graph and fuses; no graph break. (The blocks'
-            # autograd function would break the graph at the model's end.) With fixed batch
-            # shapes (train.py --fixed_shapes) each shape is one static graph.
-            logits = projection(x)  # (batch, tgt_len, vocab)
-            return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
-                                   label.reshape(-1), ignore_index=self.ignore_index,
-                                   label_smoothing=self.label_smoothing, reduction="sum")
+        """x: (batch, tgt_len, d_model), the decoder's output; label: (batch, tgt_len). Under
+        torch.compile too: on torch 2.13 dynamo traces the blocks' autograd function into the
+        step's graph with no graph break (tests/test_compiling.py)."""
         return self.blockwise(x, projection, label)
 
     def blockwise(self, x, projection, label):
