@@ -498,9 +498,19 @@ def checkpoint_config(parser, args):
     for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")
-    if args.average < 1 or (args.batch_size is not None and args.batch_size < 1):
-        parser.error("--average and --batch_size must be positive")
+    problem = not_positive(average=args.average, batch_size=args.batch_size)
+    if problem:
+        parser.error(problem)
     return config, given
+
+
+def not_positive(**values):
+    """The message for the first of these settings (None: not given) below 1, or None: the
+    words of translate.py's, export.py's and nmt.translator.Translator's checks."""
+    for name, value in values.items():
+        if value is not None and value < 1:
+            return f"--{name} must be positive (got {value})"
+    return None
 
 
 # ---- the configuration reference (docs/configuration.md) ----------------------------------------
