@@ -193,7 +193,7 @@ class Config:
         return str(self.N) if n_dec == self.N else f"{self.N}+{n_dec}"
 
     def shape_count(self) -> int:
-        """How many fixed batch lengths (dataset.FixedShapes), or 0 for none: --fixed_shapes,
+        """How many fixed batch lengths (nmt.shapes.FixedShapes), or 0 for none: --fixed_shapes,
         or 16 under --compile (not with BPE-dropout, whose batches are cut again)."""
         if self.fixed_shapes or self.bpe_dropout:
             return self.fixed_shapes

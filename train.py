@@ -31,8 +31,10 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from config import Config, parse_config
-from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
+from dataset import Data, get_ds, real_tokens
 from kernels import BlockwiseLabelSmoothedCrossEntropy
+from nmt.batching import TokenBatchSampler
+from nmt.bpe_dropout import training_batches
 from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,

@@ -39,7 +39,8 @@ from torch.profiler import record_function
 
 import model
 from config import Config, add_config_arguments, config_from_args
-from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
+from dataset import Collator, get_ds, real_tokens
+from nmt.batching import TokenBatchSampler
 from dev.timing import PEAK_BF16, model_flops, sync
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding

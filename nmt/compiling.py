@@ -1,11 +1,13 @@
 """Fixed batch shapes and the compiled training step (train.py --fixed_shapes, --compile,
 --cuda_graphs): which shapes a run uses, what they cost, and torch.compile of the step's model
-once per shape. The shapes themselves are dataset.FixedShapes; this is train.py's use of them."""
+once per shape. The shapes themselves are nmt.shapes.FixedShapes; this is train.py's use of them."""
 
 import torch
 
 from config import Config, UserError
-from dataset import Data, FixedShapes, TokenBatchSampler, best_lengths
+from dataset import Data
+from nmt.batching import TokenBatchSampler
+from nmt.shapes import FixedShapes, best_lengths
 
 
 def choose_shapes(config: Config, data: Data, say: bool = False):

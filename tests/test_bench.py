@@ -313,7 +313,8 @@ def test_wmt_lengths_fall_into_16_shapes_with_little_added_padding(tmp_path):
     than batches padded to their own longest; lengths in plain steps of 16 pad far more."""
     import numpy as np
 
-    from dataset import FixedShapes, TokenBatchSampler, best_lengths
+    from nmt.batching import TokenBatchSampler
+    from nmt.shapes import FixedShapes, best_lengths
     from dev.bench import wmt_like_corpus
     folder = wmt_like_corpus(tmp_path / "wmt", 20000, 37000, seed=1)
     src = np.array([len(x.split()) for x in (folder / "train.en").read_text().splitlines()]) + 2

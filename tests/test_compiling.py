@@ -10,10 +10,12 @@ from train import make_loss, train_step
 
 
 def shaped_batches(count: int = 3, max_tokens: int = 120):
-    """Batches of random pairs in `count` fixed shapes (dataset.FixedShapes), and the shapes."""
+    """Batches of random pairs in `count` fixed shapes (nmt.shapes.FixedShapes), and the shapes."""
     import numpy as np
 
-    from dataset import BilingualDataset, Collator, FixedShapes, TokenBatchSampler, best_lengths
+    from dataset import BilingualDataset, Collator
+    from nmt.batching import TokenBatchSampler
+    from nmt.shapes import FixedShapes, best_lengths
     rng = np.random.default_rng(0)
     data = BilingualDataset([rng.integers(4, 20, rng.integers(1, 14)).tolist()
                              for _ in range(120)],
@@ -132,7 +134,7 @@ def test_the_compiled_step_has_room_for_every_shape_and_cuda_graphs(monkeypatch)
     passed), and --cuda_graphs as torch.compile's reduce-overhead mode."""
     import torch._dynamo as dynamo
 
-    from dataset import FixedShapes
+    from nmt.shapes import FixedShapes
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
     name = next(n for n in ("recompile_limit", "cache_size_limit") if hasattr(dynamo.config, n))
