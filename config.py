@@ -456,10 +456,20 @@ def config_from_args(args, base: Config = None, training: bool = True):
     return config, preset | flags
 
 
+class RaisingParser(argparse.ArgumentParser):
+    """parse_config's parser when none is given (a notebook, a test, your code): a bad flag is
+    a UserError of one line, for the caller to catch or a script's run_main to print (argparse's
+    own would print the usage and exit). The scripts give nmt.cli.ArgumentParser."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see --help)")
+
+
 def parse_config(argv=None, parser=None):
-    """The train.py command line: every Config field as a flag. Exits 2 on a bad value.
-    Returns (config, names of the flags given)."""
-    parser = parser or argparse.ArgumentParser()  # the scripts give nmt.cli.ArgumentParser
+    """The train.py command line: every Config field as a flag. Returns (config, names of the
+    flags given). A bad value is one line: `parser`'s error (the scripts': exit 2), or without
+    one a UserError."""
+    parser = parser or RaisingParser()
     add_config_arguments(parser)
     config, given = config_from_args(parser.parse_args(argv))
     problem = config.validate()

@@ -36,12 +36,19 @@ def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batche
     (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_bad_flags_are_refused_with_one_line(argv, message, capsys):
+    """Issue 70: without a parser given (a notebook, your code) a UserError of the same line
+    (the default was argparse's own, whose errors print the usage)."""
+    from config import UserError
     from nmt.cli import ArgumentParser  # train.py's, whose errors are one line
     with pytest.raises(SystemExit) as exit_info:
         parse_config(argv, ArgumentParser(prog="train.py"))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+    with pytest.raises(UserError) as error:
+        parse_config(argv)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert capsys.readouterr() == ("", "")
 
 
 def test_flags_beside_a_preset_win_over_its_token_batches():

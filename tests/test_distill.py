@@ -129,8 +129,8 @@ def test_mismatched_teachers_are_refused(teachers):
 
 
 def test_distill_flags_need_teachers():
-    from config import parse_config
-    with pytest.raises(SystemExit):
+    from config import UserError, parse_config
+    with pytest.raises(UserError, match="go with --distill_from"):
         parse_config(["--distill_beam", "3"])
     config, _ = parse_config(["--distill_from", "a,b", "--distill_beam", "3"])
     assert config.distill_beam == 3
