@@ -331,3 +331,23 @@ def test_every_message_the_troubleshooting_page_quotes_is_still_printed():
     assert not printed("--device mps: MPS is not available on this machinery")  # it can tell
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "docs/troubleshooting.md" in readme
+
+
+def test_the_docs_name_measurements_not_issues_and_multi30k_files_as_they_are():
+    """Issue 70, 8: docs cited issue numbers, reviews and sessions where they should name the
+    measurement and its machine (those are the lab's: dev/LOG.md); compare.py's docstring named
+    `tok/test.lc.norm.tok.de`, a file Multi30k does not have (test_2016_flickr.lc.norm.tok.de)."""
+    import re
+
+    from conftest import ROOT
+    cited = [(f.name, m.group(0)) for f in [ROOT / "README.md", *ROOT.glob("docs/*.md")]
+             for m in re.finditer(r"(?i)\bissue'?s? \d+|\bissue's\b|review session|"
+                                  r"\bthis session\b|'s review\b", f.read_text(encoding="utf-8"))]
+    assert cited == []
+    splits = r"(train|val|test_2016_flickr|test_2017_flickr|test_2017_mscoco|test_2018_flickr)"
+    named = [(f.name, name) for f in [ROOT / "README.md", *ROOT.glob("docs/*.md"),
+                                      *ROOT.glob("*.py"), *ROOT.glob("nmt/*.py")]
+             for name in re.findall(r"tok/([\w.]+\.lc\.norm\.tok\.\w\w)\b",
+                                    f.read_text(encoding="utf-8"))]
+    assert named and [n for n in named if not re.fullmatch(splits + r"\.lc\.norm\.tok\.\w\w",
+                                                           n[1])] == []
