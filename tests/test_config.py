@@ -278,8 +278,10 @@ def test_the_tools_in_dev_run_from_the_root():
 
 def message_patterns():
     """A regular expression for every string the project's code can build (its modules and
-    scripts), with the length of its literal text: literal parts escaped, each placeholder,
-    conditional or call any text."""
+    scripts), with the length of its literal text: literal parts escaped, each placeholder or
+    call a quote's `…` (\x00) or a short value without spaces (`mps`, the `s` of a plural):
+    never words of the quote (issue 70: any text passed, a reworded message too), a
+    conditional either branch."""
     import ast
     import re
 
@@ -294,10 +296,12 @@ def message_patterns():
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             (a, m), (b, n) = pattern(node.left), pattern(node.right)
             return a + b, m + n
+        if isinstance(node, ast.FormattedValue) and isinstance(node.value, ast.IfExp):
+            return pattern(node.value)  # {'a' if x else ''}: either branch, as written
         if isinstance(node, ast.IfExp):
             (a, m), (b, n) = pattern(node.body), pattern(node.orelse)
             return f"(?:{a}|{b})", max(m, n)
-        return ".*?", 0  # a placeholder, a call, a name
+        return r"(?:\x00|[^\s\x00]{0,12})", 0  # a placeholder, a call, a name
     found = []
     for f in [*ROOT.glob("*.py"), *ROOT.glob("nmt/*.py")]:
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
@@ -313,10 +317,14 @@ def test_every_message_the_troubleshooting_page_quotes_is_still_printed():
     """Issue 64: docs/troubleshooting.md quotes the exact lines the repo prints (`…` for what
     varies); each must still be a whole line some string of the code builds (its prefix
     "train.py: error: " is run_main's), its own words at least 80% of the quote: a message
-    reworded in the code fails here until the page follows."""
+    reworded in the code fails here until the page follows. Issue 70: a placeholder stands for
+    the quote's `…` or a value, never for its words; the MPS line is the one train.py prints
+    (on a machine without MPS: every machine the tests have run on)."""
     import re
 
-    from conftest import ROOT
+    import torch
+
+    from conftest import ROOT, run_here
     page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
     quoted = re.findall(r"```text\n(.*?)\n```", page, re.S)
     assert len(quoted) >= 10
@@ -329,6 +337,12 @@ def test_every_message_the_troubleshooting_page_quotes_is_still_printed():
                    for p, n in patterns)
     assert [q for q in quoted if not printed(q)] == []
     assert not printed("--device mps: MPS is not available on this machinery")  # it can tell
+    oom = next(q for q in quoted if "out of memory on … in a step" in q)
+    assert not printed(oom.replace("on … in a step", "on your GPU in a step"))  # words: no value
+    if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        t = run_here("train.py", "--device", "mps", "--data_dir", "nowhere", cwd=ROOT)
+        mps = next(q for q in quoted if q.startswith("--device mps"))
+        assert t.returncode == 2 and t.stderr.decode() == f"train.py: error: {mps}\n"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "docs/troubleshooting.md" in readme
 
