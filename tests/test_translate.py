@@ -70,20 +70,17 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     assert f"SOURCE: {src}" in out and f"TARGET: {ref}" in out and "PREDICTED:" in out
     (home / "test.en").write_text("".join(s + "\n" for s, _ in number_pairs(5, seed=3)))
     (home / "test.it").write_text("".join(t + "\n" for _, t in number_pairs(5, seed=3)))
+    # issue 61: the papers' BLEU beside sacreBLEU's, against tokenized references (one decoding
+    # for both: issue 70)
+    (home / "test.tok.it").write_text("".join(t.lower().replace(".", " .") + "\n"
+                                              for _, t in number_pairs(5, seed=3)))
     t = run_here("translate.py", "--input", "test.en", "--output", "test.hyp", "--reference",
-                 "test.it", "--beam", "2", cwd=home)
+                 "test.it", "--papers_reference", "test.tok.it", "--beam", "2", cwd=home)
     assert t.returncode == 0, t.stderr.decode()
     assert len((home / "test.hyp").read_text().splitlines()) == 5
     assert "BLEU = " in t.stderr.decode() and "nrefs:1|bs:1000|" in t.stderr.decode()
     assert "±" in t.stderr.decode()  # issue 42: with its 95% confidence interval
     assert "chrF2 = " in t.stderr.decode()
-    # issue 61: the papers' BLEU beside sacreBLEU's, against tokenized references
-    (home / "test.tok.it").write_text("".join(t.lower().replace(".", " .") + "\n"
-                                              for _, t in number_pairs(5, seed=3)))
-    t = run_here("translate.py", "--input", "test.en", "--reference", "test.it",
-                 "--papers_reference", "test.tok.it", "--beam", "2", "--output", "test.hyp",
-                 cwd=home)
-    assert t.returncode == 0, t.stderr.decode()
     lines = t.stderr.decode().splitlines()
     papers = [line for line in lines if line.startswith("papers' BLEU (lowercased")]
     assert len(papers) == 1 and "tok:none" in papers[0]
