@@ -434,10 +434,9 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
             optimizer_step(run, progress, loss, lr)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             bar.close()  # the line below the bar, not on it
-            if not is_out_of_memory(e):
-                raise  # as it was, its cause kept
-            raise out_of_memory(run.config, run.device, group,
-                                after_smaller_batches(run.config)) from None
+            if is_out_of_memory(e):  # any other error: as it was, its cause kept
+                raise out_of_memory(run.config, run.device, group, after_smaller_batches) from None
+            raise
         progress.step, progress.batch = progress.step + 1, done
         progress.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)

@@ -254,14 +254,14 @@ def is_out_of_memory(error: Exception) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error)
 
 
-def out_of_memory(config: Config, device: torch.device, group, resume: str) -> OutOfMemory:
+def out_of_memory(config: Config, device: torch.device, group, resume) -> OutOfMemory:
     """A training step's out-of-memory error as one line (docs/troubleshooting.md): the step's
-    size (its batches), what to lower, and `resume`, how to go on from the checkpoints saved
-    (nmt.resume.after_smaller_batches)."""
+    size (its batches), what to lower, and how to go on from the checkpoints saved, as
+    `resume(config)` says (nmt.resume.after_smaller_batches)."""
     padded = sum(b["encoder_input"].numel() + b["label"].numel() for b in group)
     size = (f"--max_tokens {config.max_tokens}" if config.max_tokens else
             f"--batch_size {config.batch_size}")
     return OutOfMemory(
         f"out of memory on {device} in a step of {padded:,} padded tokens ({size}, "
         f"--accum_steps {config.accum_steps}): lower --max_tokens (or --batch_size) and "
-        f"raise --accum_steps to keep the update's size; {resume}")
+        f"raise --accum_steps to keep the update's size; {resume(config)}")
