@@ -804,7 +804,7 @@ def test_fp16_trains_with_the_gradient_scaler_and_resumes_its_scale(tmp_path, tr
 
 
 def test_compile_trains_the_same_step_as_eager(tmp_path):
-    """--compile: the compiled step (torch.compile, dynamic shapes) gives the eager step's
+    """--compile: the compiled step (torch.compile, once per fixed shape) gives the eager step's
     loss and gradients on a tiny model."""
     pytest.importorskip("torch._inductor")
     make_corpus(tmp_path / "c", n=40, val=4)
