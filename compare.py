@@ -11,7 +11,8 @@ bootstrap resampling (Koehn 2004) and by paired approximate randomization (Riezl
 p < 0.05: a difference this large would be rare if the two systems were equally good on
 sentences like these. Test once, on the split the systems were not chosen on.
 
-    python compare.py a.hyp b.hyp --reference tok/test.lc.norm.tok.de --papers_bleu de
+    python compare.py a.hyp b.hyp --reference tok/test_2016_flickr.lc.norm.tok.de \
+        --papers_bleu de
 
 tests the papers' BLEU instead (as the Multi30k papers report it: lowercased, Moses-tokenized,
 against the dataset's tokenized references; nmt/metrics.papers_bleu), never mixed with sacreBLEU's.

@@ -193,7 +193,7 @@ class Config:
         return str(self.N) if n_dec == self.N else f"{self.N}+{n_dec}"
 
     def shape_count(self) -> int:
-        """How many fixed batch lengths (dataset.FixedShapes), or 0 for none: --fixed_shapes,
+        """How many fixed batch lengths (nmt.shapes.FixedShapes), or 0 for none: --fixed_shapes,
         or 16 under --compile (not with BPE-dropout, whose batches are cut again)."""
         if self.fixed_shapes or self.bpe_dropout:
             return self.fixed_shapes
@@ -299,6 +299,9 @@ class Config:
                     "as they are segmented)")
         if self.cuda_graphs and not self.compile:
             return "--cuda_graphs goes with --compile true (it is a mode of torch.compile)"
+        if self.cuda_graphs and self.bpe_dropout:
+            return ("--cuda_graphs captures fixed batch shapes, which --bpe_dropout does not "
+                    "have (its batches are cut again as they are segmented)")
         if self.bpe_dropout and self.tokenizer_type != "bpe":
             return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
         return None
@@ -460,10 +463,20 @@ def config_from_args(args, base: Config = None, training: bool = True):
     return config, preset | flags
 
 
+class RaisingParser(argparse.ArgumentParser):
+    """parse_config's parser when none is given (a notebook, a test, your code): a bad flag is
+    a UserError of one line, for the caller to catch or a script's run_main to print (argparse's
+    own would print the usage and exit). The scripts give nmt.cli.ArgumentParser."""
+
+    def error(self, message):
+        raise UserError(f"{message} (see --help)")
+
+
 def parse_config(argv=None, parser=None):
-    """The train.py command line: every Config field as a flag. Exits 2 on a bad value.
-    Returns (config, names of the flags given)."""
-    parser = parser or argparse.ArgumentParser()  # the scripts give nmt.cli.ArgumentParser
+    """The train.py command line: every Config field as a flag. Returns (config, names of the
+    flags given). A bad value is one line: `parser`'s error (the scripts': exit 2), or without
+    one a UserError."""
+    parser = parser or RaisingParser()
     add_config_arguments(parser)
     config, given = config_from_args(parser.parse_args(argv))
     problem = config.validate()
@@ -502,9 +515,19 @@ def checkpoint_config(parser, args):
     for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")
-    if args.average < 1 or (args.batch_size is not None and args.batch_size < 1):
-        parser.error("--average and --batch_size must be positive")
+    problem = not_positive(average=args.average, batch_size=args.batch_size)
+    if problem:
+        parser.error(problem)
     return config, given
+
+
+def not_positive(**values):
+    """The message for the first of these settings (None: not given) below 1, or None: the
+    words of translate.py's, export.py's and nmt.translator.Translator's checks."""
+    for name, value in values.items():
+        if value is not None and value < 1:
+            return f"--{name} must be positive (got {value})"
+    return None
 
 
 # ---- the configuration reference (docs/configuration.md) ----------------------------------------

@@ -2,10 +2,12 @@
 
 get_ds -> the tokenizers and the training split prepared once (token ids in memory-mapped files,
           long pairs dropped) and reloaded in seconds; validation encoded; wrapped for a DataLoader
-TokenBatchSampler + Collator -> length-bucketed batches padded to their longest sequence
+BilingualDataset + Collator -> batches padded to their longest sequence, with the source mask
+
+Which pairs make a batch is nmt/batching.py's (token batches), fixed batch shapes are
+nmt/shapes.py's, BPE-dropout's batches nmt/bpe_dropout.py's.
 """
 
-import bisect
 import itertools
 import json
 import os
@@ -13,7 +15,6 @@ import shutil
 import time
 import zlib
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from corpus import (CORPUS_FINGERPRINT, DataError, column, corpus_source, digest
                     quiet_datasets)
 from tokenizer import (EOS, PAD, SOS, coverage, get_tokenizers, recipe_path, tokenizer_fingerprint,
                        tokenizer_keys, tokenizer_path)
+
 
 # ---- the dataset and its batches ----------------------------------------------------------------
 
@@ -126,82 +128,15 @@ def real_tokens(batch) -> int:
     return int((batch["encoder_input"] != PAD).sum() + real.sum()) - 2 * filler
 
 
-@dataclass(frozen=True)
-class FixedShapes:
-    """Token batches in a few fixed (rows, length) shapes, so that a compiled step compiles
-    once per shape (no dynamic shapes) and, on CUDA, can be captured as a graph. `lengths`: the
-    few lengths a batch may have (ascending; `best_lengths` chooses them from the training
-    pairs); a batch whose longest pair needs n tokens is padded to the first of them >= n, on
-    both sides, and to R(L) = max_tokens // L rows (batch_size rows for sentence batches).
-    The sampler cuts batches by those lengths, so a batch never holds more than R(L) pairs; the
-    rows it lacks are filler: [SOS] [EOS] as the source (an all-padding source leaves its
-    attention no key, which some attention kernels turn into NaN), [SOS] and padding as the
-    target, whose labels are all padding, weightless in the loss (the loss and gradients equal
-    the batch's unpadded ones)."""
-    lengths: tuple
-    max_tokens: int
-    batch_size: int
-
-    def length(self, n: int) -> int:
-        return self.lengths[bisect.bisect_left(self.lengths, n)]
-
-    def rows(self, length: int) -> int:
-        return self.max_tokens // length if self.max_tokens else self.batch_size
-
-    def shape(self, n: int) -> tuple:
-        """(rows, length) of a batch whose longest pair needs n tokens."""
-        length = self.length(n)
-        return self.rows(length), length
-
-    def padded_lengths(self, lengths):
-        """Each pair's length as the sampler cuts by it: its shape's."""
-        bounds = np.asarray(self.lengths, dtype=np.int64)
-        return bounds[np.searchsorted(bounds, np.asarray(lengths, dtype=np.int64))]
-
-    def pad(self, batch: dict) -> dict:
-        """A collated batch (right-padded to its longest) padded to its fixed shape."""
-        enc, dec, label = batch["encoder_input"], batch["decoder_input"], batch["label"]
-        longest = max(int((enc != PAD).sum(1).max()), int((label != PAD).sum(1).max()))
-        rows, length = self.shape(longest)
-        if rows < enc.size(0):
-            raise ValueError(f"a batch of {enc.size(0)} pairs does not fit its shape "
-                             f"({rows}, {length}): cut by other lengths than FixedShapes'")
-
-        def filled(t, first):  # (batch, len) -> (rows, length), filler rows start `first`
-            out = torch.full((rows, length), PAD, dtype=t.dtype)
-            out[:t.size(0), :t.size(1)] = t
-            out[t.size(0):, :len(first)] = torch.tensor(first, dtype=t.dtype)
-            return out
-        enc = filled(enc, [SOS, EOS])  # (rows, length)
-        return {"encoder_input": enc, "decoder_input": filled(dec, [SOS]),
-                "label": filled(label, []), "encoder_mask": encoder_mask(enc)}
-
-    def report(self, lengths_src, lengths_tgt, batches, plain_batches) -> dict:
-        """What the shapes cost an epoch: the distinct shapes of `batches` (index arrays, cut
-        with these shapes), their padding (both sides, in the fixed shapes), and that of
-        `plain_batches` (cut without them, each side padded to its longest), and the tokens
-        the fixed shapes add to an epoch's steps."""
-        src, tgt = np.asarray(lengths_src), np.asarray(lengths_tgt)  # with [SOS]/[EOS]: +2, +1
-        real = int(src.sum() + tgt.sum())
-        shapes, fixed = set(), 0
-        for b in batches:
-            rows, length = self.shape(int(max(src[b].max(), tgt[b].max())))
-            shapes.add((rows, length))
-            fixed += 2 * rows * length
-        plain = sum(len(b) * (int(src[b].max()) + int(tgt[b].max())) for b in plain_batches)
-        return {"shapes": len(shapes), "steps": len(batches), "plain_steps": len(plain_batches),
-                "fixed_padding": 1 - real / max(fixed, 1),
-                "plain_padding": 1 - real / max(plain, 1), "added": fixed / max(plain, 1) - 1}
-
-
 class Collator:
     """Pads a list of items to the longest sequence of the batch and builds the source mask.
 
     The decoder needs no mask tensor: its self-attention is causal (the model applies it
     inside attention, so the flash kernel can run), and for right-padded targets that is
-    enough, since a real position never sees a later padded one and the loss ignores padding."""
+    enough, since a real position never sees a later padded one and the loss ignores padding.
+    `shapes` (nmt.shapes.FixedShapes): each batch padded on to its fixed shape."""
 
-    def __init__(self, pad_id: int = PAD, shapes: FixedShapes = None):
+    def __init__(self, pad_id: int = PAD, shapes=None):
         self.pad_id, self.shapes = pad_id, shapes
 
     def __call__(self, items):
@@ -218,178 +153,6 @@ class Collator:
         batch = {"encoder_input": enc, "decoder_input": dec, "label": label,
                  "encoder_mask": encoder_mask(enc, self.pad_id)}  # (batch, 1, 1, src_len)
         return self.shapes.pad(batch) if self.shapes else batch
-
-
-# BPE-dropout segments afresh, then cuts into batches again, this many of the sampler's batches
-# at a time: enough pairs that each new batch holds pairs of about one length.
-POOL_BATCHES = 16
-
-
-class PooledBatches:
-    """The sampler's batches, `size` consecutive ones at a time (a list of index lists: one
-    DataLoader item), for BPEDropout. Epoch, resume point and count are the sampler's."""
-
-    def __init__(self, sampler, size: int = POOL_BATCHES):
-        self.sampler, self.size = sampler, size
-
-    def __iter__(self):
-        pool = []
-        for batch in self.sampler:
-            pool.append(batch)
-            if len(pool) == self.size:
-                yield pool
-                pool = []
-        if pool:
-            yield pool
-
-    def __len__(self):
-        return -(-len(self.sampler) // self.size)
-
-
-class BPEDropout(TorchDataset):
-    """Subword regularization (BPE-dropout, Provilkov et al. 2020): the training loader's
-    dataset under --bpe_dropout. Each pair is segmented afresh whenever it is drawn, every merge
-    skipped with probability p (the tokenizers library's own dropout), so that each epoch sees
-    other segmentations of the same sentences; a pair whose new segmentation outgrows seq_len
-    keeps its plain one. It works on the prepared ids (decoded to their text, byte-level BPE
-    being lossless, and encoded again), and is given pools of the sampler's batches
-    (`PooledBatches`): segmented afresh, a pool is sorted by the new lengths and cut into as many
-    batches as it came in, so that every pair is still trained on once an epoch and the steps
-    of an epoch stay the same. (Padded as the sampler had batched them, by plain lengths, a
-    Multi30k batch was a third padding, since dropout lengthens a few pairs a lot; re-cut,
-    about an eighth, against a twentieth without dropout.) Draws are not seeded (the library's
-    random source is its own). A run resumed within a pool starts its first pool at the
-    sampler's batch it stopped at: of the pool it stopped in, some pairs may be trained on
-    twice that epoch and others not."""
-
-    def __init__(self, data: BilingualDataset, tokenizer_src, tokenizer_tgt, p: float,
-                 seq_len: int, pad_id: int = PAD):
-        from tokenizers import Tokenizer
-        self.data, self.seq_len, self.pad_id = data, seq_len, pad_id
-        self.plain = (tokenizer_src, tokenizer_tgt)
-        copies = {}
-        for tok in self.plain:  # a joint vocabulary: one copy for both sides
-            if id(tok) not in copies:
-                copies[id(tok)] = Tokenizer.from_str(tok.to_str())
-                copies[id(tok)].model.dropout = p
-                # not in to_str(): without it "[EOS]" in a text would become the control token
-                copies[id(tok)].encode_special_tokens = tok.encode_special_tokens
-        self.dropped = tuple(copies[id(tok)] for tok in self.plain)
-
-    def __getstate__(self):  # to a DataLoader worker started by spawn or forkserver
-        return {**self.__dict__, "special_as_text": [t.encode_special_tokens
-                                                     for t in self.plain + self.dropped]}
-
-    def __setstate__(self, state):
-        """Unpickled (a spawned worker), a tokenizers.Tokenizer loses encode_special_tokens,
-        not in its serialized form: set again, or "[EOS]" in a text becomes the control token
-        there."""
-        flags = state.pop("special_as_text")
-        self.__dict__.update(state)
-        for tok, flag in zip(self.plain + self.dropped, flags):
-            tok.encode_special_tokens = flag
-
-    def __len__(self):
-        return len(self.data)
-
-    def segment(self, side: int, rows):
-        """Lists of ids segmented afresh (those that outgrow seq_len left as they were)."""
-        texts = self.plain[side].decode_batch(rows)
-        new = [e.ids for e in self.dropped[side].encode_batch(texts)]
-        return [n if len(n) + 2 <= self.seq_len else old for n, old in zip(new, rows)]
-
-    def __getitems__(self, pool):
-        """A pool of batches (lists of indices) as the same number of padded batches, each a
-        dict as the Collator makes, of the pool's pairs segmented afresh and sorted by length."""
-        indices = np.concatenate([np.asarray(b, dtype=np.int64) for b in pool])
-        src = self.segment(0, [np.asarray(self.data.src_ids[i]).tolist() for i in indices])
-        tgt = self.segment(1, [np.asarray(self.data.tgt_ids[i]).tolist() for i in indices])
-        lengths = np.array([max(len(s) + 2, len(t) + 1) for s, t in zip(src, tgt)])
-        order = np.argsort(lengths, kind="stable")
-        cuts = even_cuts(lengths[order], len(pool))
-        as_tensor = partial(torch.tensor, dtype=torch.int64)
-        collate = Collator(self.pad_id)
-        return [collate([{"encoder_input": as_tensor([SOS, *src[i], EOS]),  # (src_len,)
-                          "decoder_input": as_tensor([SOS, *tgt[i]]),  # (tgt_len,)
-                          "label": as_tensor([*tgt[i], EOS])}  # (tgt_len,)
-                         for i in order[a:b]])
-                for a, b in zip(cuts, cuts[1:])]
-
-
-def best_lengths(lengths, k: int) -> tuple:
-    """The k batch lengths (or fewer, where there are fewer distinct lengths) that pad pairs of
-    these `lengths` the least, each pair to the first of them at least as long: an optimal
-    partition of the sorted distinct lengths into k runs (dynamic programming over the length
-    histogram, a few hundred values), the last the longest pair's. On WMT14-like lengths 16 of
-    them pad an epoch's token batches 7.7-7.9% more than batches padded to their own longest
-    (docs/scaling.md)."""
-    values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
-    m, k = len(values), max(1, min(k, len(values)))
-    pairs = np.concatenate([[0], np.cumsum(counts)])  # pairs[j]: pairs shorter than values[j]
-    tokens = np.concatenate([[0], np.cumsum(counts * values)])
-    i, j = np.arange(m)[:, None], np.arange(m)[None, :]  # (m, 1), (1, m)
-    # run[i, j]: the padding of the pairs of values[i+1..j] padded to values[j] (i < j)
-    run = np.where(i < j, values[j] * (pairs[j + 1] - pairs[np.minimum(i + 1, m)])
-                   - (tokens[j + 1] - tokens[np.minimum(i + 1, m)]), np.inf)  # (m, m)
-    cost = (values * pairs[1:] - tokens[1:]).astype(np.float64)  # one run: values[0..j]
-    backs = []
-    for _ in range(k - 1):  # one more run, its last ending at each j
-        total = cost[:, None] + run  # (m, m): the previous runs end at i, the last at j
-        backs.append(total.argmin(axis=0))  # (m,)
-        cost = total.min(axis=0)
-    ends, j = [m - 1], m - 1
-    for back in reversed(backs):
-        j = int(back[j])
-        ends.append(j)
-    return tuple(int(values[e]) for e in reversed(ends))
-
-
-def training_batches(data, sampler, bpe_dropout: float = 0.0, seq_len: int = 0,
-                     shapes: FixedShapes = None):
-    """The training DataLoader's dataset, batch sampler and collate_fn: the prepared data
-    batched as the sampler says (each batch padded to its fixed shape, with `shapes`); under
-    BPE-dropout, pools of the sampler's batches segmented afresh (`BPEDropout`), each loader
-    item a list of batches."""
-    if not bpe_dropout:
-        return data.train, sampler, Collator(PAD, shapes)
-    return (BPEDropout(data.train, data.tokenizer_src, data.tokenizer_tgt, bpe_dropout, seq_len),
-            PooledBatches(sampler), list)  # list: the pool's batches as they come
-
-
-def token_cuts(lengths, max_tokens: int):
-    """Where the batches of pairs sorted by length (ascending) begin, and the end: greedy,
-    each batch as long as (its size) x (its longest) stays within max_tokens. Computed a run of
-    equal lengths at a time (a few hundred runs, not millions of pairs)."""
-    n = len(lengths)
-    if n == 0:
-        return [0]
-    values, firsts = np.unique(lengths, return_index=True)
-    cuts, start = [0], 0  # the open batch is [start, i)
-    for length, i, run_end in zip(values.tolist(), firsts.tolist(), firsts[1:].tolist() + [n]):
-        cap = max_tokens // length  # pairs in a batch whose longest has this length
-        if i - start >= cap:  # the open batch is full
-            cuts.append(i)
-            start = i
-        i = min(i + cap - (i - start), run_end)
-        while i < run_end:
-            cuts.append(i)
-            start, i = i, min(i + cap, run_end)
-    return cuts + [n]
-
-
-def even_cuts(lengths, k: int):
-    """Cuts of pairs sorted by length (ascending) into exactly k batches (k <= pairs): those of
-    the smallest token budget that needs no more than k (`token_cuts`), the largest then halved
-    until there are k."""
-    low, high = int(lengths[-1]), int(lengths[-1]) * len(lengths)  # n batches .. one batch
-    while low < high:
-        mid = (low + high) // 2
-        low, high = (low, mid) if len(token_cuts(lengths, mid)) - 1 <= k else (mid + 1, high)
-    cuts = token_cuts(lengths, low)
-    while len(cuts) - 1 < k:
-        i = max(range(len(cuts) - 1), key=lambda j: cuts[j + 1] - cuts[j])
-        cuts.insert(i + 1, (cuts[i] + cuts[i + 1]) // 2)
-    return cuts
 
 
 def framed_source(ids, seq_len: int = None, sos_id: int = SOS, eos_id: int = EOS):
@@ -413,80 +176,6 @@ def source_batch(sources, seq_len: int, sos_id: int = SOS, eos_id: int = EOS,
                                            for ids in sources],
                                           batch_first=True, padding_value=pad_id)
     return src, encoder_mask(src, pad_id)
-
-
-class TokenBatchSampler:
-    """Length-bucketed batches (fairseq's --max-tokens): pairs sorted by length (ties in a
-    seeded random order), cut into batches of at most `max_tokens` padded tokens, or of
-    `batch_size` sentences when max_tokens is 0; batch order shuffled each epoch. Every pair
-    lands in exactly one batch per epoch. The order depends only on (seed, epoch), so a resumed
-    run can skip the batches it already trained on (`set_epoch(epoch, start=k)`).
-
-    With `shapes` (FixedShapes), pairs are cut by their lengths rounded up to the shape's:
-    no batch holds more pairs than its fixed shape has rows.
-
-    Data-parallel (world_size > 1): every rank builds the same order and takes every
-    world_size-th batch from its rank on. So that all ranks make the same number of steps
-    without dropping or repeating a pair, the largest batches are first halved until the count
-    divides by world_size."""
-
-    def __init__(self, lengths, max_tokens: int = 0, batch_size: int = 0,
-                 shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 shapes: FixedShapes = None):
-        if shapes is not None:  # cut by each pair's fixed-shape length (FixedShapes)
-            lengths = shapes.padded_lengths(lengths)
-        self.lengths = torch.as_tensor(np.asarray(lengths, dtype=np.int64))
-        longest = int(self.lengths.max()) if len(self.lengths) else 0
-        if max_tokens and longest > max_tokens:
-            raise ValueError(f"a pair of {longest} tokens does not fit max_tokens {max_tokens}")
-        self.max_tokens, self.batch_size = max_tokens, batch_size
-        self.shuffle, self.seed = shuffle, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0):
-        self.epoch, self.start = epoch, start
-
-    def batches(self, epoch: int = None):
-        epoch = self.epoch if epoch is None else epoch
-        g = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
-        n, lengths = len(self.lengths), self.lengths
-        if self.shuffle:
-            perm = torch.randperm(n, generator=g)
-            order = perm[torch.sort(lengths[perm], stable=True).indices]
-        else:
-            order = torch.sort(lengths, stable=True).indices
-        order = order.numpy()
-        lengths = lengths[order].numpy()
-        cuts = (token_cuts(lengths, self.max_tokens) if self.max_tokens
-                else list(range(0, n, self.batch_size)) + [n])
-        batches = [order[a:b] for a, b in zip(cuts, cuts[1:])]  # index arrays, views of order
-        if self.shuffle:
-            batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
-        if self.world_size > 1:
-            batches = split_for_ranks(batches, self.world_size)[self.rank::self.world_size]
-        return batches
-
-    def __iter__(self):
-        for batch in self.batches()[self.start:]:
-            yield batch.tolist()
-
-    def __len__(self):
-        return len(self.batches()) - self.start
-
-
-def split_for_ranks(batches, world_size: int):
-    """The batches, with the largest halved (in place in the order) until their count divides
-    by world_size; refuses when there are too few pairs."""
-    batches = list(batches)
-    while len(batches) % world_size:
-        i = max(range(len(batches)), key=lambda j: len(batches[j]))
-        if len(batches[i]) < 2:
-            raise DataError(f"too little training data for {world_size} processes: "
-                            f"{len(batches)} pairs cannot be shared out evenly")
-        half = len(batches[i]) // 2
-        batches[i:i + 1] = [batches[i][:half], batches[i][half:]]
-    return batches
 
 
 @dataclass
@@ -529,6 +218,8 @@ def to_bilingual(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: in
 # ---- prepared data: the training split as token ids on disk, memory-mapped ----------------------
 
 PREPARED_FORMAT = 1
+
+
 CHUNK = 50_000  # pairs encoded at a time (tokenizers spreads each chunk over all cores)
 
 

@@ -31,24 +31,28 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from config import Config, parse_config
-from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
+from dataset import Data, get_ds, real_tokens
 from kernels import BlockwiseLabelSmoothedCrossEntropy
+from nmt.batching import TokenBatchSampler
+from nmt.bpe_dropout import training_batches
 from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
-from nmt.compiling import compiled, fixed_shapes
+from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
 from nmt.distill import plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import write_run_card
-from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
-                        nothing_to_do, restore_progress, restore_rng, restore_training,
-                        resume_state, rng_states, set_aside_later, write_history)
+from nmt.resume import (after_smaller_batches, check_corpus, check_resume_data, copy_tokenizers,
+                        coverage_note, init_state, nothing_to_do, restore_progress, restore_rng,
+                        restore_training, resume_state, rng_states, set_aside_later,
+                        write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
-                         main_first, max_over_ranks, note_precision, out_of_memory, setup_device,
-                         start_distributed, stop_distributed, sum_over_ranks, use_threads)
+                         is_out_of_memory, main_first, max_over_ranks, note_precision,
+                         out_of_memory, setup_device, start_distributed, stop_distributed,
+                         sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, aborted, aborting, catch_stop_signals,
                           ignore_sigint, launcher, resume_command, stop_message)
 from nmt.trained_model import build_model, load_model_weights
@@ -169,7 +173,9 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
-    note_precision(get_device(config.device), config.precision)  # no device: refused here
+    device = get_device(config.device)  # no device: refused here, before any file is written
+    note_precision(device, config.precision)
+    check_cuda_graphs(config, device)
     lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
     created = []  # files this start wrote before it could fail: a failed start takes them back
     try:
@@ -224,7 +230,7 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if world > 1:
         torch.manual_seed(config.seed + rank)  # the same weights, but each rank its own dropout
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    shapes = fixed_shapes(config, data, say=rank == 0)  # None without --fixed_shapes/--compile
+    shapes = choose_shapes(config, data, say=rank == 0)  # None without --fixed_shapes/--compile
     sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
                                 shuffle=True, seed=config.seed, rank=rank, world_size=world,
                                 shapes=shapes)
@@ -431,7 +437,9 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
             optimizer_step(run, progress, loss, lr)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             bar.close()  # the line below the bar, not on it
-            raise out_of_memory(run, group, e) from None
+            if is_out_of_memory(e):  # any other error: as it was, its cause kept
+                raise out_of_memory(run.config, run.device, group, after_smaller_batches) from None
+            raise
         progress.step, progress.batch = progress.step + 1, done
         progress.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)

@@ -9,9 +9,10 @@
     python translate.py --sample 5 --top_p 0.9 --input mono.de      # 5 samples a line
     python translate.py --attention map.png --attention_view encoder "..."   # what it attends to
 
-From Python (a model loaded once, then as many calls as you like):
+From Python (a model loaded once, then as many calls as you like), nmt.translator's Translator,
+the library this is the command line of:
 
-    from translate import Translator
+    from nmt.translator import Translator
     translator = Translator("weights/multi30k_modern", average=5)
     translator.translate(["A dog runs.", "Two men talk."], beam=5)   # ["Ein Hund ...", ...]
 """
@@ -27,14 +28,11 @@ from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, save_attention_map
 from nmt.cli import ArgumentParser, run_main
-from nmt.decoding import Sampling, clean, translate
+from nmt.decoding import Sampling, clean
 from nmt.engine import load_engine
 from nmt.metrics import papers_bleu, score
 from nmt.trained_model import load_ensemble, load_translator
-
-
-class InputError(UserError):
-    """A bad sentence, input or output file."""
+from nmt.translator import InputError, Translator, check_attention, check_sentence, check_settings
 
 
 def read_lines(path_or_stdin):
@@ -63,6 +61,23 @@ def parse_args(argv):
         description="Translate sentences with a trained checkpoint.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("sentence", nargs="?", help="a sentence (none: --input or stdin)")
+    add_input_arguments(parser)
+    add_search_arguments(parser)
+    add_attention_arguments(parser)
+    add_locating_arguments(parser, own={"seed"})
+    args = parser.parse_args(argv)
+    config, given = checkpoint_config(parser, args)
+    try:
+        check_settings(args.beam, args.nbest)
+    except UserError as e:
+        parser.error(str(e))
+    check_sampling(parser, args)
+    check_models(parser, args, given)
+    check_inputs(parser, args)
+    return args, config, given
+
+
+def add_input_arguments(parser):
     parser.add_argument("--example", type=int, metavar="N", help="translate example N of the "
                         "validation split the model was trained with, beside its reference")
     parser.add_argument("--input", help="file of sentences, one a line ('-': stdin)")
@@ -73,21 +88,14 @@ def parse_args(argv):
                         "--input, as Multi30k's tok/*.lc.norm.tok.* files: also print BLEU as "
                         "the papers on that corpus compute it (lowercased, Moses-tokenized; not "
                         "sacreBLEU's)")
+
+
+def add_search_arguments(parser):
+    """Beam search, sampling, and the models searched with (an ensemble, an exported one)."""
     parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
     parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
                         "(score, then translation, tab-separated)")
-    parser.add_argument("--attention", metavar="PNG", help="draw what the (single) sentence's "
-                        "translation attends to into this PNG file: every layer x head of "
-                        "--attention_view")
-    parser.add_argument("--attention_view", choices=sorted(VIEWS), default="cross",
-                        help="--attention's view: cross (the decoder's attention to the "
-                        "source), encoder or decoder (their self-attention) (default: cross)")
-    parser.add_argument("--attention_layer", type=int, default=0, metavar="N",
-                        help="--attention: layer N alone, from 1 (default 0: every layer)")
-    parser.add_argument("--attention_head", default="all", metavar="N",
-                        help="--attention: head N alone (from 1), mean (their mean) or all "
-                        "(default)")
     parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
                         "by export.py, on the CTranslate2 engine")
     parser.add_argument("--ensemble", type=model_list, action=ModelList, metavar="A,B,...",
@@ -108,13 +116,25 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, dest="sample_seed", help="--sample: the draws' "
                         "seed (default 0); a sentence's samples depend on it, the sentence and "
                         "nothing else")
-    add_locating_arguments(parser, own={"seed"})
-    args = parser.parse_args(argv)
-    config, given = checkpoint_config(parser, args)
-    if args.beam < 1 or args.nbest < 1 or args.nbest > args.beam > 1:
-        parser.error("--beam and --nbest must be positive, with --nbest at most --beam")
-    check_sampling(parser, args)
-    check_models(parser, args, given)
+
+
+def add_attention_arguments(parser):
+    parser.add_argument("--attention", metavar="PNG", help="draw what the (single) sentence's "
+                        "translation attends to into this PNG file: every layer x head of "
+                        "--attention_view")
+    parser.add_argument("--attention_view", choices=sorted(VIEWS), default="cross",
+                        help="--attention's view: cross (the decoder's attention to the "
+                        "source), encoder or decoder (their self-attention) (default: cross)")
+    parser.add_argument("--attention_layer", type=int, default=0, metavar="N",
+                        help="--attention: layer N alone, from 1 (default 0: every layer)")
+    parser.add_argument("--attention_head", default="all", metavar="N",
+                        help="--attention: head N alone (from 1), mean (their mean) or all "
+                        "(default)")
+
+
+def check_inputs(parser, args):
+    """One input, the references with a file's, --attention's flags with it and one sentence
+    (one line, exit 2)."""
     if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
         parser.error("give one of a sentence, --input and --example")
     for flag in ("reference", "papers_reference"):
@@ -127,7 +147,6 @@ def parse_args(argv):
     if args.attention and args.sentence is None and args.example is None:
         parser.error("--attention maps one sentence: give it as the sentence argument or with "
                      "--example N, not --input or stdin")
-    return args, config, given
 
 
 class ModelList(argparse.Action):
@@ -229,9 +248,7 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
                                                  args.example)
         return [sentence], reference, None, None
     if args.sentence is not None:
-        if not clean(args.sentence):
-            raise InputError("the sentence is empty")
-        return [args.sentence], None, None, None
+        return [check_sentence(args.sentence)], None, None, None
     sentences = read_lines(args.input)
     found = []
     for path in (args.reference, args.papers_reference):
@@ -271,80 +288,43 @@ def write_outputs(args, sentences, outputs, reference):
         raise InputError(f"cannot write {args.output}: {e.strerror}") from None
 
 
-class Translator:
-    """A trained model loaded once, to translate from Python code (what translate.py does for
-    a command line, with the same results for the same settings):
-
-        translator = Translator("weights/multi30k_modern", average=5)
-        translator.translate(["A dog runs.", "Two men talk."], beam=5)
-
-    `model`: a model folder (at `preload`: latest, best or an epoch number) or a checkpoint
-    file; `average`: the newest N per-epoch checkpoints averaged; `device` (auto, cpu, cuda,
-    cuda:N, mps) and `threads` (CPU threads, 0: torch's default) as translate.py's flags.
-    Where translate.py would print one line and exit 2, this raises config.UserError (a
-    subclass: nmt.checkpoint.CheckpointError, translate.InputError) with that line."""
-
-    def __init__(self, model: str, preload: str = "latest", average: int = 1,
-                 device: str = "auto", threads: int = 0):
-        if average < 1:
-            raise InputError("--average and --batch_size must be positive")
-        config = Config(device=device, threads=threads, preload=str(preload))
-        problem = config.validate(training=False)
-        if problem:
-            raise InputError(problem)
-        given, checkpoint = {"device", "threads", "preload"}, None
-        if Path(model).is_file():
-            checkpoint = model
-        else:
-            config.model_folder = str(model)
-            given.add("model_folder")
-        self.model, self.config, self.tokenizer_src, self.tokenizer_tgt = load_translator(
-            config, given, checkpoint, average)
-
-    def translate(self, sentences, beam: int = 1, alpha: float = 0.6, nbest: int = 1,
-                  batch_size: int = 64):
-        """Translations of a list of sentences (a list of strings), or of one sentence (a
-        string); `beam` 1 is greedy; with nbest > 1, each an n-best list of (translation, score)
-        pairs, best first (score: the length-penalized log-probability beam search ranks by;
-        nbest alone searches with a beam of that width, as translate.py --nbest does)."""
-        if beam < 1 or nbest < 1 or nbest > beam > 1:
-            raise InputError("--beam and --nbest must be positive, with --nbest at most --beam")
-        one = isinstance(sentences, str)
-        outputs = translate(self.model, self.config, self.tokenizer_src, self.tokenizer_tgt,
-                            [sentences] if one else list(sentences), max(beam, nbest), alpha,
-                            nbest, batch_size)
-        return outputs[0] if one else outputs
+def load(args, config: Config, given: set) -> Translator:
+    """The model the flags name: an exported one on its engine (--ctranslate2), an ensemble,
+    or one checkpoint (--checkpoint, or --preload in --model_folder), --average applied."""
+    if args.ctranslate2:  # (load_translator applies --threads to this repo's decoder)
+        loaded = load_engine(args.ctranslate2, config, given, config.threads)
+    elif args.ensemble:
+        loaded = load_ensemble(config, given, args.ensemble, args.average)
+    else:
+        loaded = load_translator(config, given, args.checkpoint, args.average)
+    return Translator.of(*loaded)
 
 
 def main(argv=None):
     args, config, given = parse_args(argv)
-    if args.ctranslate2:  # (load_translator applies --threads to this repo's decoder)
-        model, config, tokenizer_src, tokenizer_tgt = load_engine(args.ctranslate2, config,
-                                                                  given, config.threads)
-    elif args.ensemble:
-        model, config, tokenizer_src, tokenizer_tgt = load_ensemble(config, given, args.ensemble,
-                                                                    args.average)
-    else:
-        model, config, tokenizer_src, tokenizer_tgt = load_translator(
-            config, given, args.checkpoint, args.average)
+    translator = load(args, config, given)
+    if args.attention:  # before anything is decoded or written
+        check_attention(translator.model, args.attention_view, args.attention_layer,
+                        args.attention_head)
+    tokenizer_src, tokenizer_tgt = translator.tokenizer_src, translator.tokenizer_tgt
     first_src = tokenizer_src[0] if args.ensemble else tokenizer_src  # for --example
-    sentences, reference, refs, tokenized = read_sources(args, config, first_src, tokenizer_tgt)
-    outputs = translate(model, config, tokenizer_src, tokenizer_tgt, sentences,
-                        max(args.beam, 1 if args.sample else args.nbest), args.alpha,
-                        1 if args.sample else args.nbest, args.batch_size,
-                        sampling=sampling(args))
+    sentences, reference, refs, tokenized = read_sources(args, translator.config, first_src,
+                                                         tokenizer_tgt)
+    outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
+                                   args.batch_size, sampling=sampling(args))
     write_outputs(args, sentences, outputs, reference)
     listed = args.nbest > 1 or args.sample  # (translation, score) lists: the first of each
     best = [hyps[0][0] for hyps in outputs] if listed else outputs
     if args.attention:
-        save_attention_map(model, tokenizer_src, tokenizer_tgt, clean(sentences[0]), best[0],
-                           args.attention, args.attention_view, args.attention_layer,
+        save_attention_map(translator.model, tokenizer_src, tokenizer_tgt, clean(sentences[0]),
+                           best[0], args.attention, args.attention_view, args.attention_layer,
                            args.attention_head)
         print(f"wrote the {VIEWS[args.attention_view]} to {args.attention}", file=sys.stderr)
     if refs is not None:
         print(score(best, refs, error_rates=False)["report"], file=sys.stderr)
     if tokenized is not None:
-        print(papers_bleu(best, tokenized, config.lang_tgt)["report"], file=sys.stderr)
+        print(papers_bleu(best, tokenized, translator.config.lang_tgt)["report"],
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ padding share of each side under the token batches, and under an order by both s
 """
 
 import collections
+import contextlib
 import dataclasses
+import io
 import math
 import statistics
 import tempfile
@@ -39,17 +41,18 @@ from torch.profiler import record_function
 
 import model
 from config import Config, add_config_arguments, config_from_args
-from dataset import Collator, TokenBatchSampler, get_ds, real_tokens
+from dataset import Collator, get_ds, real_tokens
+from nmt.batching import TokenBatchSampler
 from dev.timing import PEAK_BF16, model_flops, sync
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding
 from nmt.cli import ArgumentParser, run_main
-from nmt.compiling import compiled, fixed_shapes
+from nmt.compiling import choose_shapes, compiled
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
-from train import (accumulation_groups, learning_rate, make_loss, make_optimizer, optimizer_step,
-                   set_up, train_step)
+import train
+from train import make_loss, make_optimizer, train_step
 
 class TorchTransformer(nn.Module):
     """torch.nn.Transformer with the same embeddings, positional encoding, pre-norm layers and
@@ -187,38 +190,47 @@ class Step:
 
 
 def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -> float:
-    """Real tokens/s of train.py's own loop pieces (data loading, step, optimizer, learning
-    rate) over `steps` optimizer steps after one untimed step, in a throw-away folder; with
-    `host_only`, the mean seconds a step of that loop takes with the device's work (the model's
-    step and Adam's) removed: what the host adds to each step."""
+    """Real tokens/s of train.py's own loop (train.train_epoch: data loading, step, optimizer,
+    learning rate, logging) over `steps` optimizer steps after one untimed step, in a throw-away
+    folder; with `host_only`, the mean seconds a step of that loop takes with the device's work
+    (train_step's model and optimizer_step's Adam) replaced by the batches' copy to the device:
+    what the host adds to each step."""
     with tempfile.TemporaryDirectory() as tmp:
         loop_config = dataclasses.replace(config, preload="none", model_folder=tmp,
-                                          experiment_name=f"{tmp}/runs")
+                                          experiment_name=f"{tmp}/runs", max_steps=steps + 1,
+                                          eval_every=0, save_every=0)
         for key, tok in zip(tokenizer_keys(config), (data.tokenizer_src, data.tokenizer_tgt)):
             tok.save(str(tokenizer_path(loop_config, key)))  # reuse the tokenizers
-        run, progress = set_up(loop_config, set())
-        seconds, tokens, started = [], [], time.perf_counter()
-        for group, _ in accumulation_groups(run, 0):
-            if host_only:  # the batch still goes to the device, and its tokens are counted
-                for b in group:
-                    [b[k].to(run.device, non_blocking=True) for k in b]
-                learning_rate(config, progress.step + 1, 0)
-            else:
-                loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device,
-                                     run.amp, run.scaler)
-                optimizer_step(run, progress, loss, learning_rate(config, progress.step + 1, 0))
-            progress.step += 1
-            sync(run.device)
-            seconds.append(time.perf_counter() - started)
+        run, progress = train.set_up(loop_config, set())
+        stamps, tokens = [time.perf_counter()], []
+        step, update = train.train_step, train.optimizer_step
+
+        def timed_step(model, group, *args, **kwargs):
             tokens.append(sum(real_tokens(b) for b in group))
-            started = time.perf_counter()
-            if len(seconds) > steps:
-                break
-        run.writer.close()
-        run.lock.release()
+            if not host_only:
+                return step(model, group, *args, **kwargs)
+            for b in group:  # the batch still goes to the device
+                [b[k].to(run.device, non_blocking=True) for k in b]
+            return torch.zeros((), device=run.device), 0
+
+        def timed_update(*args):
+            if not host_only:
+                update(*args)
+            sync(run.device)
+            stamps.append(time.perf_counter())
+        train.train_step, train.optimizer_step = timed_step, timed_update
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):  # its bar and its stop line
+                train.train_epoch(run, progress)
+        finally:
+            train.train_step, train.optimizer_step = step, update
+            run.writer.close()
+            run.lock.release()
+    seconds = np.diff(stamps)[1:]  # the first step untimed
     if host_only:
-        return statistics.mean(seconds[1:])
-    return sum(tokens[1:]) / sum(seconds[1:])
+        return float(seconds.mean())
+    return sum(tokens[1:len(seconds) + 1]) / float(seconds.sum())
 
 
 # Words in the names of torch's fused attention: its operators (scaled_dot_product_*, *_flash_*,
@@ -442,7 +454,7 @@ def main(argv=None):
           f"{args.warmup_steps} warm-up + {args.steps} timed steps each")
     if config.max_tokens:
         report_padding(data, config.max_tokens)
-    fixed_shapes(config, data, say=True)  # (prints what they cost, where there are some)
+    choose_shapes(config, data, say=True)  # (prints what they cost, where there are some)
     if not args.steps:  # (--steps 0: the data's figures only)
         return
 
@@ -482,7 +494,7 @@ def compare(config: Config, data, device, args):
     if autocast_dtype(config, device) is not None or config.compile:
         plain = build_model(config, src_vocab, tgt_vocab).to(device).train()
         plain.load_state_dict(ours.state_dict())
-    shapes = fixed_shapes(config, data)  # under --compile: static shapes, compiled once each
+    shapes = choose_shapes(config, data)  # under --compile: static shapes, compiled once each
     if config.compile:
         ours = compiled(ours, config, device, shapes)
         theirs = torch.compile(theirs, dynamic=shapes is None,

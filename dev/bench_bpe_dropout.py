@@ -23,10 +23,11 @@ import time
 import torch
 
 from config import Config, add_config_arguments, config_from_args
-from dataset import (POOL_BATCHES, BPEDropout, Collator, PooledBatches, TokenBatchSampler, get_ds,
-                     real_tokens)
+from dataset import Collator, get_ds, real_tokens
 from dev.bench import Step
 from dev.timing import sync
+from nmt.batching import TokenBatchSampler
+from nmt.bpe_dropout import POOL_BATCHES, BPEDropout, PooledBatches
 from nmt.cli import ArgumentParser, run_main
 from nmt.runtime import setup_device, use_threads
 from nmt.trained_model import build_model

@@ -6,6 +6,7 @@ import torch
 
 from config import Config
 from model import swiglu_width
+from tokenizer import PAD
 
 # Dense bf16 peak FLOP/s of common GPUs, for MFU.
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
@@ -18,10 +19,14 @@ def sync(device):
 
 
 def model_flops(config: Config, batch, tgt_vocab: int) -> float:
-    """Training FLOPs of one step (3x forward: forward + backward), counting padded positions:
-    every matmul of the layers and projection, and attention's QK^T and AV. Keys and values
-    are n_kv_heads wide (grouped-query attention); SwiGLU has three matrices of its width."""
-    b, s = batch["encoder_input"].shape
+    """Training FLOPs of one step (3x forward: forward + backward), counting padded positions
+    of the batch's pairs but not the filler rows of a fixed shape (nmt.shapes.FixedShapes: rows
+    without a target token, work that trains nothing): every matmul of the layers and
+    projection, and attention's QK^T and AV. Keys and values are n_kv_heads wide (grouped-query
+    attention); SwiGLU has three matrices of its width."""
+    s = batch["encoder_input"].size(1)
+    b = int((batch["label"] != PAD).any(dim=1).sum()) if "label" in batch else \
+        batch["encoder_input"].size(0)
     t = batch["decoder_input"].size(1)
     d = config.d_model
     kv = d // config.h * (config.n_kv_heads or config.h)  # width of the keys (and values)

@@ -94,6 +94,17 @@ def cross_attention(model, tokenizer_src, tokenizer_tgt, sentence: str, translat
     return found.views["cross"], found.src_tokens, found.tgt_tokens
 
 
+def check_layer_and_head(view: str, layers: int, heads: int, layer: int, head: str):
+    """A `layer` (from 1; 0: all) and `head` (from 1, mean or all) that the view's `layers`
+    and `heads` have, or one UserError line."""
+    if not 0 <= layer <= layers:
+        raise UserError(f"--attention_layer {layer}: the {VIEWS[view]} has {layers} layers "
+                        f"(1 to {layers}; 0: all)")
+    if head not in ("all", "mean") and not (head.isdigit() and 1 <= int(head) <= heads):
+        raise UserError(f"--attention_head {head}: the {VIEWS[view]} has {heads} heads (1 to "
+                        f"{heads}, mean or all)")
+
+
 def grid(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: str = "all"):
     """The panels of a picture of one view: rows the layers (or the one `layer`, counting from
     1; 0: all), columns the heads (or the one `head`, counting from 1; "mean": their mean;
@@ -101,12 +112,7 @@ def grid(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: s
     head that does not exist is one UserError line."""
     found = weights.views[view]  # (layers, h, queries, keys)
     layers, heads = found.shape[:2]
-    if not 0 <= layer <= layers:
-        raise UserError(f"--attention_layer {layer}: the {VIEWS[view]} has {layers} layers "
-                        f"(1 to {layers}; 0: all)")
-    if head not in ("all", "mean") and not (head.isdigit() and 1 <= int(head) <= heads):
-        raise UserError(f"--attention_head {head}: the {VIEWS[view]} has {heads} heads (1 to "
-                        f"{heads}, mean or all)")
+    check_layer_and_head(view, layers, heads, layer, head)
     rows = []
     for n in ([layer - 1] if layer else range(layers)):
         if head == "mean":

@@ -1,17 +1,19 @@
 """Fixed batch shapes and the compiled training step (train.py --fixed_shapes, --compile,
 --cuda_graphs): which shapes a run uses, what they cost, and torch.compile of the step's model
-once per shape. The shapes themselves are dataset.FixedShapes; this is train.py's use of them."""
+once per shape. The shapes themselves are nmt.shapes.FixedShapes; this is train.py's use of them."""
 
 import torch
 
 from config import Config, UserError
-from dataset import Data, FixedShapes, TokenBatchSampler, best_lengths
+from dataset import Data
+from nmt.batching import TokenBatchSampler
+from nmt.shapes import FixedShapes, best_lengths
 
 
-def fixed_shapes(config: Config, data: Data, say: bool = False):
-    """The fixed batch shapes of --fixed_shapes (16 under --compile), or None: the lengths
-    that pad the training pairs the least (dataset.best_lengths). `say`: print what they cost
-    (`shapes_note`)."""
+def choose_shapes(config: Config, data: Data, say: bool = False):
+    """The run's fixed batch shapes, as many lengths as Config.shape_count decides
+    (--fixed_shapes, 16 under --compile, none without either), or None: the lengths that pad the
+    training pairs the least (best_lengths). `say`: print what they cost (`shapes_note`)."""
     count = config.shape_count()
     if not count:
         return None
@@ -37,12 +39,18 @@ def shapes_note(shapes: FixedShapes, data: Data, config: Config) -> str:
             f"tokens)")
 
 
+def check_cuda_graphs(config: Config, device):
+    """--cuda_graphs needs a CUDA device: refused when the run starts, before anything is
+    written (its pairing with --compile and fixed shapes: Config.validate)."""
+    if config.cuda_graphs and device.type != "cuda":
+        raise UserError(f"--cuda_graphs needs a CUDA device (this run is on {device})")
+
+
 def compiled(model, config: Config, device, shapes):
     """torch.compile of the training step's model: static shapes, compiled once per fixed
     shape (the recompile limit raised to their number), or with BPE-dropout's free shapes
-    dynamic; --cuda_graphs adds CUDA graphs (mode reduce-overhead)."""
-    if config.cuda_graphs and device.type != "cuda":
-        raise UserError(f"--cuda_graphs needs a CUDA device (this run is on {device})")
+    dynamic; --cuda_graphs (CUDA, fixed shapes: checked before) adds CUDA graphs (mode
+    reduce-overhead)."""
     if shapes is None:
         return torch.compile(model, dynamic=True)
     import torch._dynamo as dynamo

@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from dataset import Collator, TokenBatchSampler
+from dataset import Collator
+from nmt.batching import TokenBatchSampler
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.attention_map import attention_weights
 from nmt.checkpoint import best_checkpoint_path, load_checkpoint

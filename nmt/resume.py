@@ -86,6 +86,12 @@ def resume_state(config: Config, given: set, world_size: int = 1):
                     f"{path} was saved mid-epoch with --{name} {getattr(saved, name)}; resume "
                     f"it with the same value (the epoch's batch order depends on it), or from a "
                     f"per-epoch checkpoint with --preload N")
+        if saved.shape_count() != merged.shape_count():
+            raise CheckpointError(
+                f"{path} was saved mid-epoch with {shapes_in_words(saved)} and this run would "
+                f"have {shapes_in_words(merged)}: the epoch's batches are cut by them; resume it "
+                f"with the same --fixed_shapes and --compile, or from a per-epoch checkpoint "
+                f"with --preload N")
         saved_world = state.get("world_size", 1)
         if saved_world != world_size:
             raise CheckpointError(
@@ -116,6 +122,28 @@ def check_distillation(saved: Config, merged: Config, path: Path):
             f"{path} was trained with --{name} {before} (a run's training pairs are fixed when "
             f"it starts): resume without --{name}, or train a new run into another "
             f"--model_folder")
+
+
+def shapes_in_words(config: Config) -> str:
+    count = config.shape_count()
+    return f"{count} fixed batch lengths" if count else "no fixed batch shapes"
+
+
+def after_smaller_batches(config: Config) -> str:
+    """How a run stopped by a step too large for the device goes on with smaller batches
+    (the end of nmt.runtime.out_of_memory's line): a mid-epoch checkpoint resumes with the
+    batches it was saved with only, so the advice names the newest per-epoch checkpoint, or,
+    with none, a start in another folder."""
+    found = list_checkpoints(config)
+    if not found or found[-1][2] is None:
+        return "the checkpoints already saved are intact, resume from them"
+    epochs = [epoch for _, epoch, step in found if step is None]
+    if epochs:
+        return (f"the newest checkpoint is mid-epoch, where the batches cannot change: resume "
+                f"with them from the last per-epoch checkpoint, --preload {epochs[-1]}")
+    return (f"the checkpoints saved are mid-epoch, where the batches cannot change (and no "
+            f"epoch has ended): start again with them in another --model_folder, or resume "
+            f"{config.model_folder} with the same batches on a device with more memory")
 
 
 def check_corpus(state: dict, path: Path, corpus: dict):

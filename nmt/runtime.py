@@ -248,16 +248,20 @@ class OutOfMemory(UserError):
     """A training step that did not fit the device's memory."""
 
 
-def out_of_memory(run, group, error: Exception) -> Exception:
-    """A training step's out-of-memory error (train.py's Run, the step's batches) as one line that
-    says what to lower (docs/troubleshooting.md); any other error as it was."""
-    if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error):
-        return error
+def is_out_of_memory(error: Exception) -> bool:
+    """Whether a step's error is the device's memory running out (torch.OutOfMemoryError on a
+    GPU; a RuntimeError "... out of memory" on MPS)."""
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error)
+
+
+def out_of_memory(config: Config, device: torch.device, group, resume) -> OutOfMemory:
+    """A training step's out-of-memory error as one line (docs/troubleshooting.md): the step's
+    size (its batches), what to lower, and how to go on from the checkpoints saved, as
+    `resume(config)` says (nmt.resume.after_smaller_batches)."""
     padded = sum(b["encoder_input"].numel() + b["label"].numel() for b in group)
-    size = (f"--max_tokens {run.config.max_tokens}" if run.config.max_tokens else
-            f"--batch_size {run.config.batch_size}")
+    size = (f"--max_tokens {config.max_tokens}" if config.max_tokens else
+            f"--batch_size {config.batch_size}")
     return OutOfMemory(
-        f"out of memory on {run.device} in a step of {padded:,} padded tokens ({size}, "
-        f"--accum_steps {run.config.accum_steps}): lower --max_tokens (or --batch_size) and "
-        f"raise --accum_steps to keep the update's size; the checkpoints already saved are "
-        f"intact, resume from them")
+        f"out of memory on {device} in a step of {padded:,} padded tokens ({size}, "
+        f"--accum_steps {config.accum_steps}): lower --max_tokens (or --batch_size) and "
+        f"raise --accum_steps to keep the update's size; {resume(config)}")

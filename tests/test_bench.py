@@ -26,6 +26,13 @@ def test_the_benchmarks_flop_count_is_the_models(options):
         model(src, tgt, torch.ones(3, 1, 1, 10, dtype=torch.bool))
     batch = {"encoder_input": src, "decoder_input": tgt}
     assert model_flops(config, batch, 60) == 3 * counter.get_total_flops()
+    # issue 70, 7: a fixed shape's filler rows (no target token) are no useful work
+    from tokenizer import EOS, PAD
+    label = torch.cat([tgt[:, 1:], torch.full((3, 1), EOS)], dim=1)  # (3, 7)
+    filler = {"encoder_input": torch.cat([src, torch.full((2, 10), PAD)]),
+              "decoder_input": torch.cat([tgt, torch.full((2, 7), PAD)]),
+              "label": torch.cat([label, torch.full((2, 7), PAD)])}
+    assert model_flops(config, filler, 60) == model_flops(config, batch, 60)
 
 
 @pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # on CPU: written out, or torch's
@@ -313,7 +320,8 @@ def test_wmt_lengths_fall_into_16_shapes_with_little_added_padding(tmp_path):
     than batches padded to their own longest; lengths in plain steps of 16 pad far more."""
     import numpy as np
 
-    from dataset import FixedShapes, TokenBatchSampler, best_lengths
+    from nmt.batching import TokenBatchSampler
+    from nmt.shapes import FixedShapes, best_lengths
     from dev.bench import wmt_like_corpus
     folder = wmt_like_corpus(tmp_path / "wmt", 20000, 37000, seed=1)
     src = np.array([len(x.split()) for x in (folder / "train.en").read_text().splitlines()]) + 2
@@ -353,3 +361,28 @@ def test_the_readmes_badge_and_the_notebook_name_one_repository(tmp_path):
     set_repository("someone/transformer", tmp_path)
     assert repositories(tmp_path) == ("someone/transformer", "someone/transformer")
     nbformat.read(tmp_path / "notebooks" / "colab.ipynb", as_version=4)  # still a notebook
+
+
+def test_the_loops_timing_runs_train_py_s_own_epoch(tmp_path, monkeypatch):
+    """Issue 70, 7: `dev.bench --host_steps` (and --train_steps) timed the benchmark's own copy
+    of the loop, not train.train_epoch: both now run train_epoch itself, the host-only timing
+    with the device's work replaced by the batches' copy."""
+    import train
+    from conftest import TINY, make_corpus
+
+    from config import parse_config
+    from dataset import get_ds
+    from dev.bench import time_train_loop
+    make_corpus(tmp_path / "c", n=120, val=4)
+    config, _ = parse_config(["--data_dir", str(tmp_path / "c"), *TINY,
+                              "--model_folder", str(tmp_path / "w")])
+    data = get_ds(config)
+    epochs, real, steps = [], train.train_epoch, []
+    monkeypatch.setattr(train, "train_epoch", lambda run, progress: (
+        epochs.append(run.config.max_steps), real(run, progress))[1])
+    real_step = train.train_step
+    monkeypatch.setattr(train, "train_step", lambda *a, **k: (steps.append(1),
+                                                              real_step(*a, **k))[1])
+    seconds = time_train_loop(config, data, 2, host_only=True)
+    assert epochs == [3] and steps == [] and seconds > 0
+    assert time_train_loop(config, data, 2) > 0 and epochs == [3, 3] and len(steps) == 3

@@ -4,16 +4,18 @@ import torch
 from conftest import TINY, make_corpus, run_here
 
 from config import Config
-from nmt.compiling import compiled
+from nmt.compiling import check_cuda_graphs, compiled
 from tokenizer import EOS, PAD, SOS
 from train import make_loss, train_step
 
 
 def shaped_batches(count: int = 3, max_tokens: int = 120):
-    """Batches of random pairs in `count` fixed shapes (dataset.FixedShapes), and the shapes."""
+    """Batches of random pairs in `count` fixed shapes (nmt.shapes.FixedShapes), and the shapes."""
     import numpy as np
 
-    from dataset import BilingualDataset, Collator, FixedShapes, TokenBatchSampler, best_lengths
+    from dataset import BilingualDataset, Collator
+    from nmt.batching import TokenBatchSampler
+    from nmt.shapes import FixedShapes, best_lengths
     rng = np.random.default_rng(0)
     data = BilingualDataset([rng.integers(4, 20, rng.integers(1, 14)).tolist()
                              for _ in range(120)],
@@ -29,7 +31,7 @@ def test_the_compiled_step_breaks_no_graph_and_compiles_once_per_shape(monkeypat
     """Issue 62: under fixed shapes, the compiled step (nmt.compiling.compiled: dynamic=False)
     traces one graph per shape, with no graph break (the loss included: kernels.py gives the
     compiler the whole-logits formula), and a shape seen again compiles nothing. Dynamo's own
-    counters, with its eager backend (the tracing is the same; no code generation)."""
+    counters, with an eager backend (the tracing is the same; no code generation)."""
     import torch._dynamo as dynamo
     from torch._dynamo.utils import counters
 
@@ -39,8 +41,12 @@ def test_the_compiled_step_breaks_no_graph_and_compiles_once_per_shape(monkeypat
     assert len(distinct) == 3
     dynamo.reset()
     counters.clear()
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="eager", **kw))
+    real, calls = torch.compile, []
+
+    def eager(graph, inputs):  # dynamo's eager backend, keeping the functions each graph calls
+        calls.extend(node.target for node in graph.graph.nodes if node.op == "call_function")
+        return graph.forward
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend=eager, **kw))
     config = Config(compile=True, max_tokens=120, d_model=32)
     step_model = compiled(tiny_model(vocab=20, seq_len=32).train(), config,
                                 torch.device("cpu"), shapes)
@@ -49,6 +55,9 @@ def test_the_compiled_step_breaks_no_graph_and_compiles_once_per_shape(monkeypat
         train_step(step_model, [batch], loss_fn, PAD, torch.device("cpu"))
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 3
+    # issue 70: the loss as the whole-logits formula under the compiler (kernels.py: it compiles
+    # faster than the blocks'); disabling that branch passed
+    assert torch.nn.functional.cross_entropy in calls
     dynamo.reset()
 
 
@@ -79,17 +88,68 @@ def test_the_compiled_step_equals_the_eager_one():
     dynamo.reset()
 
 
-def test_a_run_with_fixed_shapes_says_what_they_cost_and_trains(tmp_path):
+def test_a_run_with_fixed_shapes_says_what_they_cost_and_trains_in_them(tmp_path, monkeypatch):
     """Issue 62: --fixed_shapes prints its lengths, the shapes of the first epoch and the
-    padding they add; the run trains as any; --cuda_graphs on a CPU is one line."""
+    padding they add, and the run trains. Issue 70: in those shapes (a run that printed them
+    and trained without them passed): every step's batch has one of the lengths printed and
+    max_tokens // length rows."""
+    import train
     make_corpus(tmp_path / "c", n=120, val=4)
+    seen, real = [], train.train_step
+    monkeypatch.setattr(train, "train_step", lambda model, group, *a, **k: (
+        seen.extend(tuple(b[key].shape) for b in group for key in ("encoder_input", "label")),
+        real(model, group, *a, **k))[1])
     t = run_here("train.py", "--data_dir", "c", *TINY, "--num_epochs", "1", "--fixed_shapes",
                  "3", cwd=tmp_path)
     out, err = t.stdout.decode(), t.stderr.decode()
     assert t.returncode == 0, err
     line = next(x for x in out.splitlines() if x.startswith("fixed shapes: 3 lengths ("))
     assert "shapes in epoch 0;" in line and "% tokens)" in line
-    t = run_here("train.py", "--data_dir", "c", *TINY, "--num_epochs", "1", "--compile",
-                 "--cuda_graphs", "--model_folder", "g", cwd=tmp_path)
-    assert t.returncode == 2 and "--cuda_graphs needs a CUDA device (this run is on cpu)" in \
-        t.stderr.decode()
+    lengths = [int(n) for n in line.split("(")[1].split(")")[0].split(", ")]
+    assert seen and {shape for shape in seen} <= {(200 // n, n) for n in lengths}, (seen, line)
+
+
+def test_cuda_graphs_without_a_gpu_is_refused_before_any_file_is_written(tmp_path):
+    """Issue 62: --cuda_graphs on a CPU is one line. Issue 70, 2: refused at the start, before
+    the tokenizers and the prepared data are written; beside --bpe_dropout (no fixed shapes, so
+    no reduce-overhead mode: it was accepted and ignored), refused with the flags."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    t = run_here("train.py", "--data_dir", "c", *TINY, "--compile", "--cuda_graphs",
+                 "--model_folder", "g", cwd=tmp_path)
+    assert t.returncode == 2 and t.stderr.decode().strip().splitlines()[-1] == \
+        "train.py: error: --cuda_graphs needs a CUDA device (this run is on cpu)"
+    assert not [p for p in tmp_path.rglob("*") if "c" not in p.relative_to(tmp_path).parts]
+    t = run_here("train.py", "--data_dir", "c", *TINY, "--compile", "--cuda_graphs",
+                 "--bpe_dropout", "0.1", "--device", "cuda", cwd=tmp_path)
+    assert t.returncode == 2 and "--cuda_graphs captures fixed batch shapes, which " \
+        "--bpe_dropout does not have" in t.stderr.decode()
+    check_cuda_graphs(Config(compile=True, cuda_graphs=True), torch.device("cuda"))
+
+
+def test_fixed_shapes_are_16_under_compile_and_off_without_it():
+    """docs/scaling.md's promise (issue 70): --fixed_shapes 0 means 16 lengths under --compile
+    and none without it; a number given is taken; BPE-dropout has none."""
+    assert Config().shape_count() == 0 and Config(compile=True).shape_count() == 16
+    assert Config(fixed_shapes=3).shape_count() == 3
+    assert Config(compile=True, fixed_shapes=5).shape_count() == 5
+    assert Config(compile=True, bpe_dropout=0.1).shape_count() == 0
+
+
+def test_the_compiled_step_has_room_for_every_shape_and_cuda_graphs(monkeypatch):
+    """Issue 70: the recompile limit raised to a run's shapes (16 under --compile, in train and
+    eval modes: over dynamo's default 8; 3 shapes stayed under it, so removing the raise
+    passed), and --cuda_graphs as torch.compile's reduce-overhead mode."""
+    import torch._dynamo as dynamo
+
+    from nmt.shapes import FixedShapes
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    name = next(n for n in ("recompile_limit", "cache_size_limit") if hasattr(dynamo.config, n))
+    monkeypatch.setattr(dynamo.config, name, 8)
+    shapes = FixedShapes(tuple(range(8, 24)), 400, 0)
+    for graphs in (False, True):
+        compiled(torch.nn.Linear(2, 2), Config(compile=True, cuda_graphs=graphs),
+                 torch.device("cuda"), shapes)
+    assert getattr(dynamo.config, name) >= 2 * 16
+    assert calls == [{"dynamic": False, "mode": None},
+                     {"dynamic": False, "mode": "reduce-overhead"}]

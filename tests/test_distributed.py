@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import ROOT, TINY, children, make_corpus, number_pairs, run_here, write_aligned
 
-from dataset import Collator, TokenBatchSampler, split_for_ranks
+from dataset import Collator
+from nmt.batching import TokenBatchSampler, split_for_ranks
 from tokenizer import PAD
 
 # torchrun is launched as `python -m torch.distributed.run`: no script on PATH needed

@@ -160,3 +160,53 @@ def test_a_mid_epoch_checkpoint_refuses_another_batch_order(tmp_path, name, valu
     resume_state(config, set())  # the same values: resumed
     save_checkpoint(tiny_state(1, optimizer_state_dict={}), tmp_path / "tmodel_01.pt")
     resume_state(changed, {name})  # between epochs: any batch order
+
+
+@pytest.mark.parametrize("change", [{"fixed_shapes": 3}, {"compile": True},
+                                    {"compile": True, "fixed_shapes": 5}])
+def test_a_mid_epoch_checkpoint_refuses_other_fixed_shapes(tmp_path, change):
+    """Issue 70, 1: fixed shapes cut an epoch into other batches (1,500 pairs: 287 plain, 298
+    fixed), yet a mid-epoch resume with --fixed_shapes or --compile changed went on, training
+    some pairs twice and others never: refused in one line; the same shapes (--compile beside
+    the --fixed_shapes saved) and a per-epoch checkpoint take it."""
+    config = Config(model_folder=str(tmp_path), fixed_shapes=5)
+    save_checkpoint(tiny_state(0, step=13, optimizer_state_dict={}, config=config.to_dict()),
+                    tmp_path / "tmodel_00_s0000013.pt")
+    changed = dataclasses.replace(config, **{"fixed_shapes": 0, **change})
+    given = set(change) | {"fixed_shapes"}
+    if changed.shape_count() == 5:
+        resume_state(changed, given)
+        return
+    with pytest.raises(CheckpointError, match="saved mid-epoch with 5 fixed batch lengths and "
+                                              "this run would have "):
+        resume_state(changed, given)
+    save_checkpoint(tiny_state(1, optimizer_state_dict={}, config=config.to_dict()),
+                    tmp_path / "tmodel_01.pt")
+    resume_state(changed, given)  # between epochs: any shapes
+
+
+def test_the_out_of_memory_advice_names_a_resume_that_is_taken(tmp_path):
+    """Issue 70, 3: the out-of-memory line said "lower --max_tokens, raise --accum_steps,
+    resume", which a mid-epoch newest checkpoint (Ctrl-C, --save_every) refuses. The advice
+    follows the folder: resume where the newest checkpoint is per-epoch; else the newest
+    per-epoch one by number (taken with the smaller batches); else another folder."""
+    from nmt.resume import after_smaller_batches
+    config = Config(model_folder=str(tmp_path), max_tokens=4000)
+    smaller = dataclasses.replace(config, max_tokens=2000, accum_steps=2)
+    assert after_smaller_batches(config).endswith("intact, resume from them")  # nothing saved
+    save_checkpoint(tiny_state(0, step=13, optimizer_state_dict={}, config=config.to_dict()),
+                    tmp_path / "tmodel_00_s0000013.pt")
+    assert "start again with them in another --model_folder" in after_smaller_batches(config)
+    with pytest.raises(CheckpointError, match="saved mid-epoch with --max_tokens"):
+        resume_state(smaller, {"max_tokens", "accum_steps"})
+    save_checkpoint(tiny_state(0, optimizer_state_dict={}, config=config.to_dict()),
+                    tmp_path / "tmodel_00.pt")
+    assert after_smaller_batches(config).endswith("intact, resume from them")
+    resume_state(smaller, {"max_tokens", "accum_steps"})  # the advice taken
+    save_checkpoint(tiny_state(1, step=25, optimizer_state_dict={}, config=config.to_dict()),
+                    tmp_path / "tmodel_01_s0000025.pt")
+    advice = after_smaller_batches(config)
+    assert advice.endswith("from the last per-epoch checkpoint, --preload 0"), advice
+    (path, _), _ = resume_state(dataclasses.replace(smaller, preload="0"),
+                                {"max_tokens", "accum_steps", "preload"})  # the advice taken
+    assert path.name == "tmodel_00.pt"

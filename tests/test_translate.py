@@ -70,23 +70,28 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     assert f"SOURCE: {src}" in out and f"TARGET: {ref}" in out and "PREDICTED:" in out
     (home / "test.en").write_text("".join(s + "\n" for s, _ in number_pairs(5, seed=3)))
     (home / "test.it").write_text("".join(t + "\n" for _, t in number_pairs(5, seed=3)))
+    # issue 61: the papers' BLEU beside sacreBLEU's, against tokenized references (one decoding
+    # for both: issue 70)
+    (home / "test.tok.it").write_text("".join(t.lower().replace(".", " .") + "\n"
+                                              for _, t in number_pairs(5, seed=3)))
     t = run_here("translate.py", "--input", "test.en", "--output", "test.hyp", "--reference",
-                 "test.it", "--beam", "2", cwd=home)
+                 "test.it", "--papers_reference", "test.tok.it", "--beam", "2", cwd=home)
     assert t.returncode == 0, t.stderr.decode()
     assert len((home / "test.hyp").read_text().splitlines()) == 5
     assert "BLEU = " in t.stderr.decode() and "nrefs:1|bs:1000|" in t.stderr.decode()
     assert "±" in t.stderr.decode()  # issue 42: with its 95% confidence interval
     assert "chrF2 = " in t.stderr.decode()
-    # issue 61: the papers' BLEU beside sacreBLEU's, against tokenized references
-    (home / "test.tok.it").write_text("".join(t.lower().replace(".", " .") + "\n"
-                                              for _, t in number_pairs(5, seed=3)))
-    t = run_here("translate.py", "--input", "test.en", "--reference", "test.it",
-                 "--papers_reference", "test.tok.it", "--beam", "2", cwd=home)
-    assert t.returncode == 0, t.stderr.decode()
     lines = t.stderr.decode().splitlines()
     papers = [line for line in lines if line.startswith("papers' BLEU (lowercased")]
     assert len(papers) == 1 and "tok:none" in papers[0]
     assert any(line.startswith("BLEU = ") and "tok:13a" in line for line in lines)
+    # issue 70: scored against the tokenized references (against the cased --reference passed)
+    from nmt.metrics import papers_bleu
+    hyps = (home / "test.hyp").read_text().splitlines()
+    tokenized = (home / "test.tok.it").read_text().splitlines()
+    cased = (home / "test.it").read_text().splitlines()
+    assert papers[0] == papers_bleu(hyps, tokenized, "it")["report"]
+    assert papers[0] != papers_bleu(hyps, cased, "it")["report"]
 
 
 @pytest.mark.parametrize("args, stdin, message", [
@@ -150,10 +155,11 @@ def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, messag
 
 def test_translate_checks_the_reference_before_decoding(trained, monkeypatch, capsys):
     """Issue 16, 12: --reference with another line count translated everything first."""
+    import nmt.translator
     import translate
     home, _ = trained
     monkeypatch.chdir(home)
-    monkeypatch.setattr(translate, "translate", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(nmt.translator, "translate", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(translate.InputError, match="has 8 lines but the input has 64"):
         translate.main(["--input", "corpus/train.en", "--reference", "corpus/val.it"])
 
@@ -422,7 +428,7 @@ def test_the_python_api_translates_as_the_command_line(trained, monkeypatch):
     a folder with no model raises the CLI's one line as config.UserError."""
     from config import UserError
     from nmt.checkpoint import CheckpointError
-    from translate import Translator
+    from nmt.translator import Translator
     home, _ = trained
     monkeypatch.chdir(home)
     sentences = ["one two three", "four five", "six"]
@@ -447,7 +453,7 @@ def test_the_python_api_translates_as_the_command_line(trained, monkeypatch):
         Translator("corpus")
     cli = run_here("translate.py", "--model_folder", "corpus", "hi", cwd=home)
     assert cli.stderr.decode().strip() == f"translate.py: error: {error.value}"
-    with pytest.raises(UserError, match="--nbest at most --beam"):
+    with pytest.raises(UserError, match="--nbest 3 must be at most --beam 2"):
         best.translate(sentences, beam=2, nbest=3)
 
 
@@ -501,3 +507,87 @@ def test_an_ensemble_applies_average_and_preload_to_each_member(trained, monkeyp
     assert asked == [("01", 2), ("01", 2)]
     err = t.stderr.decode()
     assert err.count("averaged 2 checkpoints: tmodel_00.pt, tmodel_01.pt") == 2
+
+
+def test_the_python_api_keeps_the_command_lines_promises(trained, monkeypatch):
+    """docs/translating.md (issue 70: untested): Translator takes the checkpoint choice
+    (a file: that file, not its folder's newest; an epoch), the averaging, the device and the
+    threads as the flags have them, and raises the command line's one-line errors (another
+    tokenizer, a bad --beam); issue 70, 5: an empty sentence, average=0 and batch_size=0 are
+    refused as translate.py refuses them (they returned '', named --batch_size, became 64)."""
+    import shutil
+
+    import torch
+
+    from conftest import swap_two_tokens
+    from config import UserError
+    from nmt.checkpoint import average_checkpoints, load_checkpoint
+    from nmt.translator import InputError, Translator
+    home, _ = trained
+    monkeypatch.chdir(home)
+    weights = {name: load_checkpoint(home / "weights" / name)["model_state_dict"]
+               for name in ("tmodel_00.pt", "tmodel_01.pt")}
+    key = "projection_layer.proj.weight"
+    assert not torch.equal(weights["tmodel_00.pt"][key], weights["tmodel_01.pt"][key])
+
+    def weight(translator):
+        return translator.model.state_dict()[key]
+    assert torch.equal(weight(Translator("weights/tmodel_00.pt")), weights["tmodel_00.pt"][key])
+    assert torch.equal(weight(Translator("weights", preload="0")), weights["tmodel_00.pt"][key])
+    assert torch.equal(weight(Translator("weights")), weights["tmodel_01.pt"][key])
+    averaged = average_checkpoints([home / "weights" / n for n in weights])["model_state_dict"]
+    torch.testing.assert_close(weight(Translator("weights", average=2)), averaged[key])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        one = Translator("weights", device="cpu", threads=2)
+        assert torch.get_num_threads() == 2 and weight(one).device.type == "cpu"
+    finally:
+        torch.set_num_threads(threads)
+    for kwargs, flags in (({"device": "cuda"}, ["--device", "cuda"]),
+                          ({"average": 0}, ["--average", "0"])):
+        if torch.cuda.is_available() and "device" in kwargs:
+            continue
+        with pytest.raises(UserError) as error:
+            Translator("weights", **kwargs)
+        cli = run_here("translate.py", "--model_folder", "weights", *flags, "hi", cwd=home)
+        assert cli.returncode == 2 and str(error.value) in cli.stderr.decode(), kwargs
+    assert str(error.value) == "--average must be positive (got 0)"
+    for kwargs, flags, message in (
+            ({"beam": 0}, ["--beam", "0"], "--beam must be positive (got 0)"),
+            ({"batch_size": 0}, ["--batch_size", "0"], "--batch_size must be positive (got 0)")):
+        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            one.translate(["one two"], **kwargs)
+        cli = run_here("translate.py", "--model_folder", "weights", *flags, "hi", cwd=home)
+        assert cli.returncode == 2 and message in cli.stderr.decode(), cli.stderr.decode()
+    with pytest.raises(InputError, match="^the sentence is empty$"):
+        one.translate("  \t ")
+    assert one.translate(["one", ""])[1] == run_here(  # an empty line of a list: as of a file
+        "translate.py", "--model_folder", "weights", input=b"one\n\n", cwd=home
+    ).stdout.decode().splitlines()[1]
+    other = home / "other_tokenizer"
+    shutil.copytree(home / "weights", other, ignore=shutil.ignore_patterns("*.pt", "prepared"))
+    shutil.copy(home / "weights" / "tmodel_01.pt", other)
+    swap_two_tokens(home / "weights" / "tokenizer_it.json", other / "tokenizer_it.json")
+    with pytest.raises(UserError) as error:
+        Translator(str(other))
+    cli = run_here("translate.py", "--model_folder", str(other), "hi", cwd=home)
+    assert cli.stderr.decode().strip().splitlines()[-1] == f"translate.py: error: {error.value}"
+    shutil.rmtree(other)
+
+
+def test_a_bad_attention_layer_or_head_is_refused_before_anything_is_decoded(
+        trained, tmp_path, monkeypatch):
+    """Issue 70, 4: --attention_layer and --attention_head were checked when the picture was
+    drawn: after decoding and after --output was written."""
+    import nmt.translator
+    home, _ = trained
+    monkeypatch.setattr(nmt.translator, "translate", lambda *a, **k: pytest.fail("decoded"))
+    for flags, message in ((["--attention_layer", "2"], "--attention_layer 2: the decoder "
+                            "cross-attention has 1 layers (1 to 1; 0: all)"),
+                           (["--attention_view", "encoder", "--attention_head", "3"],
+                            "--attention_head 3: the encoder self-attention has 2 heads")):
+        t = run_here("translate.py", "--attention", tmp_path / "a.png", *flags, "--output",
+                     tmp_path / "out.txt", "one two", cwd=home)
+        assert t.returncode == 2 and message in t.stderr.decode(), t.stderr.decode()
+        assert not (tmp_path / "out.txt").exists() and not (tmp_path / "a.png").exists()

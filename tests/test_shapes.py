@@ -1,0 +1,77 @@
+"""nmt/shapes.py: fixed batch shapes (issue 62): the lengths that pad the least, and a batch in
+its shape with the loss and gradients of its pairs."""
+
+import torch
+
+
+def test_best_lengths_pad_the_least_of_every_choice():
+    """nmt.shapes.best_lengths against every choice of k lengths (the longest always among them):
+    no other pads these pairs less."""
+    import itertools
+
+    import numpy as np
+
+    from nmt.shapes import best_lengths
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(2, 30, 300)
+    values = sorted(set(lengths.tolist()))
+
+    def padding(bounds):
+        bounds = np.array(bounds)
+        return int((bounds[np.searchsorted(bounds, lengths)] - lengths).sum())
+    for k in (1, 2, 3, 4):
+        found = best_lengths(lengths, k)
+        assert len(found) == k and found[-1] == max(values)
+        least = min(padding(list(c) + [max(values)])
+                    for c in itertools.combinations(values[:-1], k - 1))
+        assert padding(found) == least
+    assert best_lengths([5, 5, 7], 9) == (5, 7)  # no more lengths than there are
+
+def test_a_fixed_shape_batch_has_the_loss_and_gradients_of_its_pairs():
+    """Issue 62: a batch padded to its fixed (rows, length) shape, filler rows and all, gives
+    the summed loss and the gradients of the same pairs batched as before; the sampler never
+    puts more pairs in a batch than its shape has rows, and an epoch uses few shapes."""
+    import numpy as np
+
+    from conftest import tiny_model
+    from dataset import BilingualDataset, Collator, real_tokens
+    from nmt.batching import TokenBatchSampler
+    from nmt.shapes import FixedShapes, best_lengths
+    from kernels import BlockwiseLabelSmoothedCrossEntropy
+    from tokenizer import PAD
+    rng = np.random.default_rng(0)
+    src = [rng.integers(4, 20, rng.integers(1, 14)).tolist() for _ in range(200)]
+    tgt = [rng.integers(4, 20, rng.integers(1, 14)).tolist() for _ in range(200)]
+    data = BilingualDataset(src, tgt)
+    shapes = FixedShapes(best_lengths(data.lengths(), 4), 120, 0)
+    sampler = TokenBatchSampler(data.lengths(), 120, shapes=shapes, seed=2)
+    batches = sampler.batches(0)
+    plain, fixed = Collator(PAD), Collator(PAD, shapes)
+    seen = set()
+    for b in batches:
+        batch = fixed([data[i] for i in b])
+        rows, length = batch["encoder_input"].shape
+        assert (rows, length) == shapes.shape(max(data.lengths()[i] for i in b))
+        assert len(b) <= rows and batch["label"].shape == (rows, length)
+        seen.add((rows, length))
+    assert len(seen) <= 4
+    model = tiny_model(vocab=20, seq_len=32)  # dropout 0
+    loss_fn = BlockwiseLabelSmoothedCrossEntropy(0.1, ignore_index=PAD)
+    lengths = data.lengths()
+    short = next(b for b in batches  # a batch with filler rows and a longer length than its own
+                 if len(b) < shapes.shape(max(lengths[i] for i in b))[0]
+                 and shapes.length(max(lengths[i] for i in b)) > max(lengths[i] for i in b))
+    grads = []
+    for collate in (plain, fixed):
+        batch = collate([data[i] for i in short])
+        model.zero_grad()
+        loss = model(batch["encoder_input"], batch["decoder_input"], batch["encoder_mask"],
+                     label=batch["label"], loss=loss_fn)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()],
+                      real_tokens(batch), int((batch["label"] != PAD).sum())))
+    (loss_a, grad_a, real_a, n_a), (loss_b, grad_b, real_b, n_b) = grads
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grad_a, grad_b):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert (real_a, n_a) == (real_b, n_b)  # filler rows count as no tokens
