@@ -206,8 +206,9 @@ class Config:
         return self.lr or LR_AT_512 * 512 / self.d_model
 
     def teachers(self) -> list:
-        """--distill_from's models, in the order given (names trimmed: "A, B" is A and B)."""
-        return [t.strip() for t in self.distill_from.split(",") if t.strip()]
+        """--distill_from's models, in the order given (names trimmed and normalized: "A/, ./B"
+        is A and B)."""
+        return [os.path.normpath(t.strip()) for t in self.distill_from.split(",") if t.strip()]
 
     def validate(self, training: bool = True):
         """An error message for an invalid combination of values, or None (training: the

@@ -340,6 +340,7 @@ def load_corpus(config: Config, wanted=SPLITS):
                                                      seed=config.seed)
             splits["train"], splits["validation"] = parts["train"], parts["test"]
             splits["held_out"] = True
+    splits["text"] = splits["fingerprint"]  # the corpus alone (teachers are checked on it)
     if config.distill_from:
         splits = _with_distilled(config, splits, wanted)
     return _with_extra(config, splits, wanted) if config.extra_data_dir else splits
@@ -377,12 +378,15 @@ class DistilledTargets:
         return lines_digest(train, "src")
 
     def begin(self, key: str) -> int:
-        """Readies parts/ for translations made under `key` (the chunks of another key go);
-        returns the number of chunks already done."""
+        """Readies parts/ for translations made under `key` (the chunks of another key go, and
+        complete translations of another: their meta.json first); returns the number of chunks
+        already done."""
         try:
             plan = json.loads((self.parts / "plan.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             plan = None
+        for stale in ("meta.json", "train.tgt"):  # (of other teachers: meta.json first)
+            (self.folder / stale).unlink(missing_ok=True)
         if plan is None or plan.get("key") != key:
             shutil.rmtree(self.parts, ignore_errors=True)
             self.parts.mkdir(parents=True)
@@ -433,6 +437,9 @@ class DistilledTargets:
                                                 decode_lines(b"".join(lines), path, n + 1))
                     tables.append(table)
                     dropped, n = dropped + d, n + len(lines)
+                if f.readline():
+                    raise DataError(f"{path} has more lines than the {len(train)} sources; "
+                                    f"delete {self.folder} to translate again")
         except OSError as e:
             raise DataError(f"cannot read {path}: {e.strerror}") from None
         return _to_dataset(tables, dropped, f"{path.name} (the teachers' translations)")

@@ -374,7 +374,7 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     splits = load_corpus(config, wanted=("validation", "test"))
     held_out = "validation" not in splits
     corpus = {"source": corpus_source(config), "fingerprint": splits["fingerprint"],
-              "version": CORPUS_FINGERPRINT,
+              "text": splits["text"], "version": CORPUS_FINGERPRINT,
               **({"distilled": splits["distilled"]} if "distilled" in splits else {})}
     if check_corpus is not None:
         check_corpus(corpus)

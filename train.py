@@ -41,7 +41,7 @@ from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_pa
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
 from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
-from nmt.distill import plan_translation, translate_share
+from nmt.distill import finish_translation, plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import write_run_card
@@ -187,10 +187,13 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                 lock.acquire()
                 if init:  # a new run from a trained model: its tokenizers, not new ones
                     created = copy_tokenizers(*init, config)
-                shared["distilling"] = plan_translation(config, resume is not None)
+                shared["distilling"] = plan_translation(config, resume and resume[1])
         # --distill_from: the teachers translate the training sources, each process its share
-        translate_share(config, shared.get("distilling"), rank, world)
+        distilling = shared.get("distilling")
+        translate_share(config, distilling, rank, world)
         with main_first() as shared:
+            if rank == 0:
+                finish_translation(config, distilling)  # the shares joined: the targets
             start = (resume or init) if rank == 0 else None  # (path, state): before preparing
             data = get_ds(config, shared.get("data_key"),
                           partial(check_corpus, *resume[::-1]) if resume and rank == 0 else None,

@@ -363,5 +363,5 @@ def weights_digest(state: dict) -> str:
     for name, tensor in sorted(state["model_state_dict"].items()):
         tensor = tensor.detach().cpu().contiguous()
         sha.update(f"{name} {tensor.dtype} {tuple(tensor.shape)};".encode())
-        sha.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        sha.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # (numel·size,)
     return sha.hexdigest()[:32]

@@ -3,8 +3,9 @@ several as one ensemble) translate the training split's sources once with beam s
 student trains on their translations, alone or beside the corpus's own references
 (--distill_data). train.py plans the translation before it loads the data
 (`plan_translation`: the teachers checked, what is left to translate), every process translates
-its share (`translate_share`), and rank 0 joins the parts (`finish`); corpus.py then reads the
-translations in place of (or beside) the references. `distil` does the three in one process.
+its share (`translate_share`), and rank 0 joins the parts (`finish_translation`); corpus.py then
+reads the translations in place of (or beside) the references. `distil` does the three in one
+process.
 
     python train.py --preset multi30k_modern --data_dir data/multi30k \\
         --distill_from weights/teacher_a,weights/teacher_b --distill_average 5 \\
@@ -38,7 +39,6 @@ from nmt.trained_model import check_languages, load_ensemble, load_translator
 ALPHA = 0.6  # the teachers' length penalty (translate.py's default)
 CHUNK = 2048  # sentences a part at most: what a stop loses at most, per process
 PARTS = 16  # parts at least (a small corpus too is shared out between processes)
-FLAGS = {"ensemble": "--distill_from", "average": "--distill_average"}  # (load_ensemble's words)
 
 
 def teacher_checkpoint(teacher: str) -> Path:
@@ -57,7 +57,8 @@ def teacher_checkpoint(teacher: str) -> Path:
 def check_teacher(teacher: str, state: dict, config: Config, corpus: dict):
     """A teacher must translate the student's language pair, and have been trained on the
     student's corpus: the same text (its checkpoint records the corpus's fingerprint, which
-    reads the files' contents, wherever they lie), and, where validation is held out of the
+    reads the files' contents, wherever they lie; its own extra pairs or teachers aside), and,
+    where validation is held out of the
     training split, the same held-out pairs (else the teacher trained on the student's
     validation). One line, else."""
     saved = Config.from_dict(state["config"])
@@ -67,7 +68,9 @@ def check_teacher(teacher: str, state: dict, config: Config, corpus: dict):
     if recorded.get("version", 1) < 2 and recorded.get("source") == corpus["source"]:
         note(f"--distill_from {teacher} records its corpus by the files' times (an earlier "
              f"version): the same folder, its text not checked")
-    elif recorded.get("fingerprint") != corpus["fingerprint"]:
+    # the corpus alone, without the teacher's own extra pairs or teachers (earlier versions
+    # record only the whole, the same for a run with neither)
+    elif recorded.get("text", recorded.get("fingerprint")) != corpus["text"]:
         trained_on = recorded.get("source") or "a corpus it does not record"
         raise CheckpointError(
             f"--distill_from {teacher} was trained on {trained_on}, whose text is not this "
@@ -86,29 +89,41 @@ def describe(teacher: str, config: Config, corpus: dict) -> dict:
     """A teacher checked, with the checkpoint it translates with and the digest of the weights
     it translates with (the average of its newest --distill_average checkpoints)."""
     path = teacher_checkpoint(teacher)
-    check_teacher(teacher, load_checkpoint(path, mmap=True), config, corpus)
+    saved = load_checkpoint(path, mmap=True)
+    check_teacher(teacher, saved, config, corpus)
     folder = dataclasses.replace(Config(), model_folder=str(path.parent))
-    state, paths = load_averaged(folder, path, config.distill_average, FLAGS["average"])
+    state, paths = load_averaged(folder, path, config.distill_average, "--distill_average")
     return {"teacher": teacher, "checkpoint": str(path.resolve()),
-            "averaged": [p.name for p in paths], "weights": weights_digest(state)}
+            "averaged": [p.name for p in paths], "weights": weights_digest(state),
+            "target": (saved.get("tokenizers") or [None, None])[1]}
 
 
-def plan_translation(config: Config, resumed: bool = False):
+def plan_translation(config: Config, resumed: dict = None):
     """What this run must translate (rank 0, before any data is prepared): None with no
     --distill_from, for a resumed run that has its translations (it keeps what it trained on,
     whatever its teachers' folders hold now), and where the translations of these teachers,
     settings and sources are already there; else the plan every process translates its share
-    of, with parts/ readied for it (the parts of an earlier start kept). Checks the teachers
-    first (one line and exit 2 for a bad one), and writes nothing before."""
+    of, with parts/ readied for it (the parts of an earlier start kept). `resumed`: the state
+    of the checkpoint a resume starts from. Checks the teachers first (one line and exit 2 for
+    a bad one), and writes nothing before."""
     targets = DistilledTargets(config.model_folder)
     meta = targets.meta()
     if not config.distill_from or (resumed and meta):
         return None
     splits = load_corpus(own_corpus(config), wanted=("train", "validation"))
-    corpus = {"source": corpus_source(config), "fingerprint": splits["fingerprint"],
+    corpus = {"source": corpus_source(config), "text": splits["text"],
               "held_out": bool(splits.get("held_out"))}
     described = sorted((describe(t, config, corpus) for t in config.teachers()),
                        key=lambda t: t["weights"])  # one ensemble, however ordered
+    check_targets(described)
+    if resumed:  # its translations are gone: the same only from the same weights
+        trained_on = (resumed.get("corpus") or {}).get("distilled") or {}
+        if sorted(t.get("weights", "") for t in trained_on.get("teachers", [])) != \
+                [t["weights"] for t in described]:
+            raise CheckpointError(
+                f"{targets.folder} is gone and the teachers' weights are not those the run "
+                f"trained on the translations of: put it back, or train into another "
+                f"--model_folder")
     sources = targets.sources_key(splits["train"])
     key = digest([[t["weights"] for t in described], config.distill_beam,
                   config.distill_average, ALPHA, sources])
@@ -126,15 +141,29 @@ def plan_translation(config: Config, resumed: bool = False):
     if found:
         note(f"{found} of {chunks} chunks of the teachers' translations are done "
              f"({targets.parts}): going on from them")
-    return {"key": key, "teachers": described, "beam": config.distill_beam,
-            "average": config.distill_average, "alpha": ALPHA, "sentences": sentences,
-            "sources": sources, "chunk": chunk, "chunks": chunks, "started": time.time()}
+    return {"key": key, "teachers": [{k: t[k] for k in ("teacher", "checkpoint", "averaged",
+                                                        "weights")} for t in described],
+            "beam": config.distill_beam, "average": config.distill_average, "alpha": ALPHA,
+            "sentences": sentences, "sources": sources, "chunk": chunk, "chunks": chunks,
+            "started": time.time()}
+
+
+def check_targets(described: list):
+    """An ensemble averages its teachers' probabilities of the same target tokens: teachers
+    with other target tokenizers are refused here, before anything is written."""
+    first = described[0]
+    for t in described[1:]:
+        if None not in (t["target"], first["target"]) and t["target"] != first["target"]:
+            raise CheckpointError(
+                f"--distill_from {t['teacher']} has another target tokenizer than "
+                f"{first['teacher']}: an ensemble of teachers averages their probabilities "
+                f"of the same target tokens")
 
 
 def translate_share(config: Config, plan: dict, rank: int = 0, world: int = 1):
     """This process's chunks of the plan (i, i + world, ...) not yet done, each written as it
-    ends; then, once every process is done, rank 0 joins them (`finish`). A stop (Ctrl-C)
-    keeps the chunks done."""
+    ends; returns when every process is done (then rank 0 joins them: `finish_translation`).
+    A stop (Ctrl-C) keeps the chunks done."""
     if plan is None:
         return
     targets = DistilledTargets(config.model_folder)
@@ -142,8 +171,6 @@ def translate_share(config: Config, plan: dict, rank: int = 0, world: int = 1):
     if mine:
         translate_chunks(config, plan, targets, mine)
     sum_over_ranks(0)  # every chunk is written
-    if rank == 0:
-        finish(plan, targets)
 
 
 def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chunks: list):
@@ -156,10 +183,11 @@ def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chun
     finished = 0
     try:
         for c in chunks:
-            part = train.select(range(c * size, min((c + 1) * size, plan["sentences"])))
+            rows = range(c * size, min((c + 1) * size, plan["sentences"]))
             outputs = translate(model, teacher_config, tokenizer_src, tokenizer_tgt,
-                                column(part, "src"), beam=plan["beam"], alpha=plan["alpha"],
-                                progress=bar.update)
+                                column(train.select(rows), "src"), beam=plan["beam"],
+                                alpha=plan["alpha"], progress=bar.update,
+                                numbers=[n + 1 for n in rows])  # (a warning names the line)
             targets.write_chunk(c, outputs)
             finished += 1
     except KeyboardInterrupt:
@@ -170,21 +198,28 @@ def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chun
     bar.close()
 
 
-def finish(plan: dict, targets: DistilledTargets) -> dict:
+def finish_translation(config: Config, plan: dict):
+    """Rank 0, once every process has translated its share: the parts joined into the
+    translations the run trains on."""
+    if plan is None:
+        return None
+    targets = DistilledTargets(config.model_folder)
     seconds = time.time() - plan["started"]
     meta = {k: plan[k] for k in ("key", "teachers", "beam", "average", "alpha", "sentences",
                                  "sources")}
-    meta["seconds"] = round(seconds, 1)  # this start's (a resumed translation: its rest)
+    meta["seconds"] = round(seconds, 1)  # of the start that finished it
     targets.finish(plan["chunks"], meta)
     note(f"the teachers translated {plan['sentences']:,} training sources in {seconds:.0f}s "
          f"({plan['sentences'] / max(seconds, 1e-9):.1f} a second): {targets.folder}")
     return meta
 
 
-def distil(config: Config, resumed: bool = False):
+def distil(config: Config, resumed: dict = None):
     """In one process: the plan, its translation, the parts joined; returns the meta.json of
     the translations the run trains on (None without --distill_from)."""
-    translate_share(config, plan_translation(config, resumed))
+    plan = plan_translation(config, resumed)
+    translate_share(config, plan)
+    finish_translation(config, plan)
     return DistilledTargets(config.model_folder).meta() if config.distill_from else None
 
 
@@ -195,6 +230,5 @@ def load_teachers(config: Config, described: list):
     given = {"device", "threads"}
     checkpoints = [t["checkpoint"] for t in described]
     if len(checkpoints) == 1:
-        return load_translator(loading, given, checkpoints[0], config.distill_average,
-                               FLAGS["average"])
-    return load_ensemble(loading, given, checkpoints, config.distill_average, FLAGS)
+        return load_translator(loading, given, checkpoints[0], config.distill_average)
+    return load_ensemble(loading, given, checkpoints, config.distill_average)

@@ -54,8 +54,7 @@ def with_tokenizers(config: Config):
     return config, tokenizer_src, tokenizer_tgt
 
 
-def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1,
-                    average_flag: str = "--average"):
+def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
     """(model, config, tokenizer_src, tokenizer_tgt): the checkpoint file `checkpoint`, or the
     one --preload names in --model_folder (the newest by default), rebuilt from its own config.
     `config` holds the command line's values; `given` names the flags the user set."""
@@ -68,7 +67,7 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         if path is None:
             raise CheckpointError(f"no checkpoint in {config.model_folder}/"
                                   + elsewhere(config.model_folder))
-    state, paths = load_averaged(config, path, average, average_flag)
+    state, paths = load_averaged(config, path, average)
     if len(paths) > 1:
         loaded = f"the average of {', '.join(str(p) for p in paths)}"
         print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
@@ -95,20 +94,15 @@ def check_languages(what: str, one: Config, other: str, expected: Config, why: s
                               f"{expected.lang_src}->{expected.lang_tgt}: {why}")
 
 
-ENSEMBLE_FLAGS = {"ensemble": "--ensemble", "average": "--average"}
-
-
-def load_ensemble(config: Config, given, paths, average: int = 1, flags=ENSEMBLE_FLAGS):
+def load_ensemble(config: Config, given, paths, average: int = 1):
     """(Ensemble, config, [each model's source tokenizer], target tokenizer): the models of
     `paths` (each a model folder, loaded at --preload, or a checkpoint file), each rebuilt from
     its own config, with --average applied to each. They may differ in design, size and source
     tokenizer, but must translate between the same two languages and share the target
     tokenizer (the tokens whose log-probabilities are averaged): otherwise one CheckpointError
-    line, naming the flags as `flags` says (train.py --distill_from's teachers name theirs).
-    (With one joint vocabulary, an en->de model and a de->en one share every tokenizer: only
-    their languages tell them apart.) The config is the first model's, with the shortest
+    line. (With one joint vocabulary, an en->de model and a de->en one share every tokenizer:
+    only their languages tell them apart.) The config is the first model's, with the shortest
     seq_len of all."""
-    flag = flags["ensemble"]
     models, sources, target, first = [], [], None, None
     for path in paths:
         one, named = dataclasses.replace(config), set(given)
@@ -118,16 +112,16 @@ def load_ensemble(config: Config, given, paths, average: int = 1, flags=ENSEMBLE
         elif Path(path).is_file():
             checkpoint = path
         else:
-            raise CheckpointError(f"{flag} {path}: no such model folder or checkpoint file")
+            raise CheckpointError(f"--ensemble {path}: no such model folder or checkpoint file")
         model, one, tokenizer_src, tokenizer_tgt = load_translator(one, named, checkpoint,
-                                                                   average, flags["average"])
+                                                                   average)
         if target is None:
             target, first = tokenizer_tgt, (path, one)
-        check_languages(f"{flag}: {path}", one, str(first[0]), first[1],
+        check_languages(f"--ensemble: {path}", one, str(first[0]), first[1],
                         "an ensemble's models must translate between the same languages")
         if tokenizer_fingerprint(tokenizer_tgt) != tokenizer_fingerprint(target):
             raise CheckpointError(
-                f"{flag}: {path} has another target tokenizer than {first[0]} "
+                f"--ensemble: {path} has another target tokenizer than {first[0]} "
                 f"({tokenizer_tgt.get_vocab_size()} tokens, fingerprint "
                 f"{tokenizer_fingerprint(tokenizer_tgt)}, against {target.get_vocab_size()}, "
                 f"{tokenizer_fingerprint(target)}): an ensemble averages the models' "

@@ -231,3 +231,22 @@ def test_averaging_holds_one_checkpoint_at_a_time_and_gives_the_mean(tmp_path, m
     for k, v in averaged["model_state_dict"].items():
         mean = torch.stack([s["model_state_dict"][k].double() for s in states]).mean(0)
         torch.testing.assert_close(v, mean.to(v.dtype)), k
+
+
+def test_the_weights_digest_reads_every_tensor_its_type_and_shape():
+    """The key of the teachers' translations: the same weights give the same digest, whatever
+    the file holds beside them; any change of a tensor, its dtype or its shape another."""
+    from nmt.checkpoint import weights_digest
+    state = tiny_state()
+    same = {"model_state_dict": {k: v.clone() for k, v in state["model_state_dict"].items()},
+            "optimizer_state_dict": {}}
+    assert weights_digest(same) == weights_digest(state)
+    weights = state["model_state_dict"]
+    for name in (next(iter(weights)), list(weights)[-1]):
+        changed = {k: v.clone() for k, v in weights.items()}
+        changed[name].view(-1)[0] += 1
+        assert weights_digest({"model_state_dict": changed}) != weights_digest(state)
+    name = next(k for k, v in weights.items() if v.dim() == 2)
+    for other in (weights[name].reshape(-1), weights[name].view(torch.int32)):
+        changed = {**weights, name: other}  # the same bytes
+        assert weights_digest({"model_state_dict": changed}) != weights_digest(state)

@@ -195,7 +195,7 @@ def test_a_stopped_translation_goes_on_where_it_stopped(teachers, tmp_path, monk
 
     def stopping(*args, **kw):
         calls.append(len(args[4]))
-        if len(calls) == 3:
+        if calls == [40, 40, 40]:  # once: the third chunk of the first start
             raise KeyboardInterrupt
         return real(*args, **kw)
     monkeypatch.setattr(distill, "translate", stopping)
@@ -221,18 +221,25 @@ def test_translation_is_shared_out_between_processes(teachers, tmp_path, monkeyp
     home = teachers
     monkeypatch.setattr(distill, "PARTS", 4)  # 4 parts of 40
     monkeypatch.setattr(distill, "sum_over_ranks", lambda *v: v)  # (the ranks run in turn)
+    from corpus import DataError
     config = distil_config(home, model_folder=str(tmp_path / "w"))
     plan = distill.plan_translation(config)
-    written = {}
+    written = []
     real = distill.DistilledTargets.write_chunk
 
     def write(self, chunk, text):
-        written.setdefault(rank, []).append(chunk)
+        written.append(chunk)
         return real(self, chunk, text)
     monkeypatch.setattr(distill.DistilledTargets, "write_chunk", write)
-    for rank in (1, 0):  # rank 0 joins at its end: rank 1 is done by then
-        distill.translate_share(config, plan, rank, 2)
-    assert written == {1: [1, 3], 0: [0, 2]}
+    distill.translate_share(config, plan, 0, 2)
+    assert written == [0, 2]
+    with pytest.raises(DataError, match="chunk.s. 1, 3 of the teachers' translations are "
+                                        "missing"):
+        distill.finish_translation(config, plan)  # rank 0 alone: rank 1's share is missing
+    assert not (tmp_path / "w/distilled/meta.json").exists()
+    distill.translate_share(config, plan, 1, 2)
+    distill.finish_translation(config, plan)
+    assert written == [0, 2, 1, 3]
     alone = distil_config(home, model_folder=str(tmp_path / "alone"))
     distill.distil(alone)
     assert lines(tmp_path / "w/distilled/train.tgt") == \
@@ -329,8 +336,8 @@ def test_held_out_validation_must_be_the_teachers(tmp_path):
     held out others trained on the student's validation pairs."""
     from nmt.checkpoint import CheckpointError
     from nmt.distill import check_teacher
-    state = {"config": Config(seed=7).to_dict(), "corpus": {"fingerprint": "f", "version": 2}}
-    corpus = {"source": "/data", "fingerprint": "f", "held_out": True}
+    state = {"config": Config(seed=7).to_dict(), "corpus": {"text": "f", "version": 2}}
+    corpus = {"source": "/data", "text": "f", "held_out": True}
     with pytest.raises(CheckpointError, match="give the student --seed 7"):
         check_teacher("t", state, Config(seed=42), corpus)
     check_teacher("t", state, Config(seed=7), corpus)
@@ -338,12 +345,12 @@ def test_held_out_validation_must_be_the_teachers(tmp_path):
 
 
 def test_distill_flags_need_teachers():
-    from config import parse_config
-    with pytest.raises(SystemExit):
+    from config import UserError, parse_config
+    with pytest.raises(UserError, match="go with --distill_from"):
         parse_config(["--distill_beam", "3"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="--distill_from names no model"):
         parse_config(["--distill_from", " , "])
-    config, _ = parse_config(["--distill_from", "a, b", "--distill_beam", "3"])
+    config, _ = parse_config(["--distill_from", "a/, ./b", "--distill_beam", "3"])
     assert config.distill_beam == 3 and config.teachers() == ["a", "b"]
 
 
@@ -360,3 +367,178 @@ def test_two_ranks_translate_and_train(teachers, tmp_path):
     assert result.returncode == 0, result.stderr.decode()[-3000:]
     assert lines(tmp_path / "w/distilled/train.tgt") == \
         ensemble_output(home, "--model_folder", "weights/t1")
+
+
+def test_other_settings_or_sources_translate_again_and_no_part_of_them_is_reused(
+        teachers, tmp_path, monkeypatch, capsys):
+    """Everything that changes the translations is in the key: the beam, the averaging, the
+    sources (another held-out split), the size of the parts. A start stopped under one key
+    leaves parts no other key takes."""
+    from nmt import distill
+    home = teachers
+    config = distil_config(home, model_folder=str(tmp_path / "w"))
+    first = distill.distil(config)["key"]
+    for change in (dict(distill_beam=1), dict(distill_average=2)):
+        assert distill.distil(dataclasses.replace(config, **change))["key"] != first
+        assert "translating again" in capsys.readouterr().err
+    # parts of a stopped start, then another teacher in the same folder: translated afresh
+    monkeypatch.setattr(distill, "PARTS", 4)
+    real, calls = distill.translate, []
+
+    def stopping(*args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(distill, "translate", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        distill.distil(config)
+    monkeypatch.setattr(distill, "translate", real)
+    other = dataclasses.replace(config, distill_from=f"{home}/weights/t2")
+    distill.distil(other)
+    alone = dataclasses.replace(other, model_folder=str(tmp_path / "t2"))
+    distill.distil(alone)
+    assert lines(tmp_path / "w/distilled/train.tgt") == lines(tmp_path / "t2/distilled/train.tgt")
+    # parts of another size: not taken either
+    with pytest.raises(KeyboardInterrupt):
+        calls.clear()
+        monkeypatch.setattr(distill, "translate", stopping)
+        distill.distil(config)
+    monkeypatch.setattr(distill, "translate", real)
+    monkeypatch.setattr(distill, "PARTS", 8)
+    assert "chunks of the teachers' translations are done" not in capsys.readouterr().err
+    distill.distil(config)
+    assert "chunks of the teachers' translations are done" not in capsys.readouterr().err
+    # without a validation split, the sources are the split the seed leaves in train
+    held = tmp_path / "held"
+    shutil.copytree(home / "corpus", held)
+    for f in held.glob("val.*"):
+        f.unlink()
+    a = distill.DistilledTargets.sources_key(
+        distill.load_corpus(Config(data_dir=str(held), seed=1), ("train",))["train"])
+    b = distill.DistilledTargets.sources_key(
+        distill.load_corpus(Config(data_dir=str(held), seed=2), ("train",))["train"])
+    assert a != b
+
+
+def test_the_translations_must_match_the_sources_line_for_line(teachers, tmp_path):
+    from corpus import DataError, DistilledTargets, load_corpus
+    from nmt import distill
+    home = teachers
+    config = distil_config(home, model_folder=str(tmp_path / "w"))
+    distill.distil(config)
+    targets = DistilledTargets(config.model_folder)
+    both = ("train", "validation")
+    train = load_corpus(config, both)["train"]  # (the distilled pairs read fine)
+    own = load_corpus(dataclasses.replace(config, distill_from=""), both)["train"]
+    assert len(train) == 160
+    path = tmp_path / "w/distilled/train.tgt"
+    good = path.read_text(encoding="utf-8")
+    path.write_text(good + "one more\n", encoding="utf-8")
+    with pytest.raises(DataError, match="has more lines than the 160 sources"):
+        targets.pairs(own)
+    path.write_text("".join(line + "\n" for line in good.splitlines()[:-1]), encoding="utf-8")
+    with pytest.raises(DataError, match="has 159 lines for 160 sources"):
+        targets.pairs(own)
+    path.write_text(good, encoding="utf-8")
+    with pytest.raises(DataError, match="translates other sources"):
+        targets.pairs(own.select(range(1, 160)))
+
+
+def test_a_stop_while_joining_leaves_no_false_meta(teachers, tmp_path, monkeypatch):
+    """meta.json is written last, and complete translations of another key lose theirs
+    before anything else is written: a stop while joining leaves no meta.json that does not
+    describe train.tgt, and the next start joins again without translating."""
+    import corpus
+    from nmt import distill
+    home = teachers
+    config = distil_config(home, model_folder=str(tmp_path / "w"))
+    distill.distil(config)
+    real = corpus._write_atomic
+
+    def stop_at_meta(path, text):
+        if path.name == "meta.json":
+            raise KeyboardInterrupt
+        return real(path, text)
+    monkeypatch.setattr(corpus, "_write_atomic", stop_at_meta)
+    other = dataclasses.replace(config, distill_beam=1)
+    with pytest.raises(KeyboardInterrupt):
+        distill.distil(other)
+    assert not (tmp_path / "w/distilled/meta.json").exists()
+    monkeypatch.setattr(corpus, "_write_atomic", real)
+    calls = []
+    monkeypatch.setattr(distill, "translate", lambda *a, **k: calls.append(1))
+    meta = distill.distil(other)
+    assert calls == [] and meta["beam"] == 1
+
+
+def test_a_resume_keeps_its_translations_or_refuses_other_weights(teachers, tmp_path):
+    """A resumed student keeps the translations it trained on whatever its teachers' folders
+    hold now; with its distilled/ gone, it translates them again from the same weights, and
+    refuses other weights before translating."""
+    home = teachers
+    shutil.copytree(home / "weights/t1", tmp_path / "t")
+    flags = ["--distill_from", str(tmp_path / "t"), "--distill_beam", "1"]
+    made = student(home, *flags, folder=str(tmp_path / "s"))
+    assert made.returncode == 0, made.stderr.decode()[-2000:]
+    (tmp_path / "t/tmodel_15.pt").unlink()  # the teacher's newest is now another epoch
+    kept = student(home, *flags, folder=str(tmp_path / "s"), epochs="2")
+    assert kept.returncode == 0, kept.stderr.decode()[-2000:]
+    assert "teachers translating" not in kept.stderr.decode()
+    shutil.rmtree(tmp_path / "s/distilled")
+    refused = student(home, *flags, folder=str(tmp_path / "s"), epochs="3")
+    err = refused.stderr.decode()
+    assert refused.returncode == 2 and "teachers translating" not in err
+    assert err.strip().splitlines()[-1].endswith(
+        "distilled is gone and the teachers' weights are not those the run trained on the "
+        "translations of: put it back, or train into another --model_folder")
+    shutil.copy(home / "weights/t1/tmodel_15.pt", tmp_path / "t/tmodel_15.pt")
+    again = student(home, *flags, folder=str(tmp_path / "s"), epochs="3")
+    assert again.returncode == 0, again.stderr.decode()[-2000:]
+    assert "teachers translating" in again.stderr.decode()
+
+
+def test_teachers_are_checked_on_the_corpus_alone(teachers, tmp_path):
+    """A student with extra pairs, a teacher that is itself a distilled student: the corpus
+    they share is what is compared; the sources translated are the corpus's own."""
+    from nmt import distill
+    home = teachers
+    write_aligned(tmp_path / "extra", "train", number_pairs(20, seed=11))
+    first = student(home, "--distill_from", "weights/t1", "--distill_beam", "1",
+                    folder=str(tmp_path / "distilled"))
+    assert first.returncode == 0, first.stderr.decode()[-2000:]
+    config = distil_config(home, model_folder=str(tmp_path / "w"),
+                           distill_from=str(tmp_path / "distilled"),
+                           extra_data_dir=str(tmp_path / "extra"))
+    plan = distill.plan_translation(config)
+    assert plan["sentences"] == 160
+
+
+def test_held_out_validation_is_checked_when_planning(tmp_path):
+    from nmt import distill
+    from nmt.checkpoint import CheckpointError
+    write_aligned(tmp_path / "corpus", "train", number_pairs(40, seed=3))  # no validation
+    result = run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "1",
+                      "--seed", "1", "--model_folder", "weights/t", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    config = dataclasses.replace(Config(), data_dir=str(tmp_path / "corpus"), seq_len=24,
+                                 model_folder=str(tmp_path / "s"),
+                                 distill_from=str(tmp_path / "weights/t"), seed=42)
+    with pytest.raises(CheckpointError, match="give the student --seed 1"):
+        distill.plan_translation(config)
+
+
+def test_teachers_with_other_target_vocabularies_are_refused_before_anything_is_written(
+        teachers, tmp_path):
+    from nmt import distill
+    from nmt.checkpoint import CheckpointError
+    home = teachers
+    shutil.copytree(home / "weights/t2", tmp_path / "t")
+    state = torch.load(tmp_path / "t/tmodel_01.pt", weights_only=False)
+    state["tokenizers"] = [state["tokenizers"][0], "another"]
+    torch.save(state, tmp_path / "t/tmodel_01.pt")
+    config = distil_config(home, model_folder=str(tmp_path / "w"),
+                           distill_from=f"{home}/weights/t1,{tmp_path}/t")
+    with pytest.raises(CheckpointError, match="has another target tokenizer than"):
+        distill.plan_translation(config)
+    assert not (tmp_path / "w").exists()

@@ -298,8 +298,8 @@ def second_model_changed(monkeypatch, change):
     from nmt import trained_model
     real, calls = trained_model.load_translator, []
 
-    def load(config, given, checkpoint=None, average=1, *flag):
-        loaded = real(config, given, checkpoint, average, *flag)
+    def load(config, given, checkpoint=None, average=1):
+        loaded = real(config, given, checkpoint, average)
         calls.append(1)
         return change(*loaded) if len(calls) == 2 else loaded
     monkeypatch.setattr(trained_model, "load_translator", load)
@@ -390,9 +390,9 @@ def test_a_repeated_ensemble_flag_adds_its_models(trained, monkeypatch):
     loaded = []
     real = nmt.trained_model.load_translator
 
-    def counting(config, given, checkpoint=None, average=1, *flag):
+    def counting(config, given, checkpoint=None, average=1):
         loaded.append(checkpoint or config.model_folder)
-        return real(config, given, checkpoint, average, *flag)
+        return real(config, given, checkpoint, average)
     monkeypatch.setattr(nmt.trained_model, "load_translator", counting)
     t = run_here("translate.py", "--ensemble", "weights", "--ensemble", "weights/tmodel_00.pt",
                  "one two", cwd=home)
@@ -469,8 +469,8 @@ def test_an_ensemble_reads_the_sentence_with_each_members_own_source_tokenizer(t
     word = build_tokenizer("word", 60, [s for s, _ in number_pairs(100)])
     real, seen = trained_model.load_translator, {}
 
-    def load(config, given, checkpoint=None, average=1, *flag):
-        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average, *flag)
+    def load(config, given, checkpoint=None, average=1):
+        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average)
         member = len(seen)
         if member == 1:  # the second: another source vocabulary, same target one
             model = trained_model.build_model(config, word.get_vocab_size(),
@@ -497,9 +497,9 @@ def test_an_ensemble_applies_average_and_preload_to_each_member(trained, monkeyp
     home, _ = trained
     real, asked = trained_model.load_translator, []
 
-    def load(config, given, checkpoint=None, average=1, *flag):
+    def load(config, given, checkpoint=None, average=1):
         asked.append((config.preload, average))
-        return real(config, given, checkpoint, average, *flag)
+        return real(config, given, checkpoint, average)
     monkeypatch.setattr(trained_model, "load_translator", load)
     t = run_here("translate.py", "--ensemble", "weights,weights", "--preload", "01",
                  "--average", "2", "one two", cwd=home)
