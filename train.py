@@ -49,10 +49,13 @@ from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, covera
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
                          main_first, max_over_ranks, note_precision, out_of_memory, setup_device,
                          start_distributed, stop_distributed, sum_over_ranks, use_threads)
-from nmt.stopping import (Stop, StopRequested, aborted, aborting, catch_stop_signals,
-                          ignore_sigint, launcher, resume_command, stop_message)
+from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
+                          catch_stop_signals, ignore_sigint, launcher, resume_command,
+                          stop_message)
 from nmt.trained_model import build_model, load_model_weights
 from tokenizer import PAD
+
+ABORTED = "aborted; the checkpoints already saved are intact"  # a second Ctrl-C's line
 
 # ---- sections 5.3 and 5.4: Adam, its learning rate, and the label-smoothed loss -----------------
 
@@ -487,6 +490,30 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
     return stop
 
 
+def train_loop(run: Run, progress: Progress, argv=None):
+    """The run, set up: (the model of --init_from validated first,) the epochs, then the test
+    sets scored with the best checkpoint and the model card. Returns the name of the signal
+    that stopped it, or None."""
+    script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
+    progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
+    progress.started, stop = time.time(), Stop.NONE
+    if run.config.init_from and progress.step == 0 and not progress.history:
+        stop = validate(run, progress)  # the source model on the new data, before a step
+        if stop:  # (a signal: nothing trained, so nothing saved)
+            tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating the "
+                       "model of --init_from, before any step: start the same command again")
+    while progress.epoch < run.config.num_epochs and not stop:
+        stop = train_epoch(run, progress)
+        if stop is not Stop.SIGNAL:
+            stop = end_epoch(run, progress, stop)
+    if stop is not Stop.SIGNAL:  # (every rank translates its share)
+        results, samples = score_test_sets(run, progress)
+        if run.rank == 0 and not progress.signal:  # a finished run: its model card
+            tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
+    run.writer.close()
+    return progress.signal
+
+
 def train_model(config: Config, given: set = frozenset(), argv=None):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
     ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
@@ -502,24 +529,8 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
             print(idle)
             return
         catch_stop_signals(progress)
-        script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
-        progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
-        progress.started, stop = time.time(), Stop.NONE
-        if run.config.init_from and progress.step == 0 and not progress.history:
-            stop = validate(run, progress)  # the source model on the new data, before a step
-            if stop:  # (a signal: nothing trained, so nothing saved)
-                tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating the "
-                           "model of --init_from, before any step: start the same command again")
-        while progress.epoch < run.config.num_epochs and not stop:
-            stop = train_epoch(run, progress)
-            if stop is not Stop.SIGNAL:
-                stop = end_epoch(run, progress, stop)
-        if stop is not Stop.SIGNAL:  # (every rank translates its share)
-            results, samples = score_test_sets(run, progress)
-            if run.rank == 0 and not progress.signal:  # a finished run: its model card
-                tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
-        run.writer.close()
-        return progress.signal
+        with abort_watch(f"train.py: {ABORTED}"):  # a second signal: out within seconds
+            return train_loop(run, progress, argv)
     except Exception:
         if aborting():  # an abort's aftermath (nmt.stopping.aborting): reported as the abort
             raise aborted() from None
@@ -537,8 +548,7 @@ def main(argv=None):
         with removed_if_left_empty(config.model_folder):
             return train_model(config, given, argv)
     try:
-        stopped_by = run_main("train.py", train_here, aborted="aborted; the checkpoints already "
-                                                              "saved are intact")
+        stopped_by = run_main("train.py", train_here, aborted=ABORTED)
     finally:
         stop_distributed()
     if stopped_by and "WORLD_SIZE" not in os.environ:  # (under torchrun, torchrun's own code)

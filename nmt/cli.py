@@ -9,9 +9,13 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 from config import UserError, is_main
+
+
+ABORT_SAID = threading.Event()  # run_main has printed its "aborted" line (nmt.stopping reads it)
 
 
 class ReportedElsewhere(Exception):
@@ -49,6 +53,7 @@ def run_main(prog: str, main, aborted: str = "aborted"):
         if is_main():
             newline = "\n" if sys.stderr.isatty() else ""  # below a progress bar, not on it
             sys.stderr.write(f"{newline}{prog}: {aborted}\n")
+            ABORT_SAID.set()
         # 130 for Ctrl-C; a SIGTERM turned into this interrupt (nmt.stopping.abort) says so: 143
         sys.exit(128 + int(getattr(interrupt, "signum", signal.SIGINT)))
 
