@@ -153,6 +153,7 @@ class Progress:
     history: list = field(default_factory=list)  # every validation: step, epoch, scores
     bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
     loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
+    smoothed_loss: float = None  # the bar's: a moving average of the loss, from the first step
     signal: str = None  # the name of a SIGINT/SIGTERM received
     commands: list = field(default_factory=list)  # the command of every start of the run
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
@@ -355,17 +356,25 @@ def check_updates(run: Run, progress: Progress):
             f"in {run.config.model_folder}")
 
 
+SMOOTHING = 0.9  # the progress bar's loss: each step's weight 0.1 in a moving average
+
+
 def log_progress(run: Run, progress: Progress, bar, lr: float, tokens_per_s: float):
-    """The mean training loss since the last log (over all ranks), to TensorBoard and the
-    progress bar: the one place the loop waits for the GPU."""
+    """The mean training loss since the last log (over all ranks) to TensorBoard, and to the
+    progress bar a moving average of it (SMOOTHING a step, the first log its start: a loss
+    from the first step on): the one place the loop waits for the GPU."""
     loss = torch.stack(progress.loss_window).mean()
     if run.world_size > 1:
         torch.distributed.all_reduce(loss)  # each rank holds its share of the update's loss
+    first, steps = progress.smoothed_loss is None, len(progress.loss_window)
     loss, progress.loss_window = loss.item(), []
+    kept = 0.0 if first else SMOOTHING ** steps  # the weight of the steps before these
+    progress.smoothed_loss = kept * (progress.smoothed_loss or 0.0) + (1 - kept) * loss
     run.writer.add_scalar("train/loss", loss, progress.step)
     run.writer.add_scalar("train/lr", lr, progress.step)
     run.writer.add_scalar("train/tok_s", tokens_per_s, progress.step)
-    bar.set_postfix(loss=f"{loss:6.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+    bar.set_postfix(loss=f"{progress.smoothed_loss:6.3f}", tok_s=f"{tokens_per_s:,.0f}",
+                    refresh=first)  # (drawn at once the first time, then with the bar)
 
 
 # ---- the loop: epochs of steps, saving, validating and stopping ---------------------------------
@@ -436,7 +445,8 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
         progress.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)
         bar.update(done - bar.n)
-        logging = progress.step % config.log_every == 0 or done == end
+        logging = (progress.step % config.log_every == 0 or done == end
+                   or progress.smoothed_loss is None)  # (the bar's loss from the first step)
         if logging:
             log_progress(run, progress, bar, lr, tokens_seen * run.world_size
                          / (time.time() - started))

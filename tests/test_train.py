@@ -1126,3 +1126,30 @@ def test_an_unwritable_model_folder_is_refused_before_training(tmp_path, train_h
     code, out, err = train_here("--data_dir", "c", *TINY, "--model_folder", "plain/w")
     assert code == 2 and "--model_folder plain/w is not writable" in err, err
     assert len(err.strip().splitlines()) == 1 and "epoch" not in out and "prepar" not in out
+
+
+def test_the_progress_bar_shows_a_smoothed_loss_from_the_first_step(tmp_path, train_here,
+                                                                     monkeypatch):
+    """The bar showed no loss for the first --log_every steps, then the last window's raw
+    mean: now from step 1, a moving average (train.SMOOTHING a step) of the means logged."""
+    shown = []
+
+    class Bar(train.tqdm):
+        def set_postfix(self, *args, **kwargs):
+            shown.append((self.n, float(kwargs["loss"])))
+            return super().set_postfix(*args, **kwargs)
+    monkeypatch.setattr(train, "tqdm", Bar)
+    make_corpus(tmp_path / "c", n=150, val=2)
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1", "--log_every", "3",
+                              "--val_examples", "0")
+    assert code == 0, err
+    logged = sorted(lr_scalars(tmp_path / "runs" / "tmodel", "train/loss").items())
+    assert shown[0][0] == 1 and logged[0][0] == 1  # at the first step
+    expected, before = [], 0
+    for step, mean in logged:
+        kept = train.SMOOTHING ** (step - before) if expected else 0.0
+        expected.append(kept * (expected[-1] if expected else 0) + (1 - kept) * mean)
+        before = step
+    assert len(shown) == len(logged) >= 3
+    assert [v for _, v in shown] == pytest.approx(expected, abs=1e-3)
+    assert [v for _, v in shown][1:] != pytest.approx([m for _, m in logged][1:], abs=1e-3)
