@@ -474,7 +474,7 @@ def add_locating_arguments(parser, own=()):
     names of training settings the script uses for a flag of its own (translate.py's --seed:
     the samples', stored under another name; the checkpoint's stays the config's)."""
     parser.add_argument("--checkpoint", help="checkpoint file (default: --preload in "
-                        "--model_folder, i.e. the newest)")
+                        "--model_folder)")
     parser.add_argument("--average", type=int, default=1, help="average the weights of the "
                         "newest N per-epoch checkpoints")
     model_fields = fields_where(group="model")
@@ -486,7 +486,8 @@ def add_locating_arguments(parser, own=()):
         **from_checkpoint,
         "batch_size": "sentences translated at once (default: 64)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
-        "preload": "checkpoint in --model_folder: latest, best or an epoch (default: latest)"})
+        "preload": "checkpoint in --model_folder: latest, best or an epoch (default: best "
+                   "where there is one, else latest; with --average N, latest)"})
 
 
 def checkpoint_config(parser, args):

@@ -483,7 +483,8 @@ def file_digest(path: Path) -> str:
 
 
 def corpus_source(config: Config) -> str:
-    """Where the corpus comes from: --data_dir, or --datasource (local folders absolute)."""
+    """Where the corpus comes from: --data_dir, or --datasource (local folders absolute, as
+    the user named them: a link stays a link, not the folder it points to)."""
     name = config.data_dir or config.datasource
-    return str(Path(name).resolve()) if config.data_dir or Path(name).exists() else name
+    return os.path.abspath(name) if config.data_dir or Path(name).exists() else name
 

@@ -1,6 +1,6 @@
 """Translate with a trained checkpoint; the model is rebuilt from the config stored in it.
 
-    python translate.py "I am not a very good student."      # greedy, newest checkpoint
+    python translate.py "I am not a very good student."      # greedy, best checkpoint
     python translate.py --beam 4 "I am not a very good student."
     python translate.py --example 42                           # validation example + reference
     python translate.py --input test.en --output test.hyp --reference test.de   # + sacreBLEU
@@ -60,7 +60,9 @@ def parse_args(argv):
     """The command line: (args, config of the flags given, names of the flags given)."""
     parser = ArgumentParser(
         description="Translate sentences with a trained checkpoint.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
+        leftover="one sentence is one argument (quote it); several go in a file, --input FILE, "
+                 "or on stdin, one a line")
     parser.add_argument("sentence", nargs="?", help="a sentence (none: --input or stdin)")
     parser.add_argument("--example", type=int, metavar="N", help="translate example N of the "
                         "validation split the model was trained with, beside its reference")
@@ -277,21 +279,23 @@ class Translator:
         translator = Translator("weights/multi30k_modern", average=5)
         translator.translate(["A dog runs.", "Two men talk."], beam=5)
 
-    `model`: a model folder (at `preload`: latest, best or an epoch number) or a checkpoint
-    file; `average`: the newest N per-epoch checkpoints averaged; `device` (auto, cpu, cuda,
+    `model`: a model folder (at `preload`: latest, best or an epoch number; None, as
+    translate.py without --preload: the best where there is one, else the newest) or a
+    checkpoint file; `average`: the newest N per-epoch checkpoints averaged; `device` (auto, cpu, cuda,
     cuda:N, mps) and `threads` (CPU threads, 0: torch's default) as translate.py's flags.
     Where translate.py would print one line and exit 2, this raises config.UserError (a
     subclass: nmt.checkpoint.CheckpointError, translate.InputError) with that line."""
 
-    def __init__(self, model: str, preload: str = "latest", average: int = 1,
+    def __init__(self, model: str, preload: str = None, average: int = 1,
                  device: str = "auto", threads: int = 0):
         if average < 1:
             raise InputError("--average and --batch_size must be positive")
-        config = Config(device=device, threads=threads, preload=str(preload))
+        config = Config(device=device, threads=threads, preload=str(preload or "latest"))
         problem = config.validate(training=False)
         if problem:
             raise InputError(problem)
-        given, checkpoint = {"device", "threads", "preload"}, None
+        given = {"device", "threads"} | ({"preload"} if preload is not None else set())
+        checkpoint = None
         if Path(model).is_file():
             checkpoint = model
         else:

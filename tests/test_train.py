@@ -1153,3 +1153,25 @@ def test_the_progress_bar_shows_a_smoothed_loss_from_the_first_step(tmp_path, tr
     assert len(shown) == len(logged) >= 3
     assert [v for _, v in shown] == pytest.approx(expected, abs=1e-3)
     assert [v for _, v in shown][1:] != pytest.approx([m for _, m in logged][1:], abs=1e-3)
+
+
+def test_a_corpus_mismatch_names_the_folders_as_typed_not_their_link_targets(tmp_path,
+                                                                            train_here):
+    """data/multi30k is a link in a shared checkout: the refusal named the folder it points to,
+    which the user never typed."""
+    make_corpus(tmp_path / "a", n=60, val=4)
+    make_corpus(tmp_path / "b", seed=2, n=60, val=4)
+    (tmp_path / "link_a").symlink_to(tmp_path / "a")
+    (tmp_path / "link_b").symlink_to(tmp_path / "b")
+    code, _, err = train_here("--data_dir", "link_a", *TINY, "--max_steps", "1")
+    assert code == 0, err
+    code, _, err = train_here("--data_dir", "link_b")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"the corpus {tmp_path / 'link_a'}, not {tmp_path / 'link_b'};" in err
+
+
+def test_a_flag_typo_names_the_nearest_flag(tmp_path, train_here):
+    """`train.py --data-dir` said only "unrecognized arguments"."""
+    code, _, err = train_here("--data-dir", "data/multi30k")
+    assert code == 2 and err == ("train.py: error: unrecognized argument --data-dir: did you "
+                                 "mean --data_dir? (see --help)\n")
