@@ -120,8 +120,10 @@ class Config:
     clip_grad: float = _f(1.0, "clip the gradient norm to this (0 = off)")
     max_bad_steps: int = _f(10, "non-finite updates in a row that stop training")
     accum_steps: int = _f(1, "batches whose gradients are summed per optimizer step")
-    precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16), "
-                                "fp32 elsewhere", ["auto", "fp32", "bf16", "fp16"])
+    precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16) and "
+                                "on a CPU that computes bf16 (AVX512-BF16, AMX), fp32 elsewhere "
+                                "(the start line says which and why)",
+                        ["auto", "fp32", "bf16", "fp16"])
     compile: bool = _f(False, "torch.compile the model's training step (for GPUs: on CPU, "
                               "training measured slower than eager, docs/performance.md), once "
                               "per batch shape (--fixed_shapes)")

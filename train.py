@@ -46,9 +46,10 @@ from nmt.model_card import write_run_card
 from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
                         nothing_to_do, restore_progress, restore_rng, restore_training,
                         resume_state, rng_states, set_aside_later, write_history)
-from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
-                         main_first, max_over_ranks, note_precision, out_of_memory, setup_device,
-                         start_distributed, stop_distributed, sum_over_ranks, use_threads)
+from nmt.runtime import (NoWriter, autocast, autocast_dtype, bf16_warning, busy_note,
+                         gather_to_main, get_device, main_first, max_over_ranks, note_precision,
+                         out_of_memory, precision_reason, setup_device, start_distributed,
+                         stop_distributed, sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
                           catch_stop_signals, ignore_sigint, launcher, resume_command,
                           stop_message)
@@ -218,7 +219,11 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
         print(busy, file=sys.stderr)
     amp_dtype = autocast_dtype(config, device)
     print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
+          + precision_reason(config, device)
           + (f", {world} processes (torchrun)" if world > 1 else ""))
+    slower = bf16_warning(config, device) if rank == 0 else None  # (bf16 asked, no bf16 here)
+    if slower:
+        print(slower, file=sys.stderr)
     torch.manual_seed(config.seed)
     model = build_model(config, data.tokenizer_src.get_vocab_size(),
                         data.tokenizer_tgt.get_vocab_size()).to(device)

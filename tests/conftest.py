@@ -181,3 +181,12 @@ def swap_two_tokens(source: Path, target: Path):
     a, b = [token for token, i in vocab.items() if i in (10, 11)]
     vocab[a], vocab[b] = vocab[b], vocab[a]
     target.write_text(json.dumps(spec), encoding="utf-8")
+
+
+@pytest.fixture(autouse=True)
+def a_cpu_without_bf16(monkeypatch):
+    """--precision auto picks bf16 on a CPU that computes it (nmt.runtime.cpu_features): the
+    suite runs as on a CPU without (fp32), whatever CPU runs it; a test of the rule injects
+    another kind over this."""
+    import nmt.runtime
+    monkeypatch.setattr(nmt.runtime, "cpu_features", lambda: frozenset({"avx2"}))

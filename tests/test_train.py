@@ -1175,3 +1175,31 @@ def test_a_flag_typo_names_the_nearest_flag(tmp_path, train_here):
     code, _, err = train_here("--data-dir", "data/multi30k")
     assert code == 2 and err == ("train.py: error: unrecognized argument --data-dir: did you "
                                  "mean --data_dir? (see --help)\n")
+
+
+def test_the_start_line_says_which_precision_auto_chose_and_why(tmp_path, train_here,
+                                                              monkeypatch):
+    """The start line said `device cpu, torch.bfloat16 autocast` while each bf16 step took 15
+    times fp32's (an AVX2 CPU): now auto picks by the CPU (injected) and says so; bf16 asked
+    for where it is slower prints the probe's ratio and trains on."""
+    from nmt import runtime
+    make_corpus(tmp_path / "c", n=40, val=2)
+    flags = ["--data_dir", "c", *TINY, "--max_steps", "1", "--val_examples", "0"]
+    monkeypatch.setattr(runtime, "cpu_features", lambda: frozenset({"avx2", "avx512",
+                                                                    "avx512_bf16"}))
+    code, out, err = train_here(*flags, "--model_folder", "w1", "--experiment_name", "r1")
+    assert code == 0, err
+    assert ("device cpu, torch.bfloat16 autocast (--precision auto: this CPU computes bf16 "
+            "itself, AVX512-BF16)\n") in out
+    monkeypatch.setattr(runtime, "cpu_features", lambda: frozenset({"avx2"}))
+    code, out, err = train_here(*flags, "--model_folder", "w2", "--experiment_name", "r2")
+    assert code == 0, err
+    assert ("device cpu, fp32 (--precision auto: this CPU, AVX2, has no bf16 instructions, "
+            "where bf16 trains many times slower)\n") in out
+    monkeypatch.setattr(runtime, "bf16_slowdown", lambda config: 15.2)
+    code, out, err = train_here(*flags, "--model_folder", "w3", "--experiment_name", "r3",
+                                "--precision", "bf16")
+    assert code == 0 and "device cpu, torch.bfloat16 autocast\n" in out, err
+    assert ("warning: --precision bf16 on a CPU without bf16 instructions (AVX2): a bf16 matrix "
+            "product at this model's shapes took 15.2x fp32's time; training goes on in bf16, "
+            "that much slower (--precision auto: fp32 here)\n") in err
