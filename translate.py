@@ -281,8 +281,9 @@ class Translator:
 
     `model`: a model folder (at `preload`: latest, best or an epoch number; None, as
     translate.py without --preload: the best where there is one, else the newest) or a
-    checkpoint file; `average`: the newest N per-epoch checkpoints averaged; `device` (auto, cpu, cuda,
-    cuda:N, mps) and `threads` (CPU threads, 0: torch's default) as translate.py's flags.
+    checkpoint file; `average`: the newest N per-epoch checkpoints averaged; `device` (auto,
+    cpu, cuda, cuda:N, mps) and `threads` (CPU threads, 0: torch's default) as translate.py's
+    flags.
     Where translate.py would print one line and exit 2, this raises config.UserError (a
     subclass: nmt.checkpoint.CheckpointError, translate.InputError) with that line."""
 

@@ -9,7 +9,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from contextlib import contextmanager
 
 from tqdm import tqdm
