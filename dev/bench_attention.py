@@ -28,7 +28,8 @@ WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
 
 
 def main(argv=None):
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dev.bench_attention",
+                            description=__doc__.split("\n\n")[0])
     parser.add_argument("--src_tokens", type=int, default=14)
     parser.add_argument("--tgt_tokens", type=int, default=15)
     parser.add_argument("--calls", type=int, default=5)
@@ -59,4 +60,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_main("dev/bench_attention.py", main)
+    run_main("python -m dev.bench_attention", main)
