@@ -108,6 +108,12 @@ class Config:
     max_tokens: int = _f(4096, "padded tokens per batch (per process under torchrun), "
                                "length-bucketed (0 = use batch_size)")
     num_epochs: int = _f(20, "epochs to train")
+    time_budget: float = _f(0.0, "train for this many minutes in all (every start together, "
+                                 "validations and test scoring included): the run's "
+                                 "length in steps, and so its learning-rate schedule, is set "
+                                 "from the throughput the run measures and corrected as it "
+                                 "goes, in place of --num_epochs; a resume keeps what is left "
+                                 "(0 = off)")
     max_steps: int = _f(0, "stop after this many optimizer steps in all, saving a checkpoint "
                            "(0 = no limit)")
     lr: float = _f(0.0, f"peak learning rate; 0 = by model width, {LR_AT_512:g} · 512 / d_model "
@@ -217,7 +223,7 @@ class Config:
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "keep_optimizer", "val_max_sentences", "val_examples",
                      "num_workers", "clip_grad", "patience", "eval_every", "tokenizer_sample",
-                     "fixed_shapes",
+                     "fixed_shapes", "time_budget",
                      "max_len_a", "max_len_b", "min_len", "N_dec", "threads"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"

@@ -38,6 +38,7 @@ from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_pa
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
+from nmt.budget import Budget, clock
 from nmt.compiling import compiled, fixed_shapes
 from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
@@ -133,10 +134,16 @@ class Run:
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
     world_size: int = 1
     writer: object = field(default_factory=NoWriter)  # TensorBoard (rank 0)
+    budget: Budget = None  # --time_budget's plan (nmt/budget.py), or None
+
+    def steps(self) -> int:
+        """The run length the schedule is laid out for now: under --time_budget, the plan the
+        ranks agreed on (corrected as the run goes)."""
+        return self.budget.agreed if self.budget else self.schedule_steps
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step `step` (counting from 1)."""
-        return learning_rate(self.config, step, self.schedule_steps)
+        return learning_rate(self.config, step, self.steps())
 
 
 def total_steps(config: Config, batches_per_epoch: int) -> int:
@@ -158,19 +165,22 @@ class Progress:
     signal: str = None  # the name of a SIGINT/SIGTERM received
     commands: list = field(default_factory=list)  # the command of every start of the run
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
-    started: float = field(default_factory=time.time)  # when this start began training
+    complete: bool = False  # a --time_budget run resumed after its schedule completed
+    started: float = field(default_factory=clock)  # when this start began training
 
     def provenance(self) -> dict:
         """What a checkpoint keeps of how the run was made, for its model card."""
         return {"commands": self.commands,
-                "seconds": self.seconds_before + time.time() - self.started}
+                "seconds": self.seconds_before + clock() - self.started}
 
 
-def set_up(config: Config, given: set, lock: FolderLock = None):
+def set_up(config: Config, given: set, lock: FolderLock = None, started: float = None):
     """(run, progress): the data, the model and its optimizer, restored from the checkpoint
     --preload names. Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers
     and prepares the data); every rank then builds the same model, and
-    DistributedDataParallel keeps them equal."""
+    DistributedDataParallel keeps them equal. `started`: when the run began (--time_budget
+    counts its set-up)."""
+    started = clock() if started is None else started
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
@@ -200,7 +210,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                 print(f"a new run from {init[0]}: {coverage_note(init[1], data)}")
         if config.data_dir:  # a checkpoint's corpus is found from any working directory
             config.data_dir = data.corpus["source"]
-        return build_run(config, data, resume, rank, world, lock, init)
+        return build_run(config, data, resume, rank, world, lock, init, started)
     except BaseException:
         remove_files(created)
         lock.release()
@@ -208,7 +218,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
 
 
 def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: FolderLock,
-              init=None):
+              init=None, started: float = None):
     """(run, progress): the device, the model (seeded: the same on every rank), Adam, the loss
     and the batches; restored from `resume` ((path, state), or None for a fresh start), or
     with the weights of `init` (--init_from's (path, state)) and all else fresh."""
@@ -250,8 +260,11 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if resume:
         restore_training(resume[1], resume[0], model, optimizer, scaler)
         restore_rng(resume[1], rank, world, device, config.seed)
+        if config.time_budget:  # the plan goes on as saved, until this start measures its own
+            schedule_steps = resume[1].get("schedule_steps", schedule_steps)
         schedule_steps = restore_progress(config, progress, *resume, schedule_steps,
                                           learning_rate)
+        progress.complete = budget_complete(config, resume[1])
     elif init:
         load_model_weights(model, init[1], init[0])
     step_model = model
@@ -264,9 +277,33 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
         if rank == 0 and not nothing_to_do(config, progress) else NoWriter()
     precision = str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32"
+    budget = make_budget(config, data, batches, schedule_steps, progress, started) \
+        if config.time_budget else None
+    if budget and 0 < schedule_steps <= progress.step and not progress.complete:
+        print(f"the --time_budget is raised: {budget.lengthen(progress.step):,} steps in all, "
+              f"by the speed of the earlier starts, until this one measures its own")
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
-               schedule_steps, lock, precision, rank, world, writer), progress
+               schedule_steps, lock, precision, rank, world, writer, budget), progress
+
+
+def make_budget(config: Config, data: Data, batches: int, steps: int, progress: Progress,
+                started: float) -> Budget:
+    """--time_budget's plan (nmt/budget.py): what the earlier starts spent, the epoch's steps,
+    the test sets' sentences over a validation's, the schedule's length until measured."""
+    decoded = min(config.val_max_sentences or len(data.validation), len(data.validation))
+    tests = sum(len(sources) for sources, _ in (data.test or {}).values())
+    return Budget(config.time_budget * 60, progress.seconds_before, started,
+                  math.ceil(batches / config.accum_steps), config.eval_every,
+                  tests / max(decoded, 1), steps, config.max_steps)
+
+
+def budget_complete(config: Config, state: dict) -> bool:
+    """Whether a checkpoint ends a --time_budget run whose schedule completed, and the budget
+    was not raised since: then a resume has nothing to do."""
+    saved = state["config"].get("time_budget", 0)
+    return bool(config.time_budget and saved and config.time_budget <= saved
+                and state["global_step"] >= state.get("schedule_steps", math.inf))
 
 
 # ---- one optimizer step -------------------------------------------------------------------------
@@ -401,11 +438,17 @@ def validate(run: Run, progress: Progress) -> Stop:
     while its loss falls) is saved as the best checkpoint. Returns, on every rank, Stop.PATIENCE
     if patience has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
     stop, config, history = Stop.NONE, run.config, progress.history
+    began = clock()
     try:
         metrics = run_validation(run, progress)  # None on ranks other than 0
     except StopRequested:  # (every rank, told by any)
         run.model.train()
         return Stop(max_over_ranks(Stop.SIGNAL))
+    if run.budget:  # its cost, in the plan (--time_budget)
+        run.budget.validation_seconds += clock() - began
+        run.budget.validations += 1
+        run.budget.plan(progress.step)
+        tqdm.write(run.budget.words())
     if run.rank == 0:
         history.append({"step": progress.step, "epoch": progress.epoch,
                         **{k: v for k, v in metrics.items() if k != "report"}})
@@ -434,10 +477,18 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
     for group, done in accumulation_groups(run, epoch, progress.batch):
         # the step's one exchange between the ranks' hosts: the update's target tokens, and
         # whether a stop signal came to any rank during the last step (then stop before this)
-        n_tokens, signals = sum_over_ranks(target_tokens(group), progress.signal is not None)
+        # (and under --time_budget rank 0's plan, the run's length for all)
+        n_tokens, signals, plan = sum_over_ranks(
+            target_tokens(group), progress.signal is not None,
+            run.budget.steps if run.budget and run.rank == 0 else 0)
         if signals:
             stop = Stop.SIGNAL
             break
+        if run.budget:
+            run.budget.agreed = int(plan)
+            if run.budget.done(progress.step):  # the plan shrank to the steps already taken
+                stop = Stop.MAX_STEPS
+                break
         lr = run.lr(progress.step + 1)
         try:
             loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
@@ -457,7 +508,12 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
                          / (time.time() - started))
         if logging or run.device.type == "cpu":  # a read from the device: free on a CPU
             check_updates(run, progress)
-        if config.max_steps and progress.step >= config.max_steps:  # on every rank at once
+        if run.budget:  # (the new plan takes effect at the next step's exchange)
+            run.budget.steps_done += 1
+            if logging:
+                run.budget.plan(progress.step)
+        if (config.max_steps and progress.step >= config.max_steps) or (
+                run.budget and run.budget.done(progress.step)):  # on every rank at once
             stop = Stop.MAX_STEPS
             break
         if config.save_every and done < end and progress.step % config.save_every == 0:
@@ -511,13 +567,16 @@ def train_loop(run: Run, progress: Progress, argv=None):
     that stopped it, or None."""
     script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
     progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
-    progress.started, stop = time.time(), Stop.NONE
+    progress.started, stop = clock(), Stop.NONE
+    if run.budget:
+        run.budget.training_started = clock()
+        tqdm.write(run.budget.words().replace(" by the speed measured", " until measured"))
     if run.config.init_from and progress.step == 0 and not progress.history:
         stop = validate(run, progress)  # the source model on the new data, before a step
         if stop:  # (a signal: nothing trained, so nothing saved)
             tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating the "
                        "model of --init_from, before any step: start the same command again")
-    while progress.epoch < run.config.num_epochs and not stop:
+    while (run.budget or progress.epoch < run.config.num_epochs) and not stop:
         stop = train_epoch(run, progress)
         if stop is not Stop.SIGNAL:
             stop = end_epoch(run, progress, stop)
@@ -536,9 +595,9 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
     command line given (the card's record of how the run was made). Returns the name of the
     signal that stopped it (SIGINT, SIGTERM), or None."""
     catch_stop_signals()  # while setting up: a signal aborts, once
-    lock = FolderLock(config.model_folder)
+    lock, started = FolderLock(config.model_folder), clock()
     try:
-        run, progress = set_up(config, given, lock)
+        run, progress = set_up(config, given, lock, started)
         idle = nothing_to_do(run.config, progress)
         if idle:
             print(idle)

@@ -238,7 +238,7 @@ def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch:
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "next_epoch": next_epoch, "next_batch": next_batch, "world_size": run.world_size,
         **rng[0], "rank_rng_states": rng if run.world_size > 1 else None,
-        "schedule_steps": run.schedule_steps, "provenance": provenance or {},
+        "schedule_steps": run.steps(), "provenance": provenance or {},
     }
 
 

@@ -345,6 +345,11 @@ def nothing_to_do(config: Config, progress):
     if config.max_steps and progress.step >= config.max_steps:
         return (f"already at step {progress.step} of --max_steps {config.max_steps}; raise "
                 f"it to train on")
+    if config.time_budget:  # (epochs do not bound it)
+        if getattr(progress, "complete", False):
+            return (f"the --time_budget {config.time_budget:g} minutes' schedule is complete "
+                    f"(step {progress.step}); raise --time_budget to train on")
+        return None
     if progress.epoch >= config.num_epochs:
         return (f"all {config.num_epochs} epochs are trained (step {progress.step}); raise "
                 f"--num_epochs to train on")

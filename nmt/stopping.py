@@ -162,10 +162,16 @@ def resume_command(config: Config, world_size: int) -> str:
 
 
 def stop_message(run, progress, stop: Stop) -> str:
-    """What a run stopped within an epoch says: why, where, what it saved, how to resume."""
+    """What a run stopped within an epoch says: why, where, what it saved, how to resume (a
+    --time_budget run whose schedule is complete has nothing to resume)."""
+    budget = getattr(run, "budget", None)
+    ended = stop is Stop.MAX_STEPS and budget is not None and not (
+        run.config.max_steps and progress.step >= run.config.max_steps)
     why = (f"stopped by {progress.signal or 'a signal'}" if stop is Stop.SIGNAL else
+           f"the --time_budget's schedule is complete ({budget.spent() / 60:.1f} of "
+           f"{budget.seconds / 60:g} minutes spent)" if ended else
            f"reached --max_steps {run.config.max_steps}")
+    resume = "" if ended else f". Resume with: {resume_command(run.config, run.world_size)}"
     return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
             f"{run.batches_per_epoch} (step {progress.step}); saved "
-            f"{latest_checkpoint_path(run.config)}. Resume with: "
-            f"{resume_command(run.config, run.world_size)}")
+            f"{latest_checkpoint_path(run.config)}{resume}")

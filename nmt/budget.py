@@ -1,0 +1,92 @@
+"""Training for a time budget (--time_budget MINUTES): the run's length in optimizer steps, and
+so the learning-rate schedule's, set from the throughput this run measures (its steps and its
+validations), corrected as it goes, so that the schedule completes, the last validation and
+the test scoring end inside the budget. A resume keeps what is left: the training time of
+the earlier starts is in the checkpoint (its provenance).
+
+Each plan: steps left = (time left - the end's reserve) / (a step's seconds + a validation's
+seconds / steps between validations); the end's reserve = one validation, the test sets'
+greedy and beam decoding (estimated from the validation's, by sentences), and MARGIN of the
+budget for what is not measured (saving, the model card)."""
+
+import math
+import time
+from dataclasses import dataclass
+
+BEAM_COST = 3.0  # beam 4's decoding over greedy's, for the test sets' reserve (an upper guess)
+MARGIN = 0.02  # of the budget, kept back for what is not measured
+
+
+def clock() -> float:
+    """The budget's clock (tests put a fake one here)."""
+    return time.time()
+
+
+@dataclass
+class Budget:
+    seconds: float  # the whole budget, every start together
+    spent_before: float  # the earlier starts' time (a resume)
+    started: float  # when this start began (its set-up included)
+    steps_per_epoch: int  # optimizer steps an epoch: a validation each
+    eval_every: int  # and one every this many steps (0: none)
+    test_share: float  # test sentences over the validation sentences a validation decodes
+    steps: int  # the run length this rank's plan proposes (rank 0's is the one agreed)
+    max_steps: int = 0  # --max_steps: the plan never goes past it (0: no cap)
+    agreed: int = None  # the run length the ranks agreed on at the last step: the schedule's
+    training_started: float = None  # when this start's first step began
+    validation_seconds: float = 0.0  # this start's validations, all together
+    validations: int = 0
+    steps_done: int = 0  # this start's optimizer steps
+
+    def __post_init__(self):
+        self.agreed = self.steps if self.agreed is None else self.agreed
+
+    def spent(self) -> float:
+        return self.spent_before + clock() - self.started
+
+    def per_step(self) -> float:
+        """Seconds a step (the training time of this start, validations left out)."""
+        training = clock() - self.training_started - self.validation_seconds
+        return training / self.steps_done
+
+    def reserve(self) -> float:
+        """Seconds kept for the end: the last validation, the test sets' decoding (greedy and
+        beam), MARGIN of the budget."""
+        per_validation = self.validation_seconds / max(self.validations, 1)
+        return per_validation * (1 + self.test_share * (1 + BEAM_COST)) + MARGIN * self.seconds
+
+    def plan(self, step: int) -> int:
+        """The run's length (optimizer steps) that ends inside the budget, `step` steps done,
+        by what this start has measured (unchanged before its first step is timed)."""
+        if not self.steps_done or self.training_started is None:
+            return self.steps
+        per_validation = self.validation_seconds / max(self.validations, 1)
+        validations_a_step = 1 / self.steps_per_epoch + (1 / self.eval_every
+                                                         if self.eval_every else 0)
+        cost = self.per_step() + per_validation * validations_a_step  # seconds a step, all in
+        left = self.seconds - self.spent() - self.reserve()
+        self.steps = step + max(math.floor(left / cost), 0)
+        if self.max_steps:
+            self.steps = min(self.steps, self.max_steps)
+        return self.steps
+
+    def lengthen(self, step: int) -> int:
+        """A resume past the saved schedule's end (the budget raised): a first plan from the
+        earlier starts' speed, `step` steps in `spent_before` seconds, all in; this start's
+        own measurements correct it from its first steps."""
+        left = self.seconds - self.spent() - MARGIN * self.seconds
+        self.steps = step + max(math.floor(left / (self.spent_before / step)), 0)
+        if self.max_steps:
+            self.steps = min(self.steps, self.max_steps)
+        self.agreed = self.steps
+        return self.steps
+
+    def done(self, step: int) -> bool:
+        """Whether the schedule agreed on is complete after `step` steps."""
+        return step >= self.agreed
+
+    def words(self) -> str:
+        """Where the budget stands, for the log."""
+        return (f"--time_budget {self.seconds / 60:g} minutes: {self.spent() / 60:.1f} spent; "
+                f"the schedule laid out for {self.steps:,} steps "
+                f"({self.steps / self.steps_per_epoch:.1f} epochs) by the speed measured")
