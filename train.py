@@ -478,14 +478,14 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
         # the step's one exchange between the ranks' hosts: the update's target tokens, and
         # whether a stop signal came to any rank during the last step (then stop before this)
         # (and under --time_budget rank 0's plan, the run's length for all)
-        n_tokens, signals, plan = sum_over_ranks(
+        n_tokens, signals, *plan = sum_over_ranks(
             target_tokens(group), progress.signal is not None,
-            run.budget.steps if run.budget and run.rank == 0 else 0)
+            *([run.budget.steps if run.rank == 0 else 0] if run.budget else []))
         if signals:
             stop = Stop.SIGNAL
             break
         if run.budget:
-            run.budget.agreed = int(plan)
+            run.budget.agreed = int(plan[0])
             if run.budget.done(progress.step):  # the plan shrank to the steps already taken
                 stop = Stop.MAX_STEPS
                 break

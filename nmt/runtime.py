@@ -118,7 +118,12 @@ NATIVE_BF16 = {"amx", "avx512_bf16"}  # the kinds whose instructions compute bf1
 
 def cpu_features() -> frozenset:
     """Which of CPU_KINDS' instruction sets this CPU has, by torch's own CPU probe (cpuinfo:
-    any OS), or where this torch lacks it, Linux's /proc/cpuinfo flags."""
+    any OS), or where this torch lacks it, Linux's /proc/cpuinfo flags. NMT_CPU_FEATURES in the
+    environment (comma-separated: avx2,avx512,avx512_bf16,amx) says which to assume instead:
+    the test suite runs as on a CPU without bf16 (avx2), its processes too."""
+    assumed = os.environ.get("NMT_CPU_FEATURES")
+    if assumed is not None:
+        return frozenset(name for name in assumed.split(",") if name)
     probes = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported",
               "avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
     try:

@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# --precision auto picks bf16 on a CPU that computes it: the suite, and the scripts it starts,
+# run as on a CPU without (fp32), whatever CPU runs them (nmt.runtime.cpu_features); a test of
+# the rule injects each kind over this.
+os.environ["NMT_CPU_FEATURES"] = "avx2"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 # A private, empty Hugging Face cache: nothing cached on this machine can leak into a test.
@@ -181,12 +185,3 @@ def swap_two_tokens(source: Path, target: Path):
     a, b = [token for token, i in vocab.items() if i in (10, 11)]
     vocab[a], vocab[b] = vocab[b], vocab[a]
     target.write_text(json.dumps(spec), encoding="utf-8")
-
-
-@pytest.fixture(autouse=True)
-def a_cpu_without_bf16(monkeypatch):
-    """--precision auto picks bf16 on a CPU that computes it (nmt.runtime.cpu_features): the
-    suite runs as on a CPU without (fp32), whatever CPU runs it; a test of the rule injects
-    another kind over this."""
-    import nmt.runtime
-    monkeypatch.setattr(nmt.runtime, "cpu_features", lambda: frozenset({"avx2"}))

@@ -94,7 +94,7 @@ def test_a_busy_machine_is_said_before_training(monkeypatch):
 # ---- --precision auto on a CPU: bf16 where the CPU computes it ---------------------------------
 
 from nmt import runtime  # noqa: E402
-from nmt.runtime import cpu_features as real_cpu_features  # (before conftest's stand-in)  # noqa
+from nmt.runtime import cpu_features as real_cpu_features  # noqa: E402
 
 KINDS = [  # each kind of CPU the docs' tables name, as torch's CPU probe reports it
     ("AVX2", {"avx2"}, None),
@@ -144,12 +144,14 @@ def test_bf16_asked_for_where_it_is_slower_says_by_how_much_and_goes_on(monkeypa
     assert runtime.bf16_warning(Config(precision="bf16"), cpu) is None
 
 
-def test_the_probe_measures_bf16_against_fp32_at_the_models_shapes():
+def test_the_probe_measures_bf16_against_fp32_at_the_models_shapes(monkeypatch):
     """bf16_slowdown times a real product of the model's widths: a positive ratio, quickly
     (its number depends on the CPU: no timing is checked); cpu_features names only the kinds
     the rule knows, and agrees with Linux's flags where they are readable."""
     ratio = runtime.bf16_slowdown(Config(d_model=32, d_ff=64, max_tokens=256), repeats=1)
     assert ratio > 0
+    assert real_cpu_features() == {"avx2"}  # the suite's stand-in (conftest), its processes' too
+    monkeypatch.delenv("NMT_CPU_FEATURES")
     found = real_cpu_features()
     assert found <= {"avx2", "avx512", "avx512_bf16", "amx"}
     try:

@@ -220,7 +220,8 @@ def fake_run(tmp_path, patience=0):
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
     data = types.SimpleNamespace(corpus=None, tokenizers=None, coverage=None)
     return types.SimpleNamespace(config=Config(model_folder=str(tmp_path), patience=patience),
-                                 model=model, data=data, rank=0)
+                                 model=model, data=data, rank=0, budget=None,
+                                 steps=lambda: 0)
 
 
 def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatch):
