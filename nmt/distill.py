@@ -64,7 +64,8 @@ def check_teacher(teacher: str, state: dict, config: Config, source: str):
             f"{config.lang_src}->{config.lang_tgt}: a teacher must translate the student's "
             f"language pair")
     trained_on = (state.get("corpus") or {}).get("source") or "a corpus it does not record"
-    if trained_on != source:
+    if trained_on != source and os.path.realpath(trained_on) != os.path.realpath(source):
+        # (the same folder named through a link, or its target as earlier versions recorded)
         raise CheckpointError(
             f"--distill_from {teacher} was trained on {trained_on}, not this run's corpus "
             f"{source}: a teacher must be trained on the student's corpus")

@@ -10,7 +10,7 @@ import torch
 
 from config import Config
 from conftest import TINY, make_corpus, number_pairs, run_here, write_aligned
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_student_trains_on_the_ensembles_translations(teachers):
     assert len(targets) == 48
     # the targets are the two teachers' translations as one ensemble, as translate.py makes them
     ensemble = run_here("translate.py", "--ensemble", "weights/t1,weights/t2", "--beam", "2",
-                        "--input", "corpus/train.en", cwd=home)
+                        "--preload", "latest", "--input", "corpus/train.en", cwd=home)
     assert ensemble.returncode == 0, ensemble.stderr.decode()[-2000:]
     assert ensemble.stdout.decode().splitlines() == targets
     # ... and they are what the student trained on: its prepared targets decode to them
@@ -147,3 +147,17 @@ def test_teacher_check_reads_the_checkpoint(tmp_path):
     state["corpus"] = {"source": "/data"}
     check_teacher("old", state, Config(lang_src="en", lang_tgt="it"), "/data")
     torch.manual_seed(0)  # (no state leaks from here)
+
+
+def test_a_teacher_recorded_with_its_corpus_link_resolved_is_the_same_corpus(tmp_path):
+    """Corpora are now recorded as the user named them (a link stays a link); a teacher trained
+    before recorded the link's target: the same folder, not another corpus."""
+    from nmt.distill import check_teacher
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    state = {"config": Config(lang_src="en", lang_tgt="it").to_dict(),
+             "corpus": {"source": str(tmp_path / "real")}}
+    check_teacher("t", state, Config(lang_src="en", lang_tgt="it"), str(tmp_path / "link"))
+    (tmp_path / "other").mkdir()
+    with pytest.raises(CheckpointError, match="a teacher must be trained on the student's"):
+        check_teacher("t", state, Config(lang_src="en", lang_tgt="it"), str(tmp_path / "other"))
