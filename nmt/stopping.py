@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from tqdm import tqdm
 
-from config import Config
+from config import Config, is_main
 from nmt.checkpoint import latest_checkpoint_path
 from nmt.cli import ABORT_SAID
 
@@ -122,7 +122,7 @@ def _watch(reader, line: str, grace: float, over: threading.Event):
                     continue
                 _signals_seen += 1
                 if _signals_seen >= 2 and not over.wait(grace):
-                    if not ABORT_SAID.is_set():  # run_main's line, if it got that far
+                    if is_main() and not ABORT_SAID.is_set():  # (run_main's, if said)
                         newline = "\n" if sys.stderr.isatty() else ""
                         sys.stderr.write(f"{newline}{line}\n")
                         sys.stderr.flush()
