@@ -166,6 +166,7 @@ class Progress:
     commands: list = field(default_factory=list)  # the command of every start of the run
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
     complete: bool = False  # a --time_budget run resumed after its schedule completed
+    validated_at: int = -1  # the step of the last validation (on every rank)
     started: float = field(default_factory=clock)  # when this start began training
 
     def provenance(self) -> dict:
@@ -444,6 +445,7 @@ def validate(run: Run, progress: Progress) -> Stop:
     except StopRequested:  # (every rank, told by any)
         run.model.train()
         return Stop(max_over_ranks(Stop.SIGNAL))
+    progress.validated_at = progress.step
     if run.budget:  # its cost, in the plan (--time_budget)
         run.budget.validation_seconds += clock() - began
         run.budget.validations += 1
@@ -525,8 +527,9 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
             if stop:  # patience ran out, or a signal came while validating (not recorded)
                 break
     bar.close()  # before a stop message: the bar is not drawn again under it
-    if stop:  # (at max_steps on the epoch's last batch, the epoch's own checkpoint follows)
-        if stop is not Stop.MAX_STEPS or progress.batch < end:
+    if stop:  # (at max_steps on the epoch's last batch, the epoch's own checkpoint follows;
+        # before its first, the last epoch's holds this state: a budget's plan that shrank)
+        if stop is not Stop.MAX_STEPS or 0 < progress.batch < end:
             save(run, progress, epoch, progress.batch,
                  step_checkpoint_path(config, epoch, progress.step))
         if stop is Stop.SIGNAL or (stop is Stop.MAX_STEPS and progress.batch < end):
@@ -546,7 +549,7 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
         save(run, progress, progress.epoch + 1, 0, epoch_checkpoint_path(config, progress.epoch))
         if stop is Stop.MAX_STEPS:
             tqdm.write(stop_message(run, progress, stop))
-    if stop is not Stop.PATIENCE:
+    if stop is not Stop.PATIENCE and progress.validated_at != progress.step:  # (not twice)
         stop = max(stop, validate(run, progress))
     run.writer.flush()
     if stop is Stop.SIGNAL:

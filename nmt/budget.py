@@ -57,18 +57,39 @@ class Budget:
 
     def plan(self, step: int) -> int:
         """The run's length (optimizer steps) that ends inside the budget, `step` steps done,
-        by what this start has measured (unchanged before its first step is timed)."""
+        by what this start has measured (unchanged before its first step is timed): the most
+        steps whose time, and that of the validations on the way (each epoch's end and every
+        --eval_every steps; the last is in the reserve), fit in what is left."""
         if not self.steps_done or self.training_started is None:
             return self.steps
-        per_validation = self.validation_seconds / max(self.validations, 1)
-        validations_a_step = 1 / self.steps_per_epoch + (1 / self.eval_every
-                                                         if self.eval_every else 0)
-        cost = self.per_step() + per_validation * validations_a_step  # seconds a step, all in
+        per_step, per_validation = self.per_step(), self.validation_seconds / max(
+            self.validations, 1)
         left = self.seconds - self.spent() - self.reserve()
-        self.steps = step + max(math.floor(left / cost), 0)
+
+        def cost(n: int) -> float:
+            return n * per_step + per_validation * self.validations_between(step, step + n)
+        every = 1 / self.steps_per_epoch + (1 / self.eval_every if self.eval_every else 0)
+        n = max(math.floor(left / (per_step + per_validation * every)), 0)  # on average
+        while n > 0 and cost(n) > left:  # then exactly, a step at a time
+            n -= 1
+        while cost(n + 1) <= left:
+            n += 1
+        self.steps = step + n
         if self.max_steps:
             self.steps = min(self.steps, self.max_steps)
         return self.steps
+
+    def validations_between(self, start: int, end: int) -> int:
+        """Validations after step `start` up to step `end`, the one at `end` left out (the
+        reserve's): at each epoch's end, and every --eval_every steps within an epoch."""
+        ends = end // self.steps_per_epoch - start // self.steps_per_epoch
+        within = 0
+        if self.eval_every:
+            within = sum(1 for s in range(start + 1, end + 1)
+                         if s % self.eval_every == 0 and s % self.steps_per_epoch)
+        at_end = end % self.steps_per_epoch == 0 or (self.eval_every and
+                                                       end % self.eval_every == 0)
+        return max(ends + within - (1 if at_end and end > start else 0), 0)
 
     def lengthen(self, step: int) -> int:
         """A resume past the saved schedule's end (the budget raised): a first plan from the

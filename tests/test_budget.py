@@ -16,22 +16,23 @@ from nmt.checkpoint import load_checkpoint
 
 
 def test_the_plan_spends_what_is_left_on_steps_and_their_validations(monkeypatch):
-    """10 steps took 100 s with one validation of 10 s: 9 s a step, and a validation every 10
-    steps adds 1 s a step; the end keeps one validation, the test sets' greedy and beam
-    decoding (as many sentences as a validation's, beam at BEAM_COST times greedy) and
-    MARGIN of the budget: (600 - 100 - (10 + 10 * 4 + 12)) / 10 = 43.8, so 43 steps more."""
+    """10 steps took 100 s with one validation of 10 s: 9 s a step; the end keeps one
+    validation, the test sets' greedy and beam decoding (as many sentences as a validation's,
+    beam at BEAM_COST times greedy) and MARGIN of the budget: 600 - 100 - 62 = 438 s left.
+    44 steps more take 396 s and the validations at the ends of epochs 2 to 5 (steps 20 to
+    50) 40 s: 436 s; a 45th would make 445."""
     now = [100.0]
     monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
     budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=999,
                     training_started=0, validation_seconds=10, validations=1, steps_done=10)
     assert budget.reserve() == pytest.approx(10 + 10 * (1 + nmt.budget.BEAM_COST) + 600 * MARGIN)
-    assert budget.plan(10) == 10 + 43
-    budget.eval_every = 5  # a validation every 5 steps as well: 3 s a step in validations
-    assert budget.plan(10) == 10 + int((600 - 100 - 62) / 12)
+    assert budget.plan(10) == 10 + 44
+    budget.eval_every = 5  # and every 5 steps: 40 steps (360 s) and 7 validations (70 s), the
+    assert budget.plan(10) == 50  # one at step 50 the reserve's; 41 would add one: 449 s
     budget.max_steps = 30
     assert budget.plan(10) == 30  # --max_steps caps the plan
     budget.max_steps, budget.spent_before = 0, 400  # a resume: 400 s spent before this start
-    assert budget.plan(10) == 10 + max(int((600 - 500 - 62) / 12), 0)
+    assert budget.plan(10) == 14  # 38 s left: 4 steps (36 s); a 5th brings a validation
     now[0] = 700.0  # past the budget: no step more
     assert budget.plan(10) == 10 and budget.done(10) is False  # (the ranks agree first)
     budget.agreed = budget.steps
@@ -78,6 +79,12 @@ def corpus(folder):
     write_aligned(folder, "test", number_pairs(4, seed=9))  # as many as a validation decodes
 
 
+def latest(home):
+    from config import Config
+    from nmt.checkpoint import latest_checkpoint_path
+    return latest_checkpoint_path(Config(model_folder=str(home / "weights")))
+
+
 def ideal_steps(out: str) -> int:
     """The steps 3 minutes buy at the fake clock's costs: a step, and a validation each epoch of
     the run's K steps (its stop line says "of K"), with the end's reserve kept back."""
@@ -103,12 +110,13 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     out, err = t.stdout.decode(), t.stderr.decode()  # (the budget sets the length, not epochs)
     assert t.returncode == 0, err[-2000:]
     assert "the --time_budget's schedule is complete" in out
-    final = load_checkpoint(sorted((tmp_path / "weights").glob("tmodel_*_s*.pt"))[-1])
+    final = load_checkpoint(latest(tmp_path))
     steps = final["global_step"]
     assert final["schedule_steps"] == steps  # the schedule's last step is the run's last
     assert fake_time.scored_at - started <= 180  # the test scores inside the budget
     validations = json.loads((tmp_path / "weights" / "tmodel_validation.json").read_text())
     assert len(validations) >= 3 and validations[-1]["step"] == steps
+    assert len({v["step"] for v in validations}) == len(validations)  # none twice
     assert abs(steps - ideal_steps(out)) <= 1  # the budget is used, no more
     card = (tmp_path / "weights" / "MODEL_CARD.md").read_text()
     assert f"- --time_budget 3 minutes bought {steps} optimizer steps" in card
@@ -136,13 +144,13 @@ def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatc
     monkeypatch.setattr(train, "train_step", interrupted)
     t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
     assert t.returncode == 130, t.stderr.decode()[-2000:]
-    stopped = load_checkpoint(sorted((tmp_path / "weights").glob("tmodel_*_s*.pt"))[-1])
+    stopped = load_checkpoint(latest(tmp_path))
     assert 60 <= stopped["provenance"]["seconds"] < 90
     monkeypatch.setattr(train, "train_step", step)
     t = run_here("train.py", cwd=tmp_path)  # (the budget comes from the checkpoint)
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert "the --time_budget's schedule is complete" in t.stdout.decode()
-    final = load_checkpoint(sorted((tmp_path / "weights").glob("tmodel_*_s*.pt"))[-1])
+    final = load_checkpoint(latest(tmp_path))
     assert final["schedule_steps"] == final["global_step"] > stopped["global_step"]
     assert final["provenance"]["seconds"] <= 180
     assert fake_time.scored_at - started <= 180 + 5  # (5: the second start's set-up, unmoved)
