@@ -69,7 +69,7 @@ class Budget:
         def cost(n: int) -> float:
             return n * per_step + per_validation * self.validations_between(step, step + n)
         every = 1 / self.steps_per_epoch + (1 / self.eval_every if self.eval_every else 0)
-        n = max(math.floor(left / (per_step + per_validation * every)), 0)  # on average
+        n = max(math.floor(left / max(per_step + per_validation * every, 1e-9)), 0)  # on average
         while n > 0 and cost(n) > left:  # then exactly, a step at a time
             n -= 1
         while cost(n + 1) <= left:
@@ -96,7 +96,8 @@ class Budget:
         earlier starts' speed, `step` steps in `spent_before` seconds, all in; this start's
         own measurements correct it from its first steps."""
         left = self.seconds - self.spent() - MARGIN * self.seconds
-        self.steps = step + max(math.floor(left / (self.spent_before / step)), 0)
+        per_step = self.spent_before / step if self.spent_before > 0 else 1.0  # (none recorded)
+        self.steps = step + max(math.floor(left / per_step), 0)
         if self.max_steps:
             self.steps = min(self.steps, self.max_steps)
         self.agreed = self.steps

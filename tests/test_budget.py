@@ -125,6 +125,12 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     t = run_here("train.py", cwd=tmp_path)
     assert t.returncode == 0 and ("the --time_budget 3 minutes' schedule is complete (step "
                                   f"{steps}); raise --time_budget to train on") in t.stdout.decode()
+    t = run_here("train.py", "--time_budget", "4", cwd=tmp_path)  # a minute more: laid out again
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "the --time_budget is raised: " in t.stdout.decode()
+    more = load_checkpoint(latest(tmp_path))
+    assert more["schedule_steps"] == more["global_step"] > steps
+    assert more["provenance"]["seconds"] <= 240
 
 
 def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatch):
