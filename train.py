@@ -38,7 +38,7 @@ from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_pa
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
-from nmt.budget import Budget, clock
+from nmt.budget import Budget, budget_for, clock, completed
 from nmt.compiling import compiled, fixed_shapes
 from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
@@ -229,12 +229,7 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if busy:
         print(busy, file=sys.stderr)
     amp_dtype = autocast_dtype(config, device)
-    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
-          + precision_reason(config, device)
-          + (f", {world} processes (torchrun)" if world > 1 else ""))
-    slower = bf16_warning(config, device) if rank == 0 else None  # (bf16 asked, no bf16 here)
-    if slower:
-        print(slower, file=sys.stderr)
+    say_device(config, device, amp_dtype, rank, world)
     torch.manual_seed(config.seed)
     model = build_model(config, data.tokenizer_src.get_vocab_size(),
                         data.tokenizer_tgt.get_vocab_size()).to(device)
@@ -265,7 +260,7 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
             schedule_steps = resume[1].get("schedule_steps", schedule_steps)
         schedule_steps = restore_progress(config, progress, *resume, schedule_steps,
                                           learning_rate)
-        progress.complete = budget_complete(config, resume[1])
+        progress.complete = completed(config, resume[1])
     elif init:
         load_model_weights(model, init[1], init[0])
     step_model = model
@@ -278,33 +273,22 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
         if rank == 0 and not nothing_to_do(config, progress) else NoWriter()
     precision = str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32"
-    budget = make_budget(config, data, batches, schedule_steps, progress, started) \
-        if config.time_budget else None
-    if budget and 0 < schedule_steps <= progress.step and not progress.complete:
-        print(f"the --time_budget is raised: {budget.lengthen(progress.step):,} steps in all, "
-              f"by the speed of the earlier starts, until this one measures its own")
+    budget = budget_for(config, data, batches, schedule_steps, progress.step,
+                        progress.seconds_before, started, progress.complete)
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
                schedule_steps, lock, precision, rank, world, writer, budget), progress
 
 
-def make_budget(config: Config, data: Data, batches: int, steps: int, progress: Progress,
-                started: float) -> Budget:
-    """--time_budget's plan (nmt/budget.py): what the earlier starts spent, the epoch's steps,
-    the test sets' sentences over a validation's, the schedule's length until measured."""
-    decoded = min(config.val_max_sentences or len(data.validation), len(data.validation))
-    tests = sum(len(sources) for sources, _ in (data.test or {}).values())
-    return Budget(config.time_budget * 60, progress.seconds_before, started,
-                  math.ceil(batches / config.accum_steps), config.eval_every,
-                  tests / max(decoded, 1), steps, config.max_steps)
-
-
-def budget_complete(config: Config, state: dict) -> bool:
-    """Whether a checkpoint ends a --time_budget run whose schedule completed, and the budget
-    was not raised since: then a resume has nothing to do."""
-    saved = state["config"].get("time_budget", 0)
-    return bool(config.time_budget and saved and config.time_budget <= saved
-                and state["global_step"] >= state.get("schedule_steps", math.inf))
+def say_device(config: Config, device: torch.device, amp_dtype, rank: int, world: int):
+    """The start line: the device, the precision and why --precision auto chose it; and where
+    bf16 was asked for on a CPU without bf16 instructions, how much slower it measured."""
+    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
+          + precision_reason(config, device)
+          + (f", {world} processes (torchrun)" if world > 1 else ""))
+    slower = bf16_warning(config, device) if rank == 0 else None
+    if slower:
+        print(slower, file=sys.stderr)
 
 
 # ---- one optimizer step -------------------------------------------------------------------------
@@ -447,10 +431,7 @@ def validate(run: Run, progress: Progress) -> Stop:
         return Stop(max_over_ranks(Stop.SIGNAL))
     progress.validated_at = progress.step
     if run.budget:  # its cost, in the plan (--time_budget)
-        run.budget.validation_seconds += clock() - began
-        run.budget.validations += 1
-        run.budget.plan(progress.step)
-        tqdm.write(run.budget.words())
+        tqdm.write(run.budget.validated(clock() - began, progress.step))
     if run.rank == 0:
         history.append({"step": progress.step, "epoch": progress.epoch,
                         **{k: v for k, v in metrics.items() if k != "report"}})
@@ -477,20 +458,15 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
     stop = Stop.NONE
     no_sync = getattr(run.step_model, "no_sync", None)
     for group, done in accumulation_groups(run, epoch, progress.batch):
-        # the step's one exchange between the ranks' hosts: the update's target tokens, and
-        # whether a stop signal came to any rank during the last step (then stop before this)
-        # (and under --time_budget rank 0's plan, the run's length for all)
+        # the step's one exchange between the ranks' hosts: the update's target tokens, whether
+        # a stop signal came to any rank during the last step (then stop before this), and
+        # under --time_budget rank 0's plan, the run's length for all
         n_tokens, signals, *plan = sum_over_ranks(
             target_tokens(group), progress.signal is not None,
-            *([run.budget.steps if run.rank == 0 else 0] if run.budget else []))
-        if signals:
-            stop = Stop.SIGNAL
+            *(run.budget.proposal(run.rank) if run.budget else ()))
+        if signals or (run.budget and run.budget.agree(plan[0], progress.step)):
+            stop = Stop.SIGNAL if signals else Stop.MAX_STEPS  # (or the plan shrank to here)
             break
-        if run.budget:
-            run.budget.agreed = int(plan[0])
-            if run.budget.done(progress.step):  # the plan shrank to the steps already taken
-                stop = Stop.MAX_STEPS
-                break
         lr = run.lr(progress.step + 1)
         try:
             loss, _ = train_step(run.step_model, group, run.loss_fn, PAD, run.device, run.amp,
@@ -510,12 +486,8 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
                          / (time.time() - started))
         if logging or run.device.type == "cpu":  # a read from the device: free on a CPU
             check_updates(run, progress)
-        if run.budget:  # (the new plan takes effect at the next step's exchange)
-            run.budget.steps_done += 1
-            if logging:
-                run.budget.plan(progress.step)
-        if (config.max_steps and progress.step >= config.max_steps) or (
-                run.budget and run.budget.done(progress.step)):  # on every rank at once
+        ended = run.budget.stepped(progress.step, replan=logging) if run.budget else False
+        if ended or (config.max_steps and progress.step >= config.max_steps):  # every rank
             stop = Stop.MAX_STEPS
             break
         if config.save_every and done < end and progress.step % config.save_every == 0:
@@ -527,9 +499,8 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
             if stop:  # patience ran out, or a signal came while validating (not recorded)
                 break
     bar.close()  # before a stop message: the bar is not drawn again under it
-    if stop:  # (at max_steps on the epoch's last batch, the epoch's own checkpoint follows;
-        # before its first, the last epoch's holds this state: a budget's plan that shrank)
-        if stop is not Stop.MAX_STEPS or 0 < progress.batch < end:
+    if stop:  # (at max_steps on the epoch's last batch, the epoch's own checkpoint follows)
+        if stop is not Stop.MAX_STEPS or progress.batch < end:
             save(run, progress, epoch, progress.batch,
                  step_checkpoint_path(config, epoch, progress.step))
         if stop is Stop.SIGNAL or (stop is Stop.MAX_STEPS and progress.batch < end):

@@ -103,6 +103,31 @@ class Budget:
         self.agreed = self.steps
         return self.steps
 
+    def proposal(self, rank: int) -> list:
+        """What this rank adds to the step's exchange: rank 0 its plan, the others 0."""
+        return [self.steps if rank == 0 else 0]
+
+    def agree(self, plan: float, step: int) -> bool:
+        """Takes the plan the ranks agreed on (rank 0's, from the exchange); whether it is
+        already complete (it shrank to the `step` steps taken)."""
+        self.agreed = int(plan)
+        return self.done(step)
+
+    def stepped(self, step: int, replan: bool) -> bool:
+        """A step taken, the `step`th; `replan` (a log step): plan again (the new plan is
+        taken at the next exchange). Whether the plan agreed on is complete."""
+        self.steps_done += 1
+        if replan:
+            self.plan(step)
+        return self.done(step)
+
+    def validated(self, seconds: float, step: int) -> str:
+        """A validation of `seconds` at `step`: in the plan, which is made again; its words."""
+        self.validation_seconds += seconds
+        self.validations += 1
+        self.plan(step)
+        return self.words()
+
     def done(self, step: int) -> bool:
         """Whether the schedule agreed on is complete after `step` steps."""
         return step >= self.agreed
@@ -112,3 +137,30 @@ class Budget:
         return (f"--time_budget {self.seconds / 60:g} minutes: {self.spent() / 60:.1f} spent; "
                 f"the schedule laid out for {self.steps:,} steps "
                 f"({self.steps / self.steps_per_epoch:.1f} epochs) by the speed measured")
+
+
+def budget_for(config, data, batches: int, steps: int, step: int, spent_before: float,
+               started: float, complete: bool):
+    """--time_budget's plan for a run (None without the flag): what the earlier starts spent,
+    the epoch's optimizer steps (`batches` of data.train), the test sets' sentences over a
+    validation's, the schedule's length `steps` until measured; a resume past the saved
+    schedule's end (`step` steps done, not `complete`: the budget raised) lengthened at once."""
+    if not config.time_budget:
+        return None
+    decoded = min(config.val_max_sentences or len(data.validation), len(data.validation))
+    tests = sum(len(sources) for sources, _ in (data.test or {}).values())
+    budget = Budget(config.time_budget * 60, spent_before, started,
+                    math.ceil(batches / config.accum_steps), config.eval_every,
+                    tests / max(decoded, 1), steps, config.max_steps)
+    if 0 < steps <= step and not complete:
+        print(f"the --time_budget is raised: {budget.lengthen(step):,} steps in all, by the "
+              f"speed of the earlier starts, until this one measures its own")
+    return budget
+
+
+def completed(config, state: dict) -> bool:
+    """Whether a checkpoint ends a --time_budget run whose schedule completed, and the budget
+    was not raised since: then a resume has nothing to do."""
+    saved = state["config"].get("time_budget", 0)
+    return bool(config.time_budget and saved and config.time_budget <= saved
+                and state["global_step"] >= state.get("schedule_steps", math.inf))
