@@ -33,12 +33,12 @@ from tqdm import tqdm
 from config import Config, parse_config
 from dataset import Data, TokenBatchSampler, get_ds, real_tokens, training_batches
 from kernels import BlockwiseLabelSmoothedCrossEntropy
-from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
+from nmt.checkpoint import (best_checkpoint, best_checkpoint_path,
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
-from nmt.budget import Budget, budget_for, clock, completed
+from nmt.budget import Budget, budget_for, clock
 from nmt.compiling import compiled, fixed_shapes
 from nmt.distill import distil
 from nmt.evaluation import run_validation, score_test_sets
@@ -47,14 +47,15 @@ from nmt.model_card import write_run_card
 from nmt.resume import (check_corpus, check_resume_data, copy_tokenizers, coverage_note, init_state,
                         nothing_to_do, restore_progress, restore_rng, restore_training,
                         resume_state, rng_states, set_aside_later, write_history)
-from nmt.runtime import (NoWriter, autocast, autocast_dtype, bf16_warning, busy_note,
-                         gather_to_main, get_device, main_first, max_over_ranks, note_precision,
-                         out_of_memory, precision_reason, setup_device, start_distributed,
-                         stop_distributed, sum_over_ranks, use_threads)
+from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main,
+                         get_device, main_first, max_over_ranks, note_precision, out_of_memory,
+                         say_device, setup_device, start_distributed, stop_distributed,
+                         sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
                           catch_stop_signals, ignore_sigint, launcher, resume_command,
                           stop_message)
 from nmt.trained_model import build_model, load_model_weights
+from nmt.training_log import check_updates, log_progress
 from tokenizer import PAD
 
 ABORTED = "aborted; the checkpoints already saved are intact"  # a second Ctrl-C's line
@@ -137,8 +138,7 @@ class Run:
     budget: Budget = None  # --time_budget's plan (nmt/budget.py), or None
 
     def steps(self) -> int:
-        """The run length the schedule is laid out for now: under --time_budget, the plan the
-        ranks agreed on (corrected as the run goes)."""
+        """The schedule's length now: under --time_budget, the plan the ranks agreed on."""
         return self.budget.agreed if self.budget else self.schedule_steps
 
     def lr(self, step: int) -> float:
@@ -179,9 +179,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None, started: float =
     """(run, progress): the data, the model and its optimizer, restored from the checkpoint
     --preload names. Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers
     and prepares the data); every rank then builds the same model, and
-    DistributedDataParallel keeps them equal. `started`: when the run began (--time_budget
-    counts its set-up)."""
-    started = clock() if started is None else started
+    DistributedDataParallel keeps them equal. `started`: when the run began (a budget's)."""
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
@@ -211,7 +209,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None, started: float =
                 print(f"a new run from {init[0]}: {coverage_note(init[1], data)}")
         if config.data_dir:  # a checkpoint's corpus is found from any working directory
             config.data_dir = data.corpus["source"]
-        return build_run(config, data, resume, rank, world, lock, init, started)
+        return build_run(config, data, resume, rank, world, lock, init, started or clock())
     except BaseException:
         remove_files(created)
         lock.release()
@@ -256,11 +254,8 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if resume:
         restore_training(resume[1], resume[0], model, optimizer, scaler)
         restore_rng(resume[1], rank, world, device, config.seed)
-        if config.time_budget:  # the plan goes on as saved, until this start measures its own
-            schedule_steps = resume[1].get("schedule_steps", schedule_steps)
         schedule_steps = restore_progress(config, progress, *resume, schedule_steps,
                                           learning_rate)
-        progress.complete = completed(config, resume[1])
     elif init:
         load_model_weights(model, init[1], init[0])
     step_model = model
@@ -273,22 +268,10 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
         if rank == 0 and not nothing_to_do(config, progress) else NoWriter()
     precision = str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32"
-    budget = budget_for(config, data, batches, schedule_steps, progress.step,
-                        progress.seconds_before, started, progress.complete)
+    budget = budget_for(config, data, batches, schedule_steps, progress, started)
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
                schedule_steps, lock, precision, rank, world, writer, budget), progress
-
-
-def say_device(config: Config, device: torch.device, amp_dtype, rank: int, world: int):
-    """The start line: the device, the precision and why --precision auto chose it; and where
-    bf16 was asked for on a CPU without bf16 instructions, how much slower it measured."""
-    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
-          + precision_reason(config, device)
-          + (f", {world} processes (torchrun)" if world > 1 else ""))
-    slower = bf16_warning(config, device) if rank == 0 else None
-    if slower:
-        print(slower, file=sys.stderr)
 
 
 # ---- one optimizer step -------------------------------------------------------------------------
@@ -342,7 +325,8 @@ def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the gradient
     (or, with the fp16 scaler, the loss on any rank) is not finite: then the update is skipped
     and counted in progress.bad_steps. All on the device, without waiting for it: the skip is
-    fused Adam's `found_inf`, as the gradient scaler uses it; `check_updates` reads the count."""
+    fused Adam's `found_inf`, as the gradient scaler uses it; `nmt.training_log.check_updates` reads
+    the count."""
     run.scaler.unscale_(run.optimizer)
     grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(),
                                          run.config.clip_grad or math.inf, foreach=True)
@@ -364,44 +348,6 @@ def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     progress.bad_steps = torch.where(finite, 0, progress.bad_steps + 1)
-
-
-def check_updates(run: Run, progress: Progress):
-    """Reads the count of skipped (non-finite) updates in a row: says so, and stops training
-    without saving when it reaches max_bad_steps. Called where reading from the device is
-    free (CPU) or asked for (--log_every)."""
-    bad = int(progress.bad_steps)
-    if not bad:
-        return
-    run.writer.add_scalar("train/skipped_nonfinite", bad, progress.step)
-    tqdm.write(f"step {progress.step}: non-finite loss or gradient, update skipped "
-               f"({bad} in a row)")
-    if bad >= run.config.max_bad_steps:
-        raise CheckpointError(
-            f"{bad} non-finite updates in a row: training stopped without saving the diverged "
-            f"weights; lower --lr or use --precision fp32, then resume from the last checkpoint "
-            f"in {run.config.model_folder}")
-
-
-SMOOTHING = 0.9  # the progress bar's loss: each step's weight 0.1 in a moving average
-
-
-def log_progress(run: Run, progress: Progress, bar, lr: float, tokens_per_s: float):
-    """The mean training loss since the last log (over all ranks) to TensorBoard, and to the
-    progress bar a moving average of it (SMOOTHING a step, the first log its start: a loss
-    from the first step on): the one place the loop waits for the GPU."""
-    loss = torch.stack(progress.loss_window).mean()
-    if run.world_size > 1:
-        torch.distributed.all_reduce(loss)  # each rank holds its share of the update's loss
-    first, steps = progress.smoothed_loss is None, len(progress.loss_window)
-    loss, progress.loss_window = loss.item(), []
-    kept = 0.0 if first else SMOOTHING ** steps  # the weight of the steps before these
-    progress.smoothed_loss = kept * (progress.smoothed_loss or 0.0) + (1 - kept) * loss
-    run.writer.add_scalar("train/loss", loss, progress.step)
-    run.writer.add_scalar("train/lr", lr, progress.step)
-    run.writer.add_scalar("train/tok_s", tokens_per_s, progress.step)
-    bar.set_postfix(loss=f"{progress.smoothed_loss:6.3f}", tok_s=f"{tokens_per_s:,.0f}",
-                    refresh=first)  # (drawn at once the first time, then with the bar)
 
 
 # ---- the loop: epochs of steps, saving, validating and stopping ---------------------------------
@@ -458,9 +404,8 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
     stop = Stop.NONE
     no_sync = getattr(run.step_model, "no_sync", None)
     for group, done in accumulation_groups(run, epoch, progress.batch):
-        # the step's one exchange between the ranks' hosts: the update's target tokens, whether
-        # a stop signal came to any rank during the last step (then stop before this), and
-        # under --time_budget rank 0's plan, the run's length for all
+        # the step's one exchange between the ranks' hosts: the update's target tokens, whether a
+        # stop signal came to any rank during the last step; under --time_budget rank 0's plan
         n_tokens, signals, *plan = sum_over_ranks(
             target_tokens(group), progress.signal is not None,
             *(run.budget.proposal(run.rank) if run.budget else ()))
@@ -536,15 +481,13 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
 
 
 def train_loop(run: Run, progress: Progress, argv=None):
-    """The run, set up: (the model of --init_from validated first,) the epochs, then the test
-    sets scored with the best checkpoint and the model card. Returns the name of the signal
-    that stopped it, or None."""
+    """The run, set up: (--init_from's model validated first,) the epochs, the test sets scored
+    with the best checkpoint, the model card. Returns the signal that stopped it, or None."""
     script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
     progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
     progress.started, stop = clock(), Stop.NONE
     if run.budget:
-        run.budget.training_started = clock()
-        tqdm.write(run.budget.words().replace(" by the speed measured", " until measured"))
+        tqdm.write(run.budget.start())
     if run.config.init_from and progress.step == 0 and not progress.history:
         stop = validate(run, progress)  # the source model on the new data, before a step
         if stop:  # (a signal: nothing trained, so nothing saved)

@@ -132,6 +132,11 @@ class Budget:
         """Whether the schedule agreed on is complete after `step` steps."""
         return step >= self.agreed
 
+    def start(self) -> str:
+        """This start's training begins (its steps timed from now); the plan in words."""
+        self.training_started = clock()
+        return self.words().replace(" by the speed measured", " until measured")
+
     def words(self) -> str:
         """Where the budget stands, for the log."""
         return (f"--time_budget {self.seconds / 60:g} minutes: {self.spent() / 60:.1f} spent; "
@@ -139,14 +144,14 @@ class Budget:
                 f"({self.steps / self.steps_per_epoch:.1f} epochs) by the speed measured")
 
 
-def budget_for(config, data, batches: int, steps: int, step: int, spent_before: float,
-               started: float, complete: bool):
-    """--time_budget's plan for a run (None without the flag): what the earlier starts spent,
-    the epoch's optimizer steps (`batches` of data.train), the test sets' sentences over a
-    validation's, the schedule's length `steps` until measured; a resume past the saved
-    schedule's end (`step` steps done, not `complete`: the budget raised) lengthened at once."""
+def budget_for(config, data, batches: int, steps: int, progress, started: float):
+    """--time_budget's plan for a run (None without the flag): what the earlier starts spent
+    (train.py's Progress), the epoch's optimizer steps (`batches` of data.train), the test
+    sets' sentences over a validation's, the schedule's length `steps` until measured; a resume
+    past the saved schedule's end (not complete: the budget raised) lengthened at once."""
     if not config.time_budget:
         return None
+    step, spent_before, complete = progress.step, progress.seconds_before, progress.complete
     decoded = min(config.val_max_sentences or len(data.validation), len(data.validation))
     tests = sum(len(sources) for sources, _ in (data.test or {}).values())
     budget = Budget(config.time_budget * 60, spent_before, started,

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from config import Config, fields_where
+from nmt.budget import completed
 from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
                             history_path, list_checkpoints, load_checkpoint, merge_config,
                             resolve_preload)
@@ -160,7 +161,9 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     progress.commands, progress.seconds_before = list(made.get("commands", [])), \
         made.get("seconds", 0.0)
     saved = state.get("schedule_steps", steps)
-    if config.lr_schedule == "cosine" and saved != steps:
+    progress.complete = completed(config, state)
+    # (a --time_budget's plan goes on as saved until this start has measured its speed)
+    if config.lr_schedule == "cosine" and saved != steps and not config.time_budget:
         old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))
         print(f"the run is now {steps} steps long (was {saved}): the cosine schedule is laid "
               f"out again over its new length; the learning rate goes on at {new:.2e} (it was "

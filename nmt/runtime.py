@@ -214,6 +214,17 @@ def autocast_dtype(config: Config, device: torch.device):
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
 
 
+def say_device(config: Config, device: torch.device, amp_dtype, rank: int, world: int):
+    """The start line: the device, the precision and why --precision auto chose it; and where
+    bf16 was asked for on a CPU without bf16 instructions, how much slower it measured."""
+    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
+          + precision_reason(config, device)
+          + (f", {world} processes (torchrun)" if world > 1 else ""))
+    slower = bf16_warning(config, device) if rank == 0 else None
+    if slower:
+        print(slower, file=sys.stderr)
+
+
 def autocast(device: torch.device, dtype):
     """A function returning the autocast context of `dtype` (nullcontext for fp32)."""
     if dtype is None:

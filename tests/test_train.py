@@ -1132,7 +1132,8 @@ def test_an_unwritable_model_folder_is_refused_before_training(tmp_path, train_h
 def test_the_progress_bar_shows_a_smoothed_loss_from_the_first_step(tmp_path, train_here,
                                                                      monkeypatch):
     """The bar showed no loss for the first --log_every steps, then the last window's raw
-    mean: now from step 1, a moving average (train.SMOOTHING a step) of the means logged."""
+    mean: now from step 1, a moving average (SMOOTHING a step) of the means logged."""
+    from nmt.training_log import SMOOTHING
     shown = []
 
     class Bar(train.tqdm):
@@ -1148,7 +1149,7 @@ def test_the_progress_bar_shows_a_smoothed_loss_from_the_first_step(tmp_path, tr
     assert shown[0][0] == 1 and logged[0][0] == 1  # at the first step
     expected, before = [], 0
     for step, mean in logged:
-        kept = train.SMOOTHING ** (step - before) if expected else 0.0
+        kept = SMOOTHING ** (step - before) if expected else 0.0
         expected.append(kept * (expected[-1] if expected else 0) + (1 - kept) * mean)
         before = step
     assert len(shown) == len(logged) >= 3
