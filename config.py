@@ -108,6 +108,12 @@ class Config:
     max_tokens: int = _f(4096, "padded tokens per batch (per process under torchrun), "
                                "length-bucketed (0 = use batch_size)")
     num_epochs: int = _f(20, "epochs to train")
+    time_budget: float = _f(0.0, "train for this many minutes in all (every start together, "
+                                 "validations and test scoring included): the run's "
+                                 "length in steps, and so its learning-rate schedule, is set "
+                                 "from the throughput the run measures and corrected as it "
+                                 "goes, in place of --num_epochs; a resume keeps what is left "
+                                 "(0 = off)")
     max_steps: int = _f(0, "stop after this many optimizer steps in all, saving a checkpoint "
                            "(0 = no limit)")
     lr: float = _f(0.0, f"peak learning rate; 0 = by model width, {LR_AT_512:g} · 512 / d_model "
@@ -120,8 +126,10 @@ class Config:
     clip_grad: float = _f(1.0, "clip the gradient norm to this (0 = off)")
     max_bad_steps: int = _f(10, "non-finite updates in a row that stop training")
     accum_steps: int = _f(1, "batches whose gradients are summed per optimizer step")
-    precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16), "
-                                "fp32 elsewhere", ["auto", "fp32", "bf16", "fp16"])
+    precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16) and "
+                                "on a CPU that computes bf16 (AVX512-BF16, AMX), fp32 elsewhere "
+                                "(the start line says which and why)",
+                        ["auto", "fp32", "bf16", "fp16"])
     compile: bool = _f(False, "torch.compile the model's training step (for GPUs: on CPU, "
                               "training measured slower than eager, docs/performance.md), once "
                               "per batch shape (--fixed_shapes)")
@@ -220,7 +228,7 @@ class Config:
         for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
                      "keep_epochs", "keep_optimizer", "val_max_sentences", "val_examples",
                      "num_workers", "clip_grad", "patience", "eval_every", "tokenizer_sample",
-                     "fixed_shapes",
+                     "fixed_shapes", "time_budget",
                      "max_len_a", "max_len_b", "min_len", "N_dec", "threads"]:
             if getattr(self, name) < 0:
                 return f"--{name} must not be negative (got {getattr(self, name)})"
@@ -495,7 +503,7 @@ def add_locating_arguments(parser, own=()):
     names of training settings the script uses for a flag of its own (translate.py's --seed:
     the samples', stored under another name; the checkpoint's stays the config's)."""
     parser.add_argument("--checkpoint", help="checkpoint file (default: --preload in "
-                        "--model_folder, i.e. the newest)")
+                        "--model_folder)")
     parser.add_argument("--average", type=int, default=1, help="average the weights of the "
                         "newest N per-epoch checkpoints")
     model_fields = fields_where(group="model")
@@ -507,7 +515,8 @@ def add_locating_arguments(parser, own=()):
         **from_checkpoint,
         "batch_size": "sentences translated at once (default: 64)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
-        "preload": "checkpoint in --model_folder: latest, best or an epoch (default: latest)"})
+        "preload": "checkpoint in --model_folder: latest, best or an epoch (default: best "
+                   "where there is one, else latest; with --average N, latest)"})
 
 
 def checkpoint_config(parser, args):

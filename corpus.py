@@ -7,6 +7,7 @@ load_corpus -> {"train", "validation", maybe "test": {name: ...}}: `datasets.Dat
 """
 
 import dataclasses
+import gzip
 import hashlib
 import itertools
 import json
@@ -14,6 +15,7 @@ import os
 import shutil
 import sys
 import uuid
+import zlib
 from pathlib import Path
 
 from config import Config, UserError, is_main
@@ -92,12 +94,18 @@ def decode_lines(data: bytes, name, first_line: int = 1) -> list:
     return [line.rstrip("\r") for line in lines]
 
 
+def _open_text(path: Path):
+    """A file's bytes a line at a time: gzip-compressed ones (*.gz) unpacked as they are read."""
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
 def read_lines(path: Path) -> list:
-    """The lines of a UTF-8 text file."""
+    """The lines of a UTF-8 text file, plain or gzip-compressed (*.gz)."""
     try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e.strerror}") from None
+        with _open_text(Path(path)) as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     return decode_lines(data, path)
 
 
@@ -128,16 +136,39 @@ def _pairs_to_dataset(src, tgt, where: str):
     return _to_dataset([table], dropped, where)
 
 
+def text_file_name(path: Path):
+    """(stem, language) of an aligned text file, plain or gzip-compressed as Multi30k's raw
+    files come: train.en and train.en.gz are both ("train", "en"); (stem, "") for no language."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    stem, _, language = name.rpartition(".")
+    return (stem, language) if stem else (name, "")
+
+
+def language_files(folder: Path, language: str) -> dict:
+    """The aligned text files of a language in a folder, {stem: path}: `stem.language`, or
+    where there is none `stem.language.gz`."""
+    found = {}
+    for path in sorted(folder.glob(f"*.{language}.gz")) + sorted(folder.glob(f"*.{language}")):
+        found[text_file_name(path)[0]] = path  # the plain file, globbed last, wins
+    return dict(sorted(found.items()))
+
+
 def _aligned_dataset(src_file: Path, tgt_file: Path, chunk: int = 100_000):
-    """Two line-aligned files read together, `chunk` lines at a time, into an Arrow table: no
-    Python list of a whole (WMT-size) file is ever held."""
+    """Two line-aligned files (each plain or .gz) read together, `chunk` lines at a time, into
+    an Arrow table: no Python list of a whole (WMT-size) file is ever held."""
     tables, dropped, n = [], 0, 0
+    reading = src_file
     try:
-        with open(src_file, "rb") as fs, open(tgt_file, "rb") as ft:
+        with _open_text(src_file) as fs, _open_text(tgt_file) as ft:
             while True:
-                a, b = list(itertools.islice(fs, chunk)), list(itertools.islice(ft, chunk))
+                reading = src_file
+                a = list(itertools.islice(fs, chunk))
+                reading = tgt_file
+                b = list(itertools.islice(ft, chunk))
                 if len(a) != len(b):
+                    reading = src_file
                     n_src = n + len(a) + sum(1 for _ in fs)
+                    reading = tgt_file
                     n_tgt = n + len(b) + sum(1 for _ in ft)
                     raise DataError(f"{src_file} has {n_src} lines but {tgt_file} has {n_tgt}: "
                                     f"the files must be aligned line by line")
@@ -148,21 +179,25 @@ def _aligned_dataset(src_file: Path, tgt_file: Path, chunk: int = 100_000):
                 table, d = _non_empty_pairs(src, tgt)
                 tables.append(table)
                 dropped, n = dropped + d, n + len(a)
-    except OSError as e:
-        raise DataError(f"cannot read {e.filename}: {e.strerror}") from None
+    except (OSError, EOFError, zlib.error) as e:  # gzip: BadGzipFile (an OSError), EOFError
+        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise DataError(f"cannot read {getattr(e, 'filename', None) or reading}: {why}") \
+            from None
     return _to_dataset(tables, dropped, f"{src_file.name}/{tgt_file.name}")
 
 
 def _read_aligned(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
-    """train.en + train.de (+ val.*, valid.*, dev.*, test*.*), one sentence a line."""
-    for src_file in sorted(folder.glob(f"*.{src}")):
-        split = _split_name(src_file.stem)
-        if not _unread(splits, split, src_file.stem, wanted):
+    """train.en + train.de (+ val.*, valid.*, dev.*, test*.*), one sentence a line, each file
+    plain or gzip-compressed (train.en.gz, as Multi30k's raw files come)."""
+    targets = language_files(folder, tgt)
+    for stem, src_file in language_files(folder, src).items():
+        split = _split_name(stem)
+        if not _unread(splits, split, stem, wanted):
             continue
-        tgt_file = src_file.with_suffix(f".{tgt}")
-        if not tgt_file.exists():
-            raise DataError(f"{src_file} has no matching target file {tgt_file}")
-        _keep(splits, split, src_file.stem, _aligned_dataset(src_file, tgt_file))
+        if stem not in targets:
+            raise DataError(f"{src_file} has no matching target file "
+                            f"{src_file.with_name(f'{stem}.{tgt}')}")
+        _keep(splits, split, stem, _aligned_dataset(src_file, targets[stem]))
 
 
 def _read_tsv(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
@@ -224,21 +259,19 @@ def _load_local(config: Config, wanted=SPLITS):
     if not folder.is_dir():
         raise DataError(f"--data_dir {folder}: no such folder")
     src, tgt = config.lang_src, config.lang_tgt
-    languages = sorted(f.suffix[1:] for f in folder.glob("train.*")
-                       if f.suffix not in (".tsv", ".jsonl", ".json"))
+    train_files = sorted(f.name for f in folder.glob("train.*")
+                         if text_file_name(f)[1] not in ("", "tsv", "jsonl", "json"))
     other_formats = any((folder / f"train.{x}").exists() for x in ("tsv", "jsonl", "json"))
-    missing = [x for x in (src, tgt) if not (folder / f"train.{x}").exists()]
-    if languages and missing and not other_formats:  # before any other split is read
-        missing = missing[0]
-        raise DataError(f"--data_dir {folder} has no train.{missing} (training files there: "
-                        f"{', '.join('train.' + x for x in languages)}); check --lang_src and "
-                        f"--lang_tgt")
+    missing = [x for x in (src, tgt) if "train" not in language_files(folder, x)]
+    if train_files and missing and not other_formats:  # before any other split is read
+        raise DataError(f"--data_dir {folder} has no train.{missing[0]} (training files there: "
+                        f"{', '.join(train_files)}); check --lang_src and --lang_tgt")
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
         reader(folder, src, tgt, splits, wanted)
     readable = {src, tgt, "tsv", "jsonl", "json"}
     splits["fingerprint"] = digest([(f.name, file_digest(f)) for f in sorted(folder.iterdir())
-                                    if f.is_file() and f.suffix[1:] in readable])
+                                    if f.is_file() and text_file_name(f)[1] in readable])
     if "train" in wanted and "train" not in splits:
         raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
                         f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
@@ -547,7 +580,8 @@ def file_digest(path: Path) -> str:
 
 
 def corpus_source(config: Config) -> str:
-    """Where the corpus comes from: --data_dir, or --datasource (local folders absolute)."""
+    """Where the corpus comes from: --data_dir, or --datasource (local folders absolute, as
+    the user named them: a link stays a link, not the folder it points to)."""
     name = config.data_dir or config.datasource
-    return str(Path(name).resolve()) if config.data_dir or Path(name).exists() else name
+    return os.path.abspath(name) if config.data_dir or Path(name).exists() else name
 

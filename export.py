@@ -1,8 +1,8 @@
 """Export a trained checkpoint to CTranslate2, the fastest inference engine for this model family.
 
     pip install 'ctranslate2>=4.7'                            # optional: serving only
-    python export.py --output exported/ct2                    # newest checkpoint, float32
-    python export.py --output exported/ct2_int8 --quantization int8 --preload best
+    python export.py --output exported/ct2                    # best checkpoint, float32
+    python export.py --output exported/ct2_int8 --quantization int8 --preload latest
     python export.py --output exported/ct2_avg --average 5    # the last 5 epochs averaged
     python translate.py --ctranslate2 exported/ct2 "A dog runs."   # translate.py, on the engine
 

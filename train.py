@@ -35,11 +35,12 @@ from dataset import Data, get_ds, real_tokens
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.batching import TokenBatchSampler
 from nmt.bpe_dropout import training_batches
-from nmt.checkpoint import (CheckpointError, best_checkpoint, best_checkpoint_path,
+from nmt.checkpoint import (best_checkpoint, best_checkpoint_path,
                             check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
                             prune_checkpoints, save_checkpoint, step_checkpoint_path,
                             training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
+from nmt.budget import Budget, budget_for, clock
 from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
 from nmt.distill import finish_translation, plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
@@ -51,12 +52,16 @@ from nmt.resume import (after_smaller_batches, check_corpus, check_resume_data, 
                         write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
                          is_out_of_memory, main_first, max_over_ranks, note_precision,
-                         out_of_memory, setup_device, start_distributed, stop_distributed,
-                         sum_over_ranks, use_threads)
-from nmt.stopping import (Stop, StopRequested, aborted, aborting, catch_stop_signals,
-                          ignore_sigint, launcher, resume_command, stop_message)
+                         out_of_memory, say_device, setup_device, start_distributed,
+                         stop_distributed, sum_over_ranks, use_threads)
+from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
+                          catch_stop_signals, ignore_sigint, launcher, resume_command,
+                          stop_message)
 from nmt.trained_model import build_model, load_model_weights
+from nmt.training_log import check_updates, log_progress
 from tokenizer import PAD
+
+ABORTED = "aborted; the checkpoints already saved are intact"  # a second Ctrl-C's line
 
 # ---- sections 5.3 and 5.4: Adam, its learning rate, and the label-smoothed loss -----------------
 
@@ -133,10 +138,15 @@ class Run:
     rank: int = 0  # this process among world_size (torchrun), 0 of 1 otherwise
     world_size: int = 1
     writer: object = field(default_factory=NoWriter)  # TensorBoard (rank 0)
+    budget: Budget = None  # --time_budget's plan (nmt/budget.py), or None
+
+    def steps(self) -> int:
+        """The schedule's length now: under --time_budget, the plan the ranks agreed on."""
+        return self.budget.agreed if self.budget else self.schedule_steps
 
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step `step` (counting from 1)."""
-        return learning_rate(self.config, step, self.schedule_steps)
+        return learning_rate(self.config, step, self.steps())
 
 
 def total_steps(config: Config, batches_per_epoch: int) -> int:
@@ -154,22 +164,25 @@ class Progress:
     history: list = field(default_factory=list)  # every validation: step, epoch, scores
     bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
     loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
+    smoothed_loss: float = None  # the bar's: a moving average of the loss, from the first step
     signal: str = None  # the name of a SIGINT/SIGTERM received
     commands: list = field(default_factory=list)  # the command of every start of the run
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
-    started: float = field(default_factory=time.time)  # when this start began training
+    complete: bool = False  # a --time_budget run resumed after its schedule completed
+    validated_at: int = -1  # the step of the last validation (on every rank)
+    started: float = field(default_factory=clock)  # when this start began training
 
     def provenance(self) -> dict:
         """What a checkpoint keeps of how the run was made, for its model card."""
         return {"commands": self.commands,
-                "seconds": self.seconds_before + time.time() - self.started}
+                "seconds": self.seconds_before + clock() - self.started}
 
 
-def set_up(config: Config, given: set, lock: FolderLock = None):
+def set_up(config: Config, given: set, lock: FolderLock = None, started: float = None):
     """(run, progress): the data, the model and its optimizer, restored from the checkpoint
     --preload names. Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers
     and prepares the data); every rank then builds the same model, and
-    DistributedDataParallel keeps them equal."""
+    DistributedDataParallel keeps them equal. `started`: when the run began (a budget's)."""
     rank, world = start_distributed(config.device)
     if rank:
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
@@ -207,7 +220,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
                 print(f"a new run from {init[0]}: {coverage_note(init[1], data)}")
         if config.data_dir:  # a checkpoint's corpus is found from any working directory
             config.data_dir = data.corpus["source"]
-        return build_run(config, data, resume, rank, world, lock, init)
+        return build_run(config, data, resume, rank, world, lock, init, started or clock())
     except BaseException:
         remove_files(created)
         lock.release()
@@ -215,7 +228,7 @@ def set_up(config: Config, given: set, lock: FolderLock = None):
 
 
 def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: FolderLock,
-              init=None):
+              init=None, started: float = None):
     """(run, progress): the device, the model (seeded: the same on every rank), Adam, the loss
     and the batches; restored from `resume` ((path, state), or None for a fresh start), or
     with the weights of `init` (--init_from's (path, state)) and all else fresh."""
@@ -225,8 +238,7 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     if busy:
         print(busy, file=sys.stderr)
     amp_dtype = autocast_dtype(config, device)
-    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
-          + (f", {world} processes (torchrun)" if world > 1 else ""))
+    say_device(config, device, amp_dtype, rank, world)
     torch.manual_seed(config.seed)
     model = build_model(config, data.tokenizer_src.get_vocab_size(),
                         data.tokenizer_tgt.get_vocab_size()).to(device)
@@ -267,9 +279,10 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
         if rank == 0 and not nothing_to_do(config, progress) else NoWriter()
     precision = str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32"
+    budget = budget_for(config, data, batches, schedule_steps, progress, started)
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
-               schedule_steps, lock, precision, rank, world, writer), progress
+               schedule_steps, lock, precision, rank, world, writer, budget), progress
 
 
 # ---- one optimizer step -------------------------------------------------------------------------
@@ -323,7 +336,8 @@ def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     """Clips the gradient and lets Adam apply it at learning rate `lr`, unless the gradient
     (or, with the fp16 scaler, the loss on any rank) is not finite: then the update is skipped
     and counted in progress.bad_steps. All on the device, without waiting for it: the skip is
-    fused Adam's `found_inf`, as the gradient scaler uses it; `check_updates` reads the count."""
+    fused Adam's `found_inf`, as the gradient scaler uses it; `nmt.training_log.check_updates` reads
+    the count."""
     run.scaler.unscale_(run.optimizer)
     grad_norm = nn.utils.clip_grad_norm_(run.model.parameters(),
                                          run.config.clip_grad or math.inf, foreach=True)
@@ -347,36 +361,6 @@ def optimizer_step(run: Run, progress: Progress, loss: torch.Tensor, lr: float):
     progress.bad_steps = torch.where(finite, 0, progress.bad_steps + 1)
 
 
-def check_updates(run: Run, progress: Progress):
-    """Reads the count of skipped (non-finite) updates in a row: says so, and stops training
-    without saving when it reaches max_bad_steps. Called where reading from the device is
-    free (CPU) or asked for (--log_every)."""
-    bad = int(progress.bad_steps)
-    if not bad:
-        return
-    run.writer.add_scalar("train/skipped_nonfinite", bad, progress.step)
-    tqdm.write(f"step {progress.step}: non-finite loss or gradient, update skipped "
-               f"({bad} in a row)")
-    if bad >= run.config.max_bad_steps:
-        raise CheckpointError(
-            f"{bad} non-finite updates in a row: training stopped without saving the diverged "
-            f"weights; lower --lr or use --precision fp32, then resume from the last checkpoint "
-            f"in {run.config.model_folder}")
-
-
-def log_progress(run: Run, progress: Progress, bar, lr: float, tokens_per_s: float):
-    """The mean training loss since the last log (over all ranks), to TensorBoard and the
-    progress bar: the one place the loop waits for the GPU."""
-    loss = torch.stack(progress.loss_window).mean()
-    if run.world_size > 1:
-        torch.distributed.all_reduce(loss)  # each rank holds its share of the update's loss
-    loss, progress.loss_window = loss.item(), []
-    run.writer.add_scalar("train/loss", loss, progress.step)
-    run.writer.add_scalar("train/lr", lr, progress.step)
-    run.writer.add_scalar("train/tok_s", tokens_per_s, progress.step)
-    bar.set_postfix(loss=f"{loss:6.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-
-
 # ---- the loop: epochs of steps, saving, validating and stopping ---------------------------------
 
 def save(run: Run, progress: Progress, next_epoch: int, next_batch: int, path: Path):
@@ -396,11 +380,15 @@ def validate(run: Run, progress: Progress) -> Stop:
     while its loss falls) is saved as the best checkpoint. Returns, on every rank, Stop.PATIENCE
     if patience has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
     stop, config, history = Stop.NONE, run.config, progress.history
+    began = clock()
     try:
         metrics = run_validation(run, progress)  # None on ranks other than 0
     except StopRequested:  # (every rank, told by any)
         run.model.train()
         return Stop(max_over_ranks(Stop.SIGNAL))
+    progress.validated_at = progress.step
+    if run.budget:  # its cost, in the plan (--time_budget)
+        tqdm.write(run.budget.validated(clock() - began, progress.step))
     if run.rank == 0:
         history.append({"step": progress.step, "epoch": progress.epoch,
                         **{k: v for k, v in metrics.items() if k != "report"}})
@@ -427,11 +415,13 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
     stop = Stop.NONE
     no_sync = getattr(run.step_model, "no_sync", None)
     for group, done in accumulation_groups(run, epoch, progress.batch):
-        # the step's one exchange between the ranks' hosts: the update's target tokens, and
-        # whether a stop signal came to any rank during the last step (then stop before this)
-        n_tokens, signals = sum_over_ranks(target_tokens(group), progress.signal is not None)
-        if signals:
-            stop = Stop.SIGNAL
+        # the step's one exchange between the ranks' hosts: the update's target tokens, whether a
+        # stop signal came to any rank during the last step; under --time_budget rank 0's plan
+        n_tokens, signals, *plan = sum_over_ranks(
+            target_tokens(group), progress.signal is not None,
+            *(run.budget.proposal(run.rank) if run.budget else ()))
+        if signals or (run.budget and run.budget.agree(plan[0], progress.step)):
+            stop = Stop.SIGNAL if signals else Stop.MAX_STEPS  # (or the plan shrank to here)
             break
         lr = run.lr(progress.step + 1)
         try:
@@ -447,13 +437,15 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
         progress.loss_window.append(loss)
         tokens_seen += sum(real_tokens(b) for b in group)
         bar.update(done - bar.n)
-        logging = progress.step % config.log_every == 0 or done == end
+        logging = (progress.step % config.log_every == 0 or done == end
+                   or progress.smoothed_loss is None)  # (the bar's loss from the first step)
         if logging:
             log_progress(run, progress, bar, lr, tokens_seen * run.world_size
                          / (time.time() - started))
         if logging or run.device.type == "cpu":  # a read from the device: free on a CPU
             check_updates(run, progress)
-        if config.max_steps and progress.step >= config.max_steps:  # on every rank at once
+        ended = run.budget.stepped(progress.step, replan=logging) if run.budget else False
+        if ended or (config.max_steps and progress.step >= config.max_steps):  # every rank
             stop = Stop.MAX_STEPS
             break
         if config.save_every and done < end and progress.step % config.save_every == 0:
@@ -486,7 +478,7 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
         save(run, progress, progress.epoch + 1, 0, epoch_checkpoint_path(config, progress.epoch))
         if stop is Stop.MAX_STEPS:
             tqdm.write(stop_message(run, progress, stop))
-    if stop is not Stop.PATIENCE:
+    if stop is not Stop.PATIENCE and progress.validated_at != progress.step:  # (not twice)
         stop = max(stop, validate(run, progress))
     run.writer.flush()
     if stop is Stop.SIGNAL:
@@ -501,6 +493,31 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
     return stop
 
 
+def train_loop(run: Run, progress: Progress, argv=None):
+    """The run, set up: (--init_from's model validated first,) the epochs, the test sets scored
+    with the best checkpoint, the model card. Returns the signal that stopped it, or None."""
+    script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
+    progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
+    progress.started, stop = clock(), Stop.NONE
+    if run.budget:
+        tqdm.write(run.budget.start())
+    if run.config.init_from and progress.step == 0 and not progress.history:
+        stop = validate(run, progress)  # the source model on the new data, before a step
+        if stop:  # (a signal: nothing trained, so nothing saved)
+            tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating the "
+                       "model of --init_from, before any step: start the same command again")
+    while (run.budget or progress.epoch < run.config.num_epochs) and not stop:
+        stop = train_epoch(run, progress)
+        if stop is not Stop.SIGNAL:
+            stop = end_epoch(run, progress, stop)
+    if stop is not Stop.SIGNAL:  # (every rank translates its share)
+        results, samples = score_test_sets(run, progress)
+        if run.rank == 0 and not progress.signal:  # a finished run: its model card
+            tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
+    run.writer.close()
+    return progress.signal
+
+
 def train_model(config: Config, given: set = frozenset(), argv=None):
     """Trains as `config` says, resuming per --preload: epochs of optimizer steps, each epoch
     ending with a checkpoint, then validation; the best checkpoint by validation BLEU is kept,
@@ -508,32 +525,16 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
     command line given (the card's record of how the run was made). Returns the name of the
     signal that stopped it (SIGINT, SIGTERM), or None."""
     catch_stop_signals()  # while setting up: a signal aborts, once
-    lock = FolderLock(config.model_folder)
+    lock, started = FolderLock(config.model_folder), clock()
     try:
-        run, progress = set_up(config, given, lock)
+        run, progress = set_up(config, given, lock, started)
         idle = nothing_to_do(run.config, progress)
         if idle:
             print(idle)
             return
         catch_stop_signals(progress)
-        script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
-        progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
-        progress.started, stop = time.time(), Stop.NONE
-        if run.config.init_from and progress.step == 0 and not progress.history:
-            stop = validate(run, progress)  # the source model on the new data, before a step
-            if stop:  # (a signal: nothing trained, so nothing saved)
-                tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating the "
-                           "model of --init_from, before any step: start the same command again")
-        while progress.epoch < run.config.num_epochs and not stop:
-            stop = train_epoch(run, progress)
-            if stop is not Stop.SIGNAL:
-                stop = end_epoch(run, progress, stop)
-        if stop is not Stop.SIGNAL:  # (every rank translates its share)
-            results, samples = score_test_sets(run, progress)
-            if run.rank == 0 and not progress.signal:  # a finished run: its model card
-                tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
-        run.writer.close()
-        return progress.signal
+        with abort_watch(f"train.py: {ABORTED}"):  # a second signal: out within seconds
+            return train_loop(run, progress, argv)
     except Exception:
         if aborting():  # an abort's aftermath (nmt.stopping.aborting): reported as the abort
             raise aborted() from None
@@ -551,8 +552,7 @@ def main(argv=None):
         with removed_if_left_empty(config.model_folder):
             return train_model(config, given, argv)
     try:
-        stopped_by = run_main("train.py", train_here, aborted="aborted; the checkpoints already "
-                                                              "saved are intact")
+        stopped_by = run_main("train.py", train_here, aborted=ABORTED)
     finally:
         stop_distributed()
     if stopped_by and "WORLD_SIZE" not in os.environ:  # (under torchrun, torchrun's own code)

@@ -1,6 +1,6 @@
 """Translate with a trained checkpoint; the model is rebuilt from the config stored in it.
 
-    python translate.py "I am not a very good student."      # greedy, newest checkpoint
+    python translate.py "I am not a very good student."      # greedy, best checkpoint
     python translate.py --beam 4 "I am not a very good student."
     python translate.py --example 42                           # validation example + reference
     python translate.py --input test.en --output test.hyp --reference test.de   # + sacreBLEU
@@ -59,7 +59,9 @@ def parse_args(argv):
     """The command line: (args, config of the flags given, names of the flags given)."""
     parser = ArgumentParser(
         description="Translate sentences with a trained checkpoint.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
+        leftover="one sentence is one argument (quote it); several go in a file, --input FILE, "
+                 "or on stdin, one a line")
     parser.add_argument("sentence", nargs="?", help="a sentence (none: --input or stdin)")
     add_input_arguments(parser)
     add_search_arguments(parser)

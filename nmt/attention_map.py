@@ -19,7 +19,7 @@ from config import UserError
 from dataset import source_batch
 from model import causal_mask
 from nmt.plotting import pyplot
-from tokenizer import SOS
+from tokenizer import EOS, SOS
 
 VIEWS = {"cross": "decoder cross-attention", "encoder": "encoder self-attention",
          "decoder": "decoder self-attention"}
@@ -55,9 +55,19 @@ def attention_weights(model, tokenizer_src, tokenizer_tgt, sentence: str,
                       translation: str) -> AttentionWeights:
     """Teacher-forces `translation` of `sentence` through the model (in eval mode) and keeps
     the attention weights of every block: one forward pass."""
+    return attention_of_ids(model, tokenizer_src, tokenizer_tgt, tokenizer_src.encode(sentence).ids,
+                            tokenizer_tgt.encode(translation).ids)
+
+
+@torch.no_grad()
+def attention_of_ids(model, tokenizer_src, tokenizer_tgt, src_ids, tgt_ids) -> AttentionWeights:
+    """attention_weights of token ids: the source as the model read it and the tokens it
+    generated (cut at [EOS]), not a re-encoding of their text (training's picture)."""
     device = next(model.parameters()).device
-    src_ids = tokenizer_src.encode(sentence).ids[:model.seq_len - 2]
-    tgt_ids = tokenizer_tgt.encode(translation).ids[:model.seq_len - 1]
+    tgt_ids = [int(i) for i in tgt_ids]
+    tgt_ids = tgt_ids[:tgt_ids.index(EOS)] if EOS in tgt_ids else tgt_ids
+    src_ids = [int(i) for i in src_ids][:model.seq_len - 2]
+    tgt_ids = tgt_ids[:model.seq_len - 1]
     src, src_mask = (t.to(device) for t in source_batch([src_ids], model.seq_len))  # (1, len)
     tgt = torch.tensor([[SOS] + tgt_ids], device=device)  # (1, tgt_len)
     blocks = attention_blocks(model)
@@ -123,27 +133,39 @@ def grid(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: s
     return rows
 
 
+DPI = 110  # the pictures' pixels an inch: a token's cell of CELL inches is 33 pixels
+CELL = 0.3  # inches a token takes on each axis of a panel
+
+
 def draw(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: str = "all",
-         cell: float = 0.3):
-    """A matplotlib figure of `grid`: one heatmap a panel, query tokens down, key tokens
-    across. Returns the figure (the caller saves and closes it)."""
+         cell: float = CELL):
+    """The one picture of attention (translate.py --attention, TensorBoard's at each
+    validation): a matplotlib figure of `grid`'s panels, one heatmap each, query tokens down,
+    key tokens across, every token labelled, each panel titled by its layer and head, one
+    colour scale (viridis, 0 to the largest weight shown) with its colour bar, the view's
+    name above (laid out so that nothing overlaps). Rows of one panel each (one head, or the
+    heads' mean) are laid side by side. Returns the figure (the caller saves and closes it)."""
     plt = pyplot()
     if plt is None:
         raise UserError("drawing attention needs matplotlib (pip install matplotlib)")
     rows = grid(weights, view, layer, head)
+    if len(rows) > 1 and all(len(row) == 1 for row in rows):
+        rows = [[panel for row in rows for panel in row]]  # the layers side by side
     queries, keys = weights.axes(view)
     width = max(2.5, cell * len(keys) + 1.2)
-    height = max(2.0, cell * len(queries) + 1.0)
-    fig, axes = plt.subplots(len(rows), len(rows[0]), squeeze=False,
-                             figsize=(width * len(rows[0]), height * len(rows)))
+    height = max(2.0, cell * len(queries) + 1.2)
+    fig, axes = plt.subplots(len(rows), len(rows[0]), squeeze=False, layout="constrained",
+                             figsize=(width * len(rows[0]) + 1.0, height * len(rows) + 0.4),
+                             dpi=DPI)
+    top = max(float(matrix.max()) for row in rows for _, matrix in row)
     for panels, row in zip(axes, rows):
         for ax, (title, matrix) in zip(panels, row):
-            ax.imshow(matrix.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+            image = ax.imshow(matrix.numpy(), cmap="viridis", vmin=0.0, vmax=top, aspect="auto")
             ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
             ax.set_yticks(range(len(queries)), queries, fontsize=7)
             ax.set_title(title, fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(VIEWS[view], fontsize=9)
-    fig.tight_layout()
     return fig
 
 
@@ -153,8 +175,20 @@ def save_attention_map(model, tokenizer_src, tokenizer_tgt, sentence, translatio
     weights = attention_weights(model, tokenizer_src, tokenizer_tgt, sentence, translation)
     fig = draw(weights, view, layer, head)
     try:
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=DPI)
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        pyplot().close(fig)
+
+
+def picture(weights: AttentionWeights, view: str = "cross", head: str = "mean"):
+    """`draw`'s figure as an RGB image, uint8 (height, width, 3), at DPI: TensorBoard's
+    picture (its layers side by side, each the mean of its heads)."""
+    import numpy as np
+    fig = draw(weights, view, head=head)
+    try:
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()  # (H, W, 3)
     finally:
         pyplot().close(fig)

@@ -120,11 +120,44 @@ def resolve_preload(config: Config):
     return path
 
 
+def translation_checkpoint(config: Config, given: set, average: int = 1):
+    """(path, why) of the checkpoint translate.py and export.py load from --model_folder: the
+    one --preload names where it is given, or with --average N the newest (the newest N
+    per-epoch checkpoints are averaged); else the best by validation BLEU where there is one,
+    the newest where there is none yet. `why`: the choice said in words (None for a
+    --preload given). A folder that does not exist, or holds no checkpoint, is one line."""
+    folder = Path(config.model_folder)
+    if not folder.is_dir():
+        beside = folders_with_checkpoints(folder.parent) if folder.parent.is_dir() else []
+        raise CheckpointError(
+            f"--model_folder {config.model_folder}: no such folder" + (
+                f" (model folders beside it: {', '.join(beside[:6])})" if beside else
+                f" (train a model into it with python train.py --model_folder "
+                f"{config.model_folder} ..., or pass --checkpoint PATH)"))
+    if "preload" in given or average > 1:
+        path, why = resolve_preload(config), None
+    elif best_checkpoint_path(config).exists():
+        path, why = best_checkpoint_path(config), ("the best by validation BLEU; --preload "
+                                                   "latest for the newest")
+    else:
+        path, why = latest_checkpoint_path(config), ("the newest: no best checkpoint yet (it "
+                                                     "is written at the first validation)")
+    if path is None:
+        raise CheckpointError(f"no checkpoint in {config.model_folder}/"
+                              + elsewhere(config.model_folder))
+    return path, why
+
+
+def folders_with_checkpoints(folder) -> list:
+    """The folders below `folder` that hold checkpoints, by name."""
+    return sorted(str(sub) for sub in Path(folder).iterdir()
+                  if sub.is_dir() and any(sub.glob("*.pt")))
+
+
 def elsewhere(folder) -> str:
     """What to say when `folder` holds no checkpoint: the folders below it that do (a preset
     trains into weights/<preset>), or how to make one."""
-    found = sorted(str(sub) for sub in Path(folder).iterdir()
-                   if sub.is_dir() and any(sub.glob("*.pt"))) if Path(folder).is_dir() else []
+    found = folders_with_checkpoints(folder) if Path(folder).is_dir() else []
     if not found:
         return " (train one with python train.py, or pass --checkpoint PATH)"
     return (f"; these folders below it hold checkpoints: {', '.join(found[:6])}"
@@ -206,7 +239,7 @@ def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch:
         "scaler_state_dict": run.scaler.state_dict() if run.scaler.is_enabled() else {},
         "next_epoch": next_epoch, "next_batch": next_batch, "world_size": run.world_size,
         **rng[0], "rank_rng_states": rng if run.world_size > 1 else None,
-        "schedule_steps": run.schedule_steps, "provenance": provenance or {},
+        "schedule_steps": run.steps(), "provenance": provenance or {},
     }
 
 
@@ -286,18 +319,28 @@ def check_tokenizers(state: dict, path: Path, tokenizer_src, tokenizer_tgt):
 
 # ---- a checkpoint's config and model ------------------------------------------------------------
 
-def merge_config(saved: Config, current: Config, given: set, path, overrides: set) -> Config:
+def merge_config(saved: Config, current: Config, given: set, path, overrides: set,
+                 translating: bool = False) -> Config:
     """The config to continue a checkpoint with. The checkpoint's values, except: the run
     fields (where the run works: model folder, device) come from `current` always, and the
     `overrides` the user gave win. A model field given with another value than the
-    checkpoint's is refused: the architecture is fixed once trained."""
+    checkpoint's is refused: the architecture is fixed once trained. `translating`: the
+    refusal says what to do with a trained model (translate.py, export.py), not a run."""
     for name in sorted(given & fields_where(group="model") - overrides):
         if getattr(current, name) != getattr(saved, name):
             new, old = getattr(current, name), getattr(saved, name)
-            raise CheckpointError(
-                f"--{name} {new} does not match {path}: it was trained with --{name} {old}, "
-                f"not {new}; the architecture is fixed once trained: drop the flag, or train "
-                f"into another --model_folder")
+            mismatch = (f"--{name} {new} does not match {path}: it was trained with --{name} "
+                        f"{old}, not {new}")
+            if not translating:
+                raise CheckpointError(f"{mismatch}; the architecture is fixed once trained: "
+                                      f"drop the flag, or train into another --model_folder")
+            if name in ("lang_src", "lang_tgt"):
+                raise CheckpointError(
+                    f"{mismatch}: this model translates {saved.lang_src} to {saved.lang_tgt}; "
+                    f"drop the flag, or give a model trained for {current.lang_src} to "
+                    f"{current.lang_tgt} with --model_folder or --checkpoint")
+            raise CheckpointError(f"{mismatch}: a trained model keeps its architecture; drop "
+                                  f"the flag (the checkpoint's value is taken)")
     merged = dataclasses.replace(saved)
     for name in fields_where(group="run") | (given & overrides):
         setattr(merged, name, getattr(current, name))

@@ -6,12 +6,17 @@ whose errors are that one line (`ArgumentParser`); under torchrun, rank 0 alone 
 this is rank 0 (`config.is_main`), stays there, below the core."""
 
 import argparse
+import difflib
 import os
 import signal
 import sys
+import threading
 import time
 
 from config import UserError, is_main
+
+
+ABORT_SAID = threading.Event()  # run_main has printed its "aborted" line (nmt.stopping reads it)
 
 
 class ReportedElsewhere(Exception):
@@ -49,15 +54,52 @@ def run_main(prog: str, main, aborted: str = "aborted"):
         if is_main():
             newline = "\n" if sys.stderr.isatty() else ""  # below a progress bar, not on it
             sys.stderr.write(f"{newline}{prog}: {aborted}\n")
+            ABORT_SAID.set()
         # 130 for Ctrl-C; a SIGTERM turned into this interrupt (nmt.stopping.abort) says so: 143
         sys.exit(128 + int(getattr(interrupt, "signum", signal.SIGINT)))
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but an error is one line on stderr and exit code 2 (no usage dump). Under
-    torchrun every process parses the same command line: rank 0 alone says what is wrong."""
+    """argparse, but an error is one line on stderr and exit code 2 (no usage dump), and an
+    unknown flag names the nearest one (`--data-dir`: did you mean --data_dir?). `leftover`:
+    what the script says of words it has no place for (translate.py: one sentence an
+    argument). Under torchrun every process parses the same command line: rank 0 alone says
+    what is wrong."""
+
+    def __init__(self, *args, leftover: str = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.leftover = leftover
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(self.unrecognized(extra))
+        return parsed
+
+    def unrecognized(self, extra: list) -> str:
+        """What is wrong with the arguments left over: the first unknown flag, with the nearest
+        known one; else the words, with `leftover`."""
+        flags = [a.split("=")[0] for a in extra if a.startswith("-") and len(a) > 1
+                 and not a[1:].replace(".", "", 1).isdigit()]  # (-1 and -0.5 are values)
+        if flags:
+            near = nearest_flag(flags[0], [o for o in self._option_string_actions
+                                           if o.startswith("--")])
+            return f"unrecognized argument {flags[0]}" + (f": did you mean {near}?" if near
+                                                          else "")
+        return f"unrecognized arguments: {' '.join(extra)}" + (
+            f"; {self.leftover}" if self.leftover else "")
 
     def error(self, message):
         under_torchrun = "WORLD_SIZE" in os.environ  # as nmt.runtime.start_distributed tells
         fail(self.prog, f"{message} (see --help)",
              quiet=under_torchrun and not is_main())
+
+
+def nearest_flag(typed: str, flags: list):
+    """The known flag nearest to `typed` (dashes read as underscores: --data-dir is --data_dir),
+    or None where none is near."""
+    wanted = "--" + typed.lstrip("-").replace("-", "_")
+    if wanted in flags:
+        return wanted
+    found = difflib.get_close_matches(wanted, flags, n=1, cutoff=0.75)
+    return found[0] if found else None

@@ -247,7 +247,7 @@ def load_engine(folder, config: Config, given=frozenset(), threads: int = 0):
         raise ExportError(f"--ctranslate2 {folder}: no {EXPORT_NOTE} there; export a "
                          f"checkpoint with export.py --output {folder}") from None
     config = merge_config(Config.from_dict(note["config"]), config, given,
-                          folder / EXPORT_NOTE, TRANSLATE_FIELDS)
+                          folder / EXPORT_NOTE, TRANSLATE_FIELDS, translating=True)
     config.model_folder = str(folder)
     config, tokenizer_src, tokenizer_tgt = with_tokenizers(config)
     engine = Engine(folder, tokenizer_src, tokenizer_tgt, config.device, threads)

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from dataset import Collator
 from nmt.batching import TokenBatchSampler
 from kernels import BlockwiseLabelSmoothedCrossEntropy
-from nmt.attention_map import attention_weights
+from nmt.attention_map import attention_of_ids, picture
 from nmt.checkpoint import best_checkpoint_path, load_checkpoint
 from nmt.decoding import decoding_limits, translate, translate_ids
 from nmt.files import write_text_atomic
@@ -129,7 +129,7 @@ def run_validation(run, progress) -> dict:
                             "\n\n".join("    " + e.replace("\n", "\n    ") for e in examples),
                             progress.step)
     if n and predictions[0].strip():  # (every validation: a picture of its first sentence)
-        log_attention(run, val.src_texts[0], predictions[0], progress.step)
+        log_attention(run, val.src_ids[0], outputs[0], progress.step)
     tqdm.write(f"validation: loss {metrics['loss']:.3f} (nll {metrics['nll']:.3f}, ppl "
                f"{metrics['ppl']:.2f})  BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
                f"CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}  ({n} sentences decoded in "
@@ -138,31 +138,18 @@ def run_validation(run, progress) -> dict:
     return metrics
 
 
-def log_attention(run, sentence: str, translation: str, step: int):
-    """The cross-attention of the first validation sentence with its greedy translation, as a
-    picture in TensorBoard (IMAGES, validation/cross_attention: the decoder's layers side by
-    side, each the mean of its heads, a target token a row and a source token a column, bright
-    where attended), so that scrubbing through the validations shows the alignment form. One
-    teacher-forced forward pass of one sentence, and no plotting library: under 0.1 s
-    (docs/training.md); the tokens are in the printed example beside it."""
-    weights = attention_weights(run.model, run.data.tokenizer_src, run.data.tokenizer_tgt,
-                                sentence, translation).views["cross"].mean(1)  # (N, tgt, src)
-    run.writer.add_image("validation/cross_attention", attention_image(weights), step,
-                         dataformats="HWC")
-
-
-def attention_image(weights, cell: int = 8):
-    """Attention maps (maps, rows, columns) as one RGB image, uint8 (height, width, 3): each
-    map scaled to its own maximum, a cell `cell` pixels square, maps side by side with a white
-    gap, shaded from dark blue (0) to yellow (the maximum)."""
-    maps, rows, cols = weights.shape
-    scaled = weights / weights.amax(dim=(1, 2), keepdim=True).clamp_min(1e-9)  # (maps, r, c)
-    low, high = torch.tensor([0.27, 0.0, 0.33]), torch.tensor([0.99, 0.91, 0.14])
-    rgb = low + scaled[..., None] * (high - low)  # (maps, rows, cols, 3)
-    rgb = rgb.repeat_interleave(cell, 1).repeat_interleave(cell, 2)  # (maps, r·cell, c·cell, 3)
-    gap = torch.ones(rows * cell, cell // 2 or 1, 3)  # (r·cell, gap, 3)
-    parts = [p for m in range(maps) for p in ((rgb[m], gap) if m < maps - 1 else (rgb[m],))]
-    return (torch.cat(parts, dim=1) * 255).round().to(torch.uint8).numpy()  # (H, W, 3)
+def log_attention(run, src_ids, tgt_ids, step: int):
+    """The cross-attention of the first validation sentence with the tokens its greedy
+    translation generated, as a picture in TensorBoard (IMAGES, validation/cross_attention):
+    translate.py --attention's picture (nmt.attention_map.draw), the decoder's layers side by
+    side, each titled and the mean of its heads, a generated token a row and a source token a
+    column, each labelled, bright where attended; scrubbing through the validations shows the
+    alignment form. One teacher-forced forward pass of one sentence and one matplotlib figure:
+    its cost a validation is in docs/training.md."""
+    weights = attention_of_ids(run.model, run.data.tokenizer_src, run.data.tokenizer_tgt,
+                               src_ids, tgt_ids)
+    run.writer.add_image("validation/cross_attention", picture(weights, "cross", head="mean"),
+                         step, dataformats="HWC")
 
 
 @torch.no_grad()

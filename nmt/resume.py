@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from config import Config, fields_where
+from nmt.budget import completed
 from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
                             history_path, list_checkpoints, load_checkpoint, merge_config,
                             resolve_preload)
@@ -210,7 +211,9 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     progress.commands, progress.seconds_before = list(made.get("commands", [])), \
         made.get("seconds", 0.0)
     saved = state.get("schedule_steps", steps)
-    if config.lr_schedule == "cosine" and saved != steps:
+    progress.complete = completed(config, state)
+    # (a --time_budget's plan goes on as saved until this start has measured its speed)
+    if config.lr_schedule == "cosine" and saved != steps and not config.time_budget:
         old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))
         print(f"the run is now {steps} steps long (was {saved}): the cosine schedule is laid "
               f"out again over its new length; the learning rate goes on at {new:.2e} (it was "
@@ -395,6 +398,11 @@ def nothing_to_do(config: Config, progress):
     if config.max_steps and progress.step >= config.max_steps:
         return (f"already at step {progress.step} of --max_steps {config.max_steps}; raise "
                 f"it to train on")
+    if config.time_budget:  # (epochs do not bound it)
+        if getattr(progress, "complete", False):
+            return (f"the --time_budget {config.time_budget:g} minutes' schedule is complete "
+                    f"(step {progress.step}); raise --time_budget to train on")
+        return None
     if progress.epoch >= config.num_epochs:
         return (f"all {config.num_epochs} epochs are trained (step {progress.step}); raise "
                 f"--num_epochs to train on")

@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import sys
+import time
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -108,14 +109,120 @@ def note_precision(device: torch.device, precision: str):
               file=sys.stderr)
 
 
+# ---- bf16 on a CPU: only where the CPU computes it (docs/performance.md#bf16-training-on-a-cpu) --
+
+CPU_KINDS = (("amx", "Intel AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512", "AVX-512"),
+             ("avx2", "AVX2"))  # most capable first; none of them: "no AVX2"
+NATIVE_BF16 = {"amx", "avx512_bf16"}  # the kinds whose instructions compute bf16 products
+
+
+def cpu_features() -> frozenset:
+    """Which of CPU_KINDS' instruction sets this CPU has, by torch's own CPU probe (cpuinfo:
+    any OS), or where this torch lacks it, Linux's /proc/cpuinfo flags. NMT_CPU_FEATURES in the
+    environment (comma-separated: avx2,avx512,avx512_bf16,amx) says which to assume instead:
+    the test suite runs as on a CPU without bf16 (avx2), its processes too."""
+    assumed = os.environ.get("NMT_CPU_FEATURES")
+    if assumed is not None:
+        return frozenset(name for name in assumed.split(",") if name)
+    probes = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported",
+              "avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
+    try:
+        return frozenset(name for name, probe in probes.items() if getattr(torch.cpu, probe)())
+    except (AttributeError, RuntimeError):
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return frozenset()
+    named = {"avx2": "avx2", "avx512": "avx512f", "avx512_bf16": "avx512_bf16", "amx": "amx_bf16"}
+    return frozenset(name for name, flag in named.items() if flag in flags)
+
+
+def cpu_kind(features=None) -> str:
+    """The CPU in the words of the docs' tables: Intel AMX, AVX512-BF16, AVX-512, AVX2."""
+    features = cpu_features() if features is None else features
+    return next((name for flag, name in CPU_KINDS if flag in features), "no AVX2")
+
+
+def cpu_computes_bf16(features=None) -> bool:
+    """Whether bf16 trains faster than fp32 here: the CPU has bf16 instructions (AVX512-BF16,
+    or AMX's tiles). Without them every bf16 product is converted and computed in fp32: an
+    AVX2 CPU took 15 to 40 times fp32's time a step (docs/performance.md)."""
+    return bool((cpu_features() if features is None else features) & NATIVE_BF16)
+
+
+def precision_reason(config: Config, device: torch.device) -> str:
+    """Why --precision auto chose what it did, for the start line ("" where it was given)."""
+    if config.precision != "auto":
+        return ""
+    if device.type == "cuda":
+        return " (--precision auto: " + ("the GPU computes bf16)" if native_bf16(device) else
+                                          "the GPU has no native bf16)")
+    if device.type != "cpu":
+        return " (--precision auto: fp32 off CPU and CUDA)"
+    kind = cpu_kind()
+    if cpu_computes_bf16():
+        return f" (--precision auto: this CPU computes bf16 itself, {kind})"
+    return (f" (--precision auto: this CPU, {kind}, has no bf16 instructions, where bf16 "
+            f"trains many times slower)")
+
+
+def bf16_slowdown(config: Config, repeats: int = 3) -> float:
+    """bf16's time over fp32's for a matrix product at the model's shapes (up to 1,024 rows of
+    the batch by d_model, times d_model by d_ff), each the best of `repeats` after one warm-up:
+    what --precision bf16 costs here, measured in well under a second where the CPU computes
+    bf16 and in a few seconds at most where it does not."""
+    rows = min(config.max_tokens or config.batch_size * config.seq_len, 1024)
+    x, w = torch.randn(rows, config.d_model), torch.randn(config.d_model, config.d_ff)
+    seconds = []
+    for a, b in ((x, w), (x.bfloat16(), w.bfloat16())):
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - started)
+        seconds.append(best)
+    return seconds[1] / max(seconds[0], 1e-9)
+
+
+def bf16_warning(config: Config, device: torch.device):
+    """One line where --precision bf16 was asked for on a CPU without bf16 instructions and a
+    probe (bf16_slowdown) measures it slower: the ratio, and that training goes on. None where
+    it is not slower, or not asked for."""
+    if device.type != "cpu" or config.precision != "bf16" or cpu_computes_bf16():
+        return None
+    ratio = bf16_slowdown(config)
+    if ratio <= 1.0:
+        return None
+    return (f"warning: --precision bf16 on a CPU without bf16 instructions ({cpu_kind()}): a "
+            f"bf16 matrix product at this model's shapes took {ratio:.1f}x fp32's time; "
+            f"training goes on in bf16, that much slower (--precision auto: fp32 here)")
+
+
 def autocast_dtype(config: Config, device: torch.device):
     """The dtype of mixed precision, or None for fp32. auto: bf16 on GPUs that have it, else
-    fp16 (with the gradient scaler); fp32 on CPU and MPS."""
+    fp16 (with the gradient scaler); on a CPU bf16 where it computes bf16 itself
+    (cpu_computes_bf16), else fp32; fp32 on MPS."""
     if config.precision == "auto":
+        if device.type == "cpu":
+            return torch.bfloat16 if cpu_computes_bf16() else None
         if device.type != "cuda":
             return None
         return torch.bfloat16 if native_bf16(device) else torch.float16
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+
+
+def say_device(config: Config, device: torch.device, amp_dtype, rank: int, world: int):
+    """The start line: the device, the precision and why --precision auto chose it; and where
+    bf16 was asked for on a CPU without bf16 instructions, how much slower it measured."""
+    print(f"device {device}" + (f", {amp_dtype} autocast" if amp_dtype else ", fp32")
+          + precision_reason(config, device)
+          + (f", {world} processes (torchrun)" if world > 1 else ""))
+    slower = bf16_warning(config, device) if rank == 0 else None
+    if slower:
+        print(slower, file=sys.stderr)
 
 
 def autocast(device: torch.device, dtype):

@@ -1,16 +1,21 @@
 """How a training run stops before its end: why (`Stop`), on Ctrl-C or SIGTERM (the current step
-finishes, a checkpoint is saved, the run exits; a second signal aborts at once), and the
-command that resumes it."""
+finishes, a checkpoint is saved, the run exits; a second signal aborts within seconds, whatever
+the step is doing: `abort_watch`), and the command that resumes it."""
 
 import enum
 import os
 import shlex
 import signal
+import socket
+import sys
+import threading
+from contextlib import contextmanager
 
 from tqdm import tqdm
 
-from config import Config
+from config import Config, is_main
 from nmt.checkpoint import latest_checkpoint_path
+from nmt.cli import ABORT_SAID
 
 
 class Stop(enum.IntEnum):
@@ -26,6 +31,8 @@ class StopRequested(Exception):
 
 
 _aborting = None  # set by `abort` to its signal: an exception after it is the abort's aftermath
+_signals_seen = None  # stop signals since training began, counted by abort_watch's thread
+ABORT_GRACE = 2.0  # seconds the abort's KeyboardInterrupt has to end the process before the watch
 
 
 def abort(signum=None, frame=None):
@@ -59,6 +66,9 @@ def catch_stop_signals(progress=None):
     """Ctrl-C / SIGTERM while training: finish the current step, save, exit; a second one
     aborts (the checkpoints already written stay intact: saves are atomic). Without
     `progress` (while setting up, before any step): abort at once."""
+    global _signals_seen
+    _signals_seen = 0 if progress is not None else None  # abort_watch counts from here
+
     def handle(signum, frame):
         if progress is None or progress.signal:
             abort(signum)
@@ -67,6 +77,56 @@ def catch_stop_signals(progress=None):
                    f"Ctrl-C again to abort)")
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
+
+
+@contextmanager
+def abort_watch(line: str, grace: float = ABORT_GRACE):
+    """While training: a second stop signal ends the process within `grace` seconds, whatever
+    it is doing. Python runs a signal's handler in the main thread between two bytecodes: a
+    step inside one long native call (a backward pass of many seconds) holds the abort's
+    KeyboardInterrupt back until the call returns, and one raised inside a finalizer is dropped
+    ("Exception ignored in ..."), so the run went on to save and exit. The signal also reaches a
+    socket (signal.set_wakeup_fd) that a thread of ours reads: `grace` seconds after the second
+    signal since catch_stop_signals(progress), if the process still runs, it prints `line`
+    (unless run_main has said it) and exits at once with 128 + the signal (130, 143).
+    Checkpoints are written atomically and the folder's lock dies with the process: nothing
+    saved is lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (set_wakeup_fd works in the main thread only)
+        return
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    over = threading.Event()  # set when the watch ends without an abort under way
+    thread = threading.Thread(target=_watch, args=(reader, line, grace, over), daemon=True,
+                              name="abort_watch")
+    thread.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        if (_signals_seen or 0) < 2:  # an abort under way keeps its watch to the process's end
+            over.set()
+            writer.close()  # the thread's recv returns b"": it ends
+            thread.join(timeout=1.0)
+
+
+def _watch(reader, line: str, grace: float, over: threading.Event):
+    """abort_watch's thread: counts the stop signals; at the second, waits `grace` seconds for
+    the process to end by itself, then ends it."""
+    global _signals_seen
+    with reader:
+        while data := reader.recv(64):
+            for signum in data:
+                if signum not in (signal.SIGINT, signal.SIGTERM) or _signals_seen is None:
+                    continue
+                _signals_seen += 1
+                if _signals_seen >= 2 and not over.wait(grace):
+                    if is_main() and not ABORT_SAID.is_set():  # (run_main's, if said)
+                        newline = "\n" if sys.stderr.isatty() else ""
+                        sys.stderr.write(f"{newline}{line}\n")
+                        sys.stderr.flush()
+                    os._exit(128 + signum)
 
 
 def ignore_sigint(_worker_id):
@@ -102,10 +162,16 @@ def resume_command(config: Config, world_size: int) -> str:
 
 
 def stop_message(run, progress, stop: Stop) -> str:
-    """What a run stopped within an epoch says: why, where, what it saved, how to resume."""
+    """What a run stopped within an epoch says: why, where, what it saved, how to resume (a
+    --time_budget run whose schedule is complete has nothing to resume)."""
+    budget = getattr(run, "budget", None)
+    ended = stop is Stop.MAX_STEPS and budget is not None and not (
+        run.config.max_steps and progress.step >= run.config.max_steps)
     why = (f"stopped by {progress.signal or 'a signal'}" if stop is Stop.SIGNAL else
+           f"the --time_budget's schedule is complete ({budget.spent() / 60:.1f} of "
+           f"{budget.seconds / 60:g} minutes spent)" if ended else
            f"reached --max_steps {run.config.max_steps}")
+    resume = "" if ended else f". Resume with: {resume_command(run.config, run.world_size)}"
     return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
             f"{run.batches_per_epoch} (step {progress.step}); saved "
-            f"{latest_checkpoint_path(run.config)}. Resume with: "
-            f"{resume_command(run.config, run.world_size)}")
+            f"{latest_checkpoint_path(run.config)}{resume}")

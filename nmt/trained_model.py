@@ -9,8 +9,8 @@ from pathlib import Path
 
 from config import TRANSLATE_FIELDS, Config
 from model import build_transformer
-from nmt.checkpoint import (CheckpointError, check_tokenizers, elsewhere, load_averaged,
-                            merge_config, resolve_preload)
+from nmt.checkpoint import (CheckpointError, check_tokenizers, load_averaged, merge_config,
+                            translation_checkpoint)
 from nmt.decoding import Ensemble
 from nmt.runtime import setup_device, use_threads
 from tokenizer import (load_tokenizer, tokenizer_fingerprint, tokenizer_keys, tokenizer_path,
@@ -56,17 +56,15 @@ def with_tokenizers(config: Config):
 
 def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
     """(model, config, tokenizer_src, tokenizer_tgt): the checkpoint file `checkpoint`, or the
-    one --preload names in --model_folder (the newest by default), rebuilt from its own config.
+    one --preload names in --model_folder (by default the best where there is one, else the
+    newest: nmt.checkpoint.translation_checkpoint, said on stderr), rebuilt from its own config.
     `config` holds the command line's values; `given` names the flags the user set."""
     if checkpoint:
         path = Path(checkpoint)
         if "model_folder" not in given:  # the tokenizers live beside the checkpoint
             config.model_folder = str(path.parent)
     else:
-        path = resolve_preload(config)
-        if path is None:
-            raise CheckpointError(f"no checkpoint in {config.model_folder}/"
-                                  + elsewhere(config.model_folder))
+        path, why = translation_checkpoint(config, given, average)
     state, paths = load_averaged(config, path, average)
     if len(paths) > 1:
         loaded = f"the average of {', '.join(str(p) for p in paths)}"
@@ -74,9 +72,11 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
               file=sys.stderr)
     else:
         loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
-        print(f"loaded {loaded}", file=sys.stderr)
+        print(f"loaded {loaded}" + (f": {why}" if not checkpoint and why else ""),
+              file=sys.stderr)
     config, tokenizer_src, tokenizer_tgt = with_tokenizers(
-        merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS))
+        merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS,
+                     translating=True))
     check_tokenizers(state, path, tokenizer_src, tokenizer_tgt)
     device = setup_device(config.device)
     use_threads(config.threads)

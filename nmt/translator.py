@@ -51,21 +51,23 @@ class Translator:
         translator = Translator("weights/multi30k_modern", average=5)
         translator.translate(["A dog runs.", "Two men talk."], beam=5)
 
-    `model`: a model folder (at `preload`: latest, best or an epoch number) or a checkpoint
-    file (that file, not its folder's newest); `average`: the newest N per-epoch checkpoints
-    averaged; `device` (auto, cpu, cuda, cuda:N, mps) and `threads` (CPU threads, 0: torch's
-    default) as translate.py's flags. Where translate.py would print one line and exit 2, this
+    `model`: a model folder (at `preload`: latest, best or an epoch number; None, as
+    translate.py without --preload: the best where there is one, else the newest) or a
+    checkpoint file (that file, not its folder's newest); `average`: the newest N per-epoch
+    checkpoints averaged; `device` (auto, cpu, cuda, cuda:N, mps) and `threads` (CPU threads, 0:
+    torch's default) as translate.py's flags. Where translate.py would print one line and exit 2, this
     raises config.UserError (a subclass: nmt.checkpoint.CheckpointError, InputError) with that
     line. `model`, `config`, `tokenizer_src` and `tokenizer_tgt` are there for more."""
 
-    def __init__(self, model: str, preload: str = "latest", average: int = 1,
+    def __init__(self, model: str, preload: str = None, average: int = 1,
                  device: str = "auto", threads: int = 0):
         check_settings(average=average)
-        config = Config(device=device, threads=threads, preload=str(preload))
+        config = Config(device=device, threads=threads, preload=str(preload or "latest"))
         problem = config.validate(training=False)
         if problem:
             raise InputError(problem)
-        given, checkpoint = {"device", "threads", "preload"}, None
+        given = {"device", "threads"} | ({"preload"} if preload is not None else set())
+        checkpoint = None
         if Path(model).is_file():
             checkpoint = model
         else:

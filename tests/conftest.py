@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# --precision auto picks bf16 on a CPU that computes it: the suite, and the scripts it starts,
+# run as on a CPU without (fp32), whatever CPU runs them (nmt.runtime.cpu_features); a test of
+# the rule injects each kind over this.
+os.environ["NMT_CPU_FEATURES"] = "avx2"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 # A private, empty Hugging Face cache: nothing cached on this machine can leak into a test.

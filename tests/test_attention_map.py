@@ -43,7 +43,7 @@ def test_every_view_is_a_grid_of_layers_by_heads_with_the_tokens_on_both_axes(pr
         rows = grid(weights, view)
         assert [len(r) for r in rows] == [4] * layers[view]  # layers x heads
         fig = draw(weights, view)
-        assert len(fig.axes) == layers[view] * 4
+        assert len(panel_axes(fig)) == layers[view] * 4
         ax = fig.axes[0]
         assert [t.get_text() for t in ax.get_xticklabels()] == keys
         assert [t.get_text() for t in ax.get_yticklabels()] == queries
@@ -59,6 +59,11 @@ def test_every_view_is_a_grid_of_layers_by_heads_with_the_tokens_on_both_axes(pr
     assert grid(weights, "encoder", layer=2, head="3")[0][0][0] == "layer 2, head 3"
     torch.testing.assert_close(grid(weights, "cross", head="mean")[1][0][1],
                                weights.views["cross"][1].mean(0))
+
+
+def panel_axes(fig):
+    """The panels of a figure of `draw` (the colour bar's axes left out)."""
+    return [ax for ax in fig.axes if ax.images and ax.get_label() != "<colorbar>"]
 
 
 def test_a_layer_or_head_that_does_not_exist_is_one_line(tokenizer):
@@ -110,3 +115,127 @@ def test_each_validation_writes_the_cross_attention_picture_to_tensorboard(tmp_p
     images = acc.Images("validation/cross_attention")
     assert [i.step for i in images] == [h["step"] for h in history] and len(images) >= 3
     assert images[0].encoded_image_string[:4] == b"\x89PNG"
+
+
+# ---- each panel is the weights of its layer and head; each view its own (issue 70) -------------
+
+def block_weights(model, view: str, layer: int, src_ids, tgt_ids):
+    """The weights (heads, queries, keys) of one block, read from that block alone in a forward
+    pass of its own: what a panel titled with its layer must show."""
+    from dataset import source_batch
+    from model import causal_mask
+    from nmt.attention_map import attention_blocks
+    from tokenizer import SOS
+    block = attention_blocks(model)[view][layer]
+    src, src_mask = source_batch([src_ids], model.seq_len)
+    tgt = torch.tensor([[SOS] + list(tgt_ids)])
+    block.need_weights = True
+    try:
+        with torch.no_grad():
+            model.decode(model.encode(src, src_mask), src_mask, tgt, causal_mask(tgt.size(1)))
+        return block.attention_scores[0].float().clone()
+    finally:
+        block.need_weights, block.attention_scores = False, None
+
+
+@pytest.fixture(scope="module")
+def modern(tokenizer):
+    """A modern-design model (grouped-query attention: 4 query heads, 2 key/value heads) of 3
+    encoder and 2 decoder layers, seeded, with a sentence and a translation as ids."""
+    config, _ = parse_config(["--preset", "multi30k_modern", *SIZE])
+    torch.manual_seed(3)
+    model = build_model(config, 300, 300).eval()
+    return (model, tokenizer.encode("one two three four.").ids,
+            tokenizer.encode("uno due tre.").ids)
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_each_panel_shows_the_weights_of_its_own_layer_and_head(modern, tokenizer, view):
+    """Layers and heads swapped (`x.transpose(0, 1).reshape(x.shape)`, panels off by up to
+    0.23) passed every test: each panel, and each image drawn, is checked against the block
+    of its layer read alone, head by head."""
+    from nmt.attention_map import attention_of_ids
+    model, src_ids, tgt_ids = modern
+    weights = attention_of_ids(model, tokenizer, tokenizer, src_ids, tgt_ids)
+    layers = {"cross": 2, "encoder": 3, "decoder": 2}[view]
+    fig = draw(weights, view)
+    drawn = {ax.get_title(): ax.images[0].get_array() for ax in panel_axes(fig)}
+    pyplot().close(fig)
+    panels = {title: matrix for row in grid(weights, view) for title, matrix in row}
+    for layer in range(layers):
+        known = block_weights(model, view, layer, src_ids, tgt_ids)  # (h, queries, keys)
+        for head in range(4):
+            title = f"layer {layer + 1}, head {head + 1}"
+            torch.testing.assert_close(panels[title], known[head])
+            torch.testing.assert_close(torch.as_tensor(drawn[title]).float(), known[head])
+        mean = grid(weights, view, layer=layer + 1, head="mean")[0][0][1]
+        torch.testing.assert_close(mean, known.mean(0))  # the mean of this layer's heads
+
+
+def view_content(view, rows, queries, keys, n_src, n_tgt):
+    """What a picture of each view holds: cross, target tokens down and source tokens across;
+    encoder, the source both ways (not causal); decoder, the target both ways, causal."""
+    shape = {"cross": (n_tgt, n_src), "encoder": (n_src, n_src), "decoder": (n_tgt, n_tgt)}
+    for matrix in rows:
+        assert tuple(matrix.shape) == shape[view]
+        upper = torch.as_tensor(matrix).triu(1)
+        if view == "decoder":
+            assert torch.all(upper == 0)  # nothing attends to a later token
+        elif view == "encoder":
+            assert torch.any(upper > 0)
+    assert (len(queries), len(keys)) == shape[view]
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_translate_draws_the_view_asked_for(trained, monkeypatch, view):
+    """translate.py passing "cross" for every --attention_view passed: each view is checked by
+    what its picture holds (the decoder's self-attention is causal, the encoder's reads the
+    source both ways)."""
+    import nmt.attention_map as attention_map
+    home, _ = trained
+    seen, real = {}, attention_map.draw
+
+    def spy(weights, view="cross", layer=0, head="all", **kw):
+        fig = real(weights, view, layer, head, **kw)
+        axes = panel_axes(fig)
+        seen.update(arrays=[ax.images[0].get_array() for ax in axes],
+                    queries=[t.get_text() for t in axes[0].get_yticklabels()],
+                    keys=[t.get_text() for t in axes[0].get_xticklabels()],
+                    src=weights.src_tokens, tgt=weights.tgt_tokens)
+        return fig
+    monkeypatch.setattr(attention_map, "draw", spy)
+    t = run_here("translate.py", "--attention", "view.png", "--attention_view", view,
+                 "one two three four", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert (home / "view.png").read_bytes()[:4] == b"\x89PNG"
+    view_content(view, seen["arrays"], seen["queries"], seen["keys"], len(seen["src"]),
+                 len(seen["tgt"]))
+
+
+def test_the_picture_is_readable_a_colour_bar_and_no_title_over_the_panels(modern, tokenizer):
+    """translate.py --attention's title overlapped the first row of panel titles, and had no
+    colour bar; TensorBoard's picture had neither labels nor titles, at 8 px a token. Now one
+    renderer: every panel's title below the view's, a colour bar, 24 px a token or more."""
+    from nmt.attention_map import DPI, attention_of_ids
+    _, src_ids, tgt_ids = modern
+    config, _ = parse_config([*SIZE, "--N", "6"])  # six rows of panels (the overlap grew with them)
+    torch.manual_seed(0)
+    weights = attention_of_ids(build_model(config, 300, 300).eval(), tokenizer, tokenizer,
+                               src_ids, tgt_ids)
+    for view, head in (("cross", "all"), ("encoder", "all"), ("decoder", "2"), ("cross", "mean")):
+        fig = draw(weights, view, head=head)
+        try:
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            above = fig._suptitle.get_window_extent(renderer).y0
+            titles = [ax.title.get_window_extent(renderer).y1 for ax in panel_axes(fig)]
+            assert above >= max(titles), view  # (it overlapped from 4 rows on)
+            assert [ax.get_ylabel() for ax in fig.axes if ax.get_label() == "<colorbar>"] == \
+                ["attention weight"]
+            queries, keys = weights.axes(view)
+            for ax in panel_axes(fig):
+                box = ax.get_window_extent(renderer)
+                assert box.width / len(keys) >= 24 and box.height / len(queries) >= 24
+            assert fig.dpi == DPI  # as saved: the layout is the PNG's
+        finally:
+            pyplot().close(fig)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import run_here
+from conftest import ROOT, run_here
 
 from config import Config
 
@@ -386,3 +386,29 @@ def test_the_loops_timing_runs_train_py_s_own_epoch(tmp_path, monkeypatch):
     seconds = time_train_loop(config, data, 2, host_only=True)
     assert epochs == [3] and steps == [] and seconds > 0
     assert time_train_loop(config, data, 2) > 0 and epochs == [3, 3] and len(steps) == 3
+
+
+def test_bench_attention_times_the_validations_picture():
+    """dev/bench_attention.py, the command docs/training.md gives for the TensorBoard picture's
+    cost: it runs log_attention itself and prints its median."""
+    import dev.bench_attention as bench
+    from nmt import evaluation
+    calls = []
+    real = bench.log_attention
+
+    def counted(*args):
+        calls.append(args[1:3])
+        return real(*args)
+    bench.log_attention = counted
+    try:
+        t = run_here("dev/bench_attention.py", "--d_model", "32", "--N", "2", "--h", "2",
+                     "--d_ff", "64", "--seq_len", "40", "--calls", "2", "--src_tokens", "5",
+                     "--tgt_tokens", "6", cwd=ROOT)
+    finally:
+        bench.log_attention = real
+    assert t.returncode == 0, t.stderr.decode()
+    assert real is evaluation.log_attention and len(calls) == 3
+    assert [(len(s), len(g)) for s, g in calls] == [(5, 6)] * 3
+    out = t.stdout.decode()
+    assert out.startswith("the attention picture a validation (2 decoder layers, d_model 32, 5 "
+                          "source and 6 generated tokens") and "median" in out

@@ -261,3 +261,51 @@ def test_the_fingerprint_is_the_text_not_the_files_times(tmp_path, corpus):
     pairs[3] = (pairs[3][0], pairs[3][1] + " x")  # one word more in one target sentence
     write_aligned(copy, "train", pairs)
     assert load_corpus(cfg(tmp_path, data_dir=str(copy)))["fingerprint"] != first
+
+
+def gzip_aligned(folder, split, pairs, src="en", tgt="it"):
+    """Multi30k's raw layout: each file gzip-compressed (train.en.gz), as downloaded."""
+    import gzip
+    folder.mkdir(parents=True, exist_ok=True)
+    for side, lang in ((0, src), (1, tgt)):
+        with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write("".join(p[side] + "\n" for p in pairs))
+
+
+def test_gzip_compressed_files_are_read_as_they_are(tmp_path):
+    """data/task1/raw of multi30k/dataset holds train.en.gz etc.: read without unpacking."""
+    folder = tmp_path / "raw"
+    gzip_aligned(folder, "train", number_pairs(20, seed=1))
+    gzip_aligned(folder, "val", number_pairs(4, seed=2))
+    gzip_aligned(folder, "test_2016_flickr", number_pairs(3, seed=3))
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder)))
+    assert (len(splits["train"]), len(splits["validation"])) == (20, 4)
+    assert list(splits["test"]) == ["test_2016_flickr"]
+    assert (splits["train"][0]["src"], splits["train"][0]["tgt"]) == number_pairs(20, seed=1)[0]
+
+
+def test_a_gzip_corpus_of_other_languages_lists_its_files_by_name(tmp_path):
+    """It listed `train.gz, train.gz`: the files' own names, and the language missing."""
+    folder = tmp_path / "raw"
+    gzip_aligned(folder, "train", number_pairs(3), src="en", tgt="de")
+    with pytest.raises(DataError, match=r"has no train\.it \(training files there: "
+                                        r"train\.de\.gz, train\.en\.gz\); check --lang_src"):
+        load_corpus(cfg(tmp_path, data_dir=str(folder)))
+
+
+def test_a_damaged_gzip_file_is_one_line_naming_it(tmp_path):
+    folder = tmp_path / "raw"
+    gzip_aligned(folder, "train", number_pairs(3))
+    (folder / "train.it.gz").write_bytes(b"not gzip at all\n")
+    with pytest.raises(DataError, match=r"cannot read .*train\.it\.gz: "):
+        load_corpus(cfg(tmp_path, data_dir=str(folder)))
+
+
+def test_read_lines_unpacks_a_gzip_file(tmp_path):
+    """translate.py --input/--reference read Multi30k's test_2016_flickr.en.gz as it is."""
+    import gzip
+
+    from corpus import read_lines
+    path = tmp_path / "test.en.gz"
+    path.write_bytes(gzip.compress("A dog runs.\nZwei Männer.\n".encode("utf-8")))
+    assert read_lines(path) == ["A dog runs.", "Zwei Männer."]

@@ -45,7 +45,9 @@ def student(home, *flags, folder="weights/student", epochs="1"):
 
 
 def ensemble_output(home, *flags, source="corpus/train.en"):
-    result = run_here("translate.py", *flags, "--input", source, cwd=home)
+    """translate.py's output at each teacher's newest checkpoint (what a teacher folder
+    translates with)."""
+    result = run_here("translate.py", *flags, "--preload", "latest", "--input", source, cwd=home)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     return result.stdout.decode().splitlines()
 

@@ -3,6 +3,8 @@ test split scored with the best checkpoint."""
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 from conftest import TINY, number_pairs, write_aligned
@@ -62,3 +64,91 @@ def test_test_scoring_leaves_the_runs_weights_as_they_were(run, tmp_path):
     assert (tmp_path / "weights" / "results.json").exists()
     for k, v in run.model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+# ---- the attention picture TensorBoard shows at each validation ---------------------------------
+
+class Images:
+    """A TensorBoard writer that keeps the images it is given."""
+
+    def __init__(self):
+        self.images = []
+
+    def add_image(self, tag, image, step, dataformats):
+        self.images.append((tag, image, step, dataformats))
+
+
+@pytest.fixture(scope="module")
+def two_layers():
+    """A model of 2 decoder layers of 4 heads (the layers and heads tell apart), its tokenizer."""
+    from conftest import tiny_model
+
+    from tokenizer import build_tokenizer
+    tokenizer = build_tokenizer("bpe", 300, [f"{a} {b}" for a, b in number_pairs(200, seed=4)])
+    model = tiny_model(vocab=tokenizer.get_vocab_size(), seq_len=40, seed=5, N=2, h=4)
+    return model, tokenizer
+
+
+def test_the_tensorboard_picture_is_each_layer_the_mean_of_its_heads_with_tokens(two_layers,
+                                                                                monkeypatch):
+    """It was 428x112 pixels of four unlabelled 8-px-a-token maps, and averaging over layers
+    instead of heads passed: now translate.py --attention's renderer, a panel a layer (each the
+    mean of that layer's heads, read from the block alone), titled, the tokens on both axes,
+    24 px a token or more."""
+    import types
+
+    import nmt.attention_map as attention_map
+    from nmt.evaluation import log_attention
+    from test_attention_map import block_weights, panel_axes
+    model, tokenizer = two_layers
+    src_ids, tgt_ids = tokenizer.encode("one two three.").ids, tokenizer.encode("uno due.").ids
+    drawn, real = {}, attention_map.draw
+
+    def spy(weights, view="cross", layer=0, head="all", **kw):
+        fig = real(weights, view, layer, head, **kw)
+        drawn.update(view=view, axes=[(ax.get_title(), ax.images[0].get_array(),
+                                       [t.get_text() for t in ax.get_yticklabels()],
+                                       [t.get_text() for t in ax.get_xticklabels()])
+                                      for ax in panel_axes(fig)])
+        return fig
+    monkeypatch.setattr(attention_map, "draw", spy)
+    writer = Images()
+    run = types.SimpleNamespace(model=model, writer=writer, data=types.SimpleNamespace(
+        tokenizer_src=tokenizer, tokenizer_tgt=tokenizer))
+    log_attention(run, src_ids, tgt_ids, 7)
+    [(tag, image, step, formats)] = writer.images
+    assert (tag, step, formats) == ("validation/cross_attention", 7, "HWC")
+    assert drawn["view"] == "cross" and len(drawn["axes"]) == 2  # a panel a decoder layer
+    targets = [tokenizer.decode([i]) for i in tgt_ids] + ["[EOS]"]
+    sources = ["[SOS]"] + [tokenizer.decode([i]) for i in src_ids] + ["[EOS]"]
+    for layer, (title, matrix, rows, columns) in enumerate(drawn["axes"]):
+        assert title == f"layer {layer + 1}, mean of 4 heads"
+        known = block_weights(model, "cross", layer, src_ids, tgt_ids).mean(0)
+        torch.testing.assert_close(torch.as_tensor(matrix).float(), known)
+        assert rows == targets and columns == sources
+    assert image.dtype == np.uint8
+    height, width, channels = image.shape
+    assert channels == 3 and height >= 24 * len(targets) and width >= 24 * 2 * len(sources)
+
+
+def test_the_picture_shows_the_tokens_the_model_generated_not_their_text_encoded_again(
+        run, monkeypatch):
+    """It re-encoded the detokenized prediction, so its rows were not the tokens the model
+    generated (7 of 8 validation sentences differed in a tiny run). Here the greedy output is
+    one word spelled out a token at a time, which encoding its text again would merge."""
+    import nmt.evaluation as evaluation
+    run, progress = run
+    tokenizer = run.data.tokenizer_tgt
+    word = "quattro"
+    spelled = [tokenizer.token_to_id(c) for c in word]
+    assert None not in spelled and tokenizer.encode(word).ids != spelled
+    monkeypatch.setattr(evaluation, "validation_translations",
+                        lambda run, progress, n: [spelled] * n)
+    seen = {}
+    monkeypatch.setattr(evaluation, "picture", lambda weights, view, head: seen.update(
+        rows=weights.tgt_tokens, columns=weights.src_tokens) or np.zeros((1, 1, 3), np.uint8))
+    evaluation.run_validation(run, progress)
+    assert seen["rows"] == list(word) + ["[EOS]"]
+    source = run.data.validation.src_ids[0]
+    assert seen["columns"] == ["[SOS]"] + [run.data.tokenizer_src.decode([int(i)])
+                                           for i in source] + ["[EOS]"]

@@ -220,7 +220,8 @@ def fake_run(tmp_path, patience=0):
     model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
     data = types.SimpleNamespace(corpus=None, tokenizers=None, coverage=None)
     return types.SimpleNamespace(config=Config(model_folder=str(tmp_path), patience=patience),
-                                 model=model, data=data, rank=0)
+                                 model=model, data=data, rank=0, budget=None,
+                                 steps=lambda: 0)
 
 
 def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatch):
@@ -1136,3 +1137,81 @@ def test_an_unwritable_model_folder_is_refused_before_training(tmp_path, train_h
     code, out, err = train_here("--data_dir", "c", *TINY, "--model_folder", "plain/w")
     assert code == 2 and "--model_folder plain/w is not writable" in err, err
     assert len(err.strip().splitlines()) == 1 and "epoch" not in out and "prepar" not in out
+
+
+def test_the_progress_bar_shows_a_smoothed_loss_from_the_first_step(tmp_path, train_here,
+                                                                     monkeypatch):
+    """The bar showed no loss for the first --log_every steps, then the last window's raw
+    mean: now from step 1, a moving average (SMOOTHING a step) of the means logged."""
+    from nmt.training_log import SMOOTHING
+    shown = []
+
+    class Bar(train.tqdm):
+        def set_postfix(self, *args, **kwargs):
+            shown.append((self.n, float(kwargs["loss"])))
+            return super().set_postfix(*args, **kwargs)
+    monkeypatch.setattr(train, "tqdm", Bar)
+    make_corpus(tmp_path / "c", n=150, val=2)
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1", "--log_every", "3",
+                              "--val_examples", "0")
+    assert code == 0, err
+    logged = sorted(lr_scalars(tmp_path / "runs" / "tmodel", "train/loss").items())
+    assert shown[0][0] == 1 and logged[0][0] == 1  # at the first step
+    expected, before = [], 0
+    for step, mean in logged:
+        kept = SMOOTHING ** (step - before) if expected else 0.0
+        expected.append(kept * (expected[-1] if expected else 0) + (1 - kept) * mean)
+        before = step
+    assert len(shown) == len(logged) >= 3
+    assert [v for _, v in shown] == pytest.approx(expected, abs=1e-3)
+    assert [v for _, v in shown][1:] != pytest.approx([m for _, m in logged][1:], abs=1e-3)
+
+
+def test_a_corpus_mismatch_names_the_folders_as_typed_not_their_link_targets(tmp_path,
+                                                                            train_here):
+    """data/multi30k is a link in a shared checkout: the refusal named the folder it points to,
+    which the user never typed."""
+    make_corpus(tmp_path / "a", n=60, val=4)
+    make_corpus(tmp_path / "b", seed=2, n=60, val=4)
+    (tmp_path / "link_a").symlink_to(tmp_path / "a")
+    (tmp_path / "link_b").symlink_to(tmp_path / "b")
+    code, _, err = train_here("--data_dir", "link_a", *TINY, "--max_steps", "1")
+    assert code == 0, err
+    code, _, err = train_here("--data_dir", "link_b")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"the corpus {tmp_path / 'link_a'}, not {tmp_path / 'link_b'};" in err
+
+
+def test_a_flag_typo_names_the_nearest_flag(tmp_path, train_here):
+    """`train.py --data-dir` said only "unrecognized arguments"."""
+    code, _, err = train_here("--data-dir", "data/multi30k")
+    assert code == 2 and err == ("train.py: error: unrecognized argument --data-dir: did you "
+                                 "mean --data_dir? (see --help)\n")
+
+
+def test_the_start_line_says_which_precision_auto_chose_and_why(tmp_path, train_here,
+                                                              monkeypatch):
+    """The start line said `device cpu, torch.bfloat16 autocast` while each bf16 step took 15
+    times fp32's (an AVX2 CPU): now auto picks by the CPU (injected) and says so; bf16 asked
+    for where it is slower prints the probe's ratio and trains on."""
+    from nmt import runtime
+    make_corpus(tmp_path / "c", n=40, val=2)
+    flags = ["--data_dir", "c", *TINY, "--max_steps", "1", "--val_examples", "0"]
+    monkeypatch.setattr(runtime, "cpu_features", lambda: frozenset({"avx2", "avx512",
+                                                                    "avx512_bf16"}))
+    code, out, err = train_here(*flags, "--model_folder", "w1", "--experiment_name", "r1")
+    assert code == 0, err
+    assert ("device cpu, torch.bfloat16 autocast (--precision auto: this CPU computes bf16 "
+            "itself, AVX512-BF16)\n") in out
+    monkeypatch.setattr(runtime, "cpu_features", lambda: frozenset({"avx2"}))
+    code, out, err = train_here(*flags, "--model_folder", "w2", "--experiment_name", "r2")
+    assert code == 0, err
+    assert ("device cpu, fp32 (--precision auto: this CPU, AVX2, has no bf16 instructions, "
+            "where bf16 trains many times slower)\n") in out
+    monkeypatch.setattr(runtime, "bf16_slowdown", lambda config: 15.2)
+    code, out, err = train_here(*flags, "--model_folder", "w3", "--experiment_name", "r3",
+                                "--precision", "bf16")
+    assert code == 0 and "device cpu, torch.bfloat16 autocast\n" in out, err
+    assert ("warning: --precision bf16 on a CPU without bf16 instructions (AVX2): a bf16 matrix "
+            "product at this model's shapes took 15.2x fp32's time; training goes on in bf16, "
+            "that much slower (--precision auto: fp32 here)\n") in err

@@ -29,11 +29,17 @@ def test_end_to_end_train_resume_translate(trained, tmp_path):
     assert (weights / "tmodel_02.pt").exists()
     assert load_checkpoint(weights / "tmodel_02.pt")["global_step"] > state["global_step"]
 
-    # translate rebuilds the model from the checkpoint alone, and says which it loaded
+    # translate rebuilds the model from the checkpoint alone, and says which it loaded and
+    # why: the best by validation BLEU by default (it took the newest while a best existed)
     t = run_script("translate.py", "one two three.", cwd=home)
     assert t.returncode == 0, t.stderr.decode()
     lines = t.stdout.decode().splitlines()
     assert len(lines) == 1 and lines[0].strip()
+    best = load_checkpoint(weights / "tmodel_best.pt")
+    assert (f"loaded weights/tmodel_best.pt (epoch {best['epoch']}, step {best['global_step']})"
+            f": the best by validation BLEU; --preload latest for the newest"
+            in t.stderr.decode())
+    t = run_here("translate.py", "--preload", "latest", "one two three.", cwd=home)
     assert "loaded weights/tmodel_02.pt (epoch 2, step" in t.stderr.decode()
     # a sentence that is a number is a sentence (issue 16, 15)
     t = run_here("translate.py", "2014", cwd=home)
@@ -98,7 +104,23 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["   "], None, "the sentence is empty"),
     ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
     (["--checkpoint", "weights/nothing.pt", "hi"], None, "checkpoint weights/nothing.pt not found"),
-    (["--model_folder", "empty", "hi"], None, "no checkpoint in empty/"),
+    (["--model_folder", "corpus", "hi"], None, "no checkpoint in corpus/"),
+    # issue 68: a folder that does not exist says so (it said "no checkpoint in ...")
+    (["--model_folder", "weights/typo", "hi"], None,
+     "--model_folder weights/typo: no such folder (train a model into it with python train.py "
+     "--model_folder weights/typo ..., or pass --checkpoint PATH)"),
+    (["--model_folder", "nowhere/typo", "hi"], None, "--model_folder nowhere/typo: no such folder"),
+    (["--model_folder", "typo", "hi"], None,
+     "--model_folder typo: no such folder (model folders beside it: weights)"),
+    # issue 68: a flag's typo names the nearest flag; several sentences point to --input, stdin
+    (["--beams", "4", "A dog runs."], None, "unrecognized argument --beams: did you mean --beam?"),
+    (["A dog runs.", "Two men talk."], None, "unrecognized arguments: Two men talk.; one "
+     "sentence is one argument (quote it); several go in a file, --input FILE, or on stdin"),
+    # issue 68: a mismatch says what to do when translating, not training
+    (["--lang_src", "de", "hi"], None, "--lang_src de does not match weights/tmodel_best.pt: it "
+     "was trained with --lang_src en, not de: this model translates en to it; drop the flag, or "
+     "give a model trained for de to it with --model_folder or --checkpoint"),
+    (["--d_model", "64", "hi"], None, "a trained model keeps its architecture; drop the flag"),
     (["--model_folder", ".", "hi"], None,  # issue 45: a preset trains into weights/<preset>
      "these folders below it hold checkpoints: weights (give one as --model_folder)"),
     (["--model_folder", ".", "--preload", "best", "hi"], None,
@@ -277,17 +299,15 @@ def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(trained):
     """Issue 42: --ensemble takes model folders (each at --preload) and checkpoint files; the
     mean of one model's log-probabilities with its own is that model: the same translations,
     greedy and beam, for --input and --example."""
-    from nmt.checkpoint import latest_checkpoint_path
-    from config import Config
     home, _ = trained
-    latest = latest_checkpoint_path(Config(model_folder=str(home / "weights")))
-    both = ["--ensemble", f"weights,weights/{latest.name}"]  # the same checkpoint twice
+    best = home / "weights" / "tmodel_best.pt"  # (a folder's default: its best checkpoint)
+    both = ["--ensemble", f"weights,weights/{best.name}"]  # the same checkpoint twice
     for extra in ([], ["--beam", "3"]):
         alone = run_here("translate.py", "--input", "corpus/val.en", *extra, cwd=home)
         together = run_here("translate.py", *both, "--input", "corpus/val.en", *extra, cwd=home)
         assert together.returncode == 0, together.stderr.decode()
         assert together.stdout.decode() == alone.stdout.decode()
-        assert together.stderr.decode().count(f"loaded weights/{latest.name}") == 2
+        assert together.stderr.decode().count(f"loaded weights/{best.name}") == 2
     example = run_here("translate.py", *both, "--example", "2", cwd=home)
     assert example.returncode == 0 and "PREDICTED:" in example.stdout.decode()
 

@@ -1,0 +1,171 @@
+"""Training for a time budget (--time_budget MINUTES): the run's length in optimizer steps, and
+so the learning-rate schedule's, set from the throughput this run measures (its steps and its
+validations), corrected as it goes, so that the schedule completes, the last validation and
+the test scoring end inside the budget. A resume keeps what is left: the training time of
+the earlier starts is in the checkpoint (its provenance).
+
+Each plan: steps left = (time left - the end's reserve) / (a step's seconds + a validation's
+seconds / steps between validations); the end's reserve = one validation, the test sets'
+greedy and beam decoding (estimated from the validation's, by sentences), and MARGIN of the
+budget for what is not measured (saving, the model card)."""
+
+import math
+import time
+from dataclasses import dataclass
+
+BEAM_COST = 3.0  # beam 4's decoding over greedy's, for the test sets' reserve (an upper guess)
+MARGIN = 0.02  # of the budget, kept back for what is not measured
+
+
+def clock() -> float:
+    """The budget's clock (tests put a fake one here)."""
+    return time.time()
+
+
+@dataclass
+class Budget:
+    seconds: float  # the whole budget, every start together
+    spent_before: float  # the earlier starts' time (a resume)
+    started: float  # when this start began (its set-up included)
+    steps_per_epoch: int  # optimizer steps an epoch: a validation each
+    eval_every: int  # and one every this many steps (0: none)
+    test_share: float  # test sentences over the validation sentences a validation decodes
+    steps: int  # the run length this rank's plan proposes (rank 0's is the one agreed)
+    max_steps: int = 0  # --max_steps: the plan never goes past it (0: no cap)
+    agreed: int = None  # the run length the ranks agreed on at the last step: the schedule's
+    training_started: float = None  # when this start's first step began
+    validation_seconds: float = 0.0  # this start's validations, all together
+    validations: int = 0
+    steps_done: int = 0  # this start's optimizer steps
+
+    def __post_init__(self):
+        self.agreed = self.steps if self.agreed is None else self.agreed
+
+    def spent(self) -> float:
+        return self.spent_before + clock() - self.started
+
+    def per_step(self) -> float:
+        """Seconds a step (the training time of this start, validations left out)."""
+        training = clock() - self.training_started - self.validation_seconds
+        return training / self.steps_done
+
+    def reserve(self) -> float:
+        """Seconds kept for the end: the last validation, the test sets' decoding (greedy and
+        beam), MARGIN of the budget."""
+        per_validation = self.validation_seconds / max(self.validations, 1)
+        return per_validation * (1 + self.test_share * (1 + BEAM_COST)) + MARGIN * self.seconds
+
+    def plan(self, step: int) -> int:
+        """The run's length (optimizer steps) that ends inside the budget, `step` steps done,
+        by what this start has measured (unchanged before its first step is timed): the most
+        steps whose time, and that of the validations on the way (each epoch's end and every
+        --eval_every steps; the last is in the reserve), fit in what is left."""
+        if not self.steps_done or self.training_started is None:
+            return self.steps
+        per_step, per_validation = self.per_step(), self.validation_seconds / max(
+            self.validations, 1)
+        left = self.seconds - self.spent() - self.reserve()
+
+        def cost(n: int) -> float:
+            return n * per_step + per_validation * self.validations_between(step, step + n)
+        every = 1 / self.steps_per_epoch + (1 / self.eval_every if self.eval_every else 0)
+        n = max(math.floor(left / max(per_step + per_validation * every, 1e-9)), 0)  # on average
+        while n > 0 and cost(n) > left:  # then exactly, a step at a time
+            n -= 1
+        while cost(n + 1) <= left:
+            n += 1
+        self.steps = step + n
+        if self.max_steps:
+            self.steps = min(self.steps, self.max_steps)
+        return self.steps
+
+    def validations_between(self, start: int, end: int) -> int:
+        """Validations after step `start` up to step `end`, the one at `end` left out (the
+        reserve's): at each epoch's end, and every --eval_every steps within an epoch."""
+        ends = end // self.steps_per_epoch - start // self.steps_per_epoch
+        within = 0
+        if self.eval_every:
+            within = sum(1 for s in range(start + 1, end + 1)
+                         if s % self.eval_every == 0 and s % self.steps_per_epoch)
+        at_end = end % self.steps_per_epoch == 0 or (self.eval_every and
+                                                       end % self.eval_every == 0)
+        return max(ends + within - (1 if at_end and end > start else 0), 0)
+
+    def lengthen(self, step: int) -> int:
+        """A resume past the saved schedule's end (the budget raised): a first plan from the
+        earlier starts' speed, `step` steps in `spent_before` seconds, all in; this start's
+        own measurements correct it from its first steps."""
+        left = self.seconds - self.spent() - MARGIN * self.seconds
+        per_step = self.spent_before / step if self.spent_before > 0 else 1.0  # (none recorded)
+        self.steps = step + max(math.floor(left / per_step), 0)
+        if self.max_steps:
+            self.steps = min(self.steps, self.max_steps)
+        self.agreed = self.steps
+        return self.steps
+
+    def proposal(self, rank: int) -> list:
+        """What this rank adds to the step's exchange: rank 0 its plan, the others 0."""
+        return [self.steps if rank == 0 else 0]
+
+    def agree(self, plan: float, step: int) -> bool:
+        """Takes the plan the ranks agreed on (rank 0's, from the exchange); whether it is
+        already complete (it shrank to the `step` steps taken)."""
+        self.agreed = int(plan)
+        return self.done(step)
+
+    def stepped(self, step: int, replan: bool) -> bool:
+        """A step taken, the `step`th; `replan` (a log step): plan again (the new plan is
+        taken at the next exchange). Whether the plan agreed on is complete."""
+        self.steps_done += 1
+        if replan:
+            self.plan(step)
+        return self.done(step)
+
+    def validated(self, seconds: float, step: int) -> str:
+        """A validation of `seconds` at `step`: in the plan, which is made again; its words."""
+        self.validation_seconds += seconds
+        self.validations += 1
+        self.plan(step)
+        return self.words()
+
+    def done(self, step: int) -> bool:
+        """Whether the schedule agreed on is complete after `step` steps."""
+        return step >= self.agreed
+
+    def start(self) -> str:
+        """This start's training begins (its steps timed from now); the plan in words."""
+        self.training_started = clock()
+        return self.words().replace(" by the speed measured", " until measured")
+
+    def words(self) -> str:
+        """Where the budget stands, for the log."""
+        return (f"--time_budget {self.seconds / 60:g} minutes: {self.spent() / 60:.1f} spent; "
+                f"the schedule laid out for {self.steps:,} steps "
+                f"({self.steps / self.steps_per_epoch:.1f} epochs) by the speed measured")
+
+
+def budget_for(config, data, batches: int, steps: int, progress, started: float):
+    """--time_budget's plan for a run (None without the flag): what the earlier starts spent
+    (train.py's Progress), the epoch's optimizer steps (`batches` of data.train), the test
+    sets' sentences over a validation's, the schedule's length `steps` until measured; a resume
+    past the saved schedule's end (not complete: the budget raised) lengthened at once."""
+    if not config.time_budget:
+        return None
+    step, spent_before, complete = progress.step, progress.seconds_before, progress.complete
+    decoded = min(config.val_max_sentences or len(data.validation), len(data.validation))
+    tests = sum(len(sources) for sources, _ in (data.test or {}).values())
+    budget = Budget(config.time_budget * 60, spent_before, started,
+                    math.ceil(batches / config.accum_steps), config.eval_every,
+                    tests / max(decoded, 1), steps, config.max_steps)
+    if 0 < steps <= step and not complete:
+        print(f"the --time_budget is raised: {budget.lengthen(step):,} steps in all, by the "
+              f"speed of the earlier starts, until this one measures its own")
+    return budget
+
+
+def completed(config, state: dict) -> bool:
+    """Whether a checkpoint ends a --time_budget run whose schedule completed, and the budget
+    was not raised since: then a resume has nothing to do."""
+    saved = state["config"].get("time_budget", 0)
+    return bool(config.time_budget and saved and config.time_budget <= saved
+                and state["global_step"] >= state.get("schedule_steps", math.inf))

@@ -1,0 +1,168 @@
+"""Training for a time budget (nmt/budget.py, train.py --time_budget): the plan's arithmetic, and
+whole runs of a tiny model on a fake clock (each step, validation and test scoring costs a set
+number of its seconds): the schedule completes, the test scores land inside the budget, a
+resume keeps what is left, the model card records the budget and the steps it bought."""
+
+import json
+import signal
+
+import pytest
+from conftest import TINY, make_corpus, number_pairs, run_here, write_aligned
+
+import nmt.budget
+import train
+from nmt.budget import MARGIN, Budget
+from nmt.checkpoint import load_checkpoint
+
+
+def test_the_plan_spends_what_is_left_on_steps_and_their_validations(monkeypatch):
+    """10 steps took 100 s with one validation of 10 s: 9 s a step; the end keeps one
+    validation, the test sets' greedy and beam decoding (as many sentences as a validation's,
+    beam at BEAM_COST times greedy) and MARGIN of the budget: 600 - 100 - 62 = 438 s left.
+    44 steps more take 396 s and the validations at the ends of epochs 2 to 5 (steps 20 to
+    50) 40 s: 436 s; a 45th would make 445."""
+    now = [100.0]
+    monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
+    budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=999,
+                    training_started=0, validation_seconds=10, validations=1, steps_done=10)
+    assert budget.reserve() == pytest.approx(10 + 10 * (1 + nmt.budget.BEAM_COST) + 600 * MARGIN)
+    assert budget.plan(10) == 10 + 44
+    budget.eval_every = 5  # and every 5 steps: 40 steps (360 s) and 7 validations (70 s), the
+    assert budget.plan(10) == 50  # one at step 50 the reserve's; 41 would add one: 449 s
+    budget.max_steps = 30
+    assert budget.plan(10) == 30  # --max_steps caps the plan
+    budget.max_steps, budget.spent_before = 0, 400  # a resume: 400 s spent before this start
+    assert budget.plan(10) == 14  # 38 s left: 4 steps (36 s); a 5th brings a validation
+    now[0] = 700.0  # past the budget: no step more
+    assert budget.plan(10) == 10 and budget.done(10) is False  # (the ranks agree first)
+    budget.agreed = budget.steps
+    assert budget.done(10)
+
+
+class FakeClock:
+    """The budget's clock: a step costs STEP seconds, a validation VALIDATION, the test scoring
+    TESTS; nothing else moves it."""
+    STEP, VALIDATION, TESTS = 2.0, 6.0, 20.0
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def fake_time(monkeypatch):
+    """A FakeClock in train.py and nmt/budget.py; train_step, run_validation and
+    score_test_sets advance it; the clock's reading when the test scoring ended is kept."""
+    fake = FakeClock()
+    monkeypatch.setattr(nmt.budget, "clock", fake)
+    monkeypatch.setattr(train, "clock", fake)
+    step, validation, tests = train.train_step, train.run_validation, train.score_test_sets
+
+    def timed(real, seconds, name):
+        def call(*args, **kwargs):
+            result = real(*args, **kwargs)
+            fake.now += seconds
+            if name:
+                setattr(fake, name, fake.now)
+            return result
+        return call
+    monkeypatch.setattr(train, "train_step", timed(step, fake.STEP, None))
+    monkeypatch.setattr(train, "run_validation", timed(validation, fake.VALIDATION, None))
+    monkeypatch.setattr(train, "score_test_sets", timed(tests, fake.TESTS, "scored_at"))
+    return fake
+
+
+def corpus(folder):
+    make_corpus(folder, n=120, val=4)
+    write_aligned(folder, "test", number_pairs(4, seed=9))  # as many as a validation decodes
+
+
+def latest(home):
+    from config import Config
+    from nmt.checkpoint import latest_checkpoint_path
+    return latest_checkpoint_path(Config(model_folder=str(home / "weights")))
+
+
+def ideal_steps(out: str) -> int:
+    """The steps 3 minutes buy at the fake clock's costs: a step, and a validation each epoch of
+    the run's K steps (its stop line says "of K"), with the end's reserve kept back."""
+    per_epoch = int(out.split("the --time_budget's schedule is complete")[1].split(" of ")[2]
+                    .split(" ")[0])
+    reserve = 6 * (1 + 1 * (1 + nmt.budget.BEAM_COST)) + 180 * MARGIN
+    return int((180 - reserve) / (FakeClock.STEP + FakeClock.VALIDATION / per_epoch))
+
+
+FLAGS = ["--data_dir", "c", *TINY, "--lr_schedule", "cosine", "--val_examples", "0",
+         "--log_every", "1"]
+
+
+def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(tmp_path,
+                                                                               fake_time):
+    """3 minutes at 2 s a step and 6 s a validation (one an epoch): the run plans its length
+    from what it measures, ends with its schedule complete (the last step is the schedule's
+    last), validates, scores the test set before the budget's end, and the card says what the
+    budget bought."""
+    corpus(tmp_path / "c")
+    started = fake_time.now
+    t = run_here("train.py", *FLAGS, "--time_budget", "3", "--num_epochs", "2", cwd=tmp_path)
+    out, err = t.stdout.decode(), t.stderr.decode()  # (the budget sets the length, not epochs)
+    assert t.returncode == 0, err[-2000:]
+    assert "the --time_budget's schedule is complete" in out
+    final = load_checkpoint(latest(tmp_path))
+    steps = final["global_step"]
+    assert final["schedule_steps"] == steps  # the schedule's last step is the run's last
+    assert fake_time.scored_at - started <= 180  # the test scores inside the budget
+    validations = json.loads((tmp_path / "weights" / "tmodel_validation.json").read_text())
+    assert len(validations) >= 3 and validations[-1]["step"] == steps
+    assert len({v["step"] for v in validations}) == len(validations)  # none twice
+    assert abs(steps - ideal_steps(out)) <= 1  # the budget is used, no more
+    card = (tmp_path / "weights" / "MODEL_CARD.md").read_text()
+    assert f"- --time_budget 3 minutes bought {steps} optimizer steps" in card
+    lr = train.learning_rate(train.Config(**{**final["config"]}), steps, steps)
+    assert lr < 0.01 * final["config"]["lr"]  # the cosine at its end
+    t = run_here("train.py", cwd=tmp_path)
+    assert t.returncode == 0 and ("the --time_budget 3 minutes' schedule is complete (step "
+                                  f"{steps}); raise --time_budget to train on") in t.stdout.decode()
+    t = run_here("train.py", "--time_budget", "4", cwd=tmp_path)  # a minute more: laid out again
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "the --time_budget is raised: " in t.stdout.decode()
+    more = load_checkpoint(latest(tmp_path))
+    assert more["schedule_steps"] == more["global_step"] > steps
+    assert more["provenance"]["seconds"] <= 240
+
+
+def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatch):
+    """Stopped (Ctrl-C) a minute into its 3, the run resumes with the 2 minutes left: the
+    earlier start's time is counted, and the whole ends inside the 3 minutes with about the
+    steps of a run never stopped."""
+    corpus(tmp_path / "c")
+    started = fake_time.now
+    step = train.train_step
+
+    def interrupted(*args, **kwargs):
+        result = step(*args, **kwargs)
+        if fake_time.now - started >= 60 and not getattr(fake_time, "signalled", False):
+            fake_time.signalled = True
+            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: stop after this step
+        return result
+    monkeypatch.setattr(train, "train_step", interrupted)
+    t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
+    assert t.returncode == 130, t.stderr.decode()[-2000:]
+    stopped = load_checkpoint(latest(tmp_path))
+    assert 60 <= stopped["provenance"]["seconds"] < 90
+    monkeypatch.setattr(train, "train_step", step)
+    t = run_here("train.py", cwd=tmp_path)  # (the budget comes from the checkpoint)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "the --time_budget's schedule is complete" in t.stdout.decode()
+    final = load_checkpoint(latest(tmp_path))
+    assert final["schedule_steps"] == final["global_step"] > stopped["global_step"]
+    assert final["provenance"]["seconds"] <= 180
+    assert fake_time.scored_at - started <= 180 + 5  # (5: the second start's set-up, unmoved)
+    assert abs(final["global_step"] - ideal_steps(t.stdout.decode())) <= 1  # as if not stopped
+
+
+def test_the_budget_is_minutes_not_negative():
+    from config import Config
+    assert "--time_budget must not be negative" in Config(time_budget=-1).validate()
