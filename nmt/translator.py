@@ -55,9 +55,9 @@ class Translator:
     translate.py without --preload: the best where there is one, else the newest) or a
     checkpoint file (that file, not its folder's newest); `average`: the newest N per-epoch
     checkpoints averaged; `device` (auto, cpu, cuda, cuda:N, mps) and `threads` (CPU threads, 0:
-    torch's default) as translate.py's flags. Where translate.py would print one line and exit 2, this
-    raises config.UserError (a subclass: nmt.checkpoint.CheckpointError, InputError) with that
-    line. `model`, `config`, `tokenizer_src` and `tokenizer_tgt` are there for more."""
+    torch's default) as translate.py's flags. Where translate.py would print one line and exit
+    2, this raises config.UserError (a subclass: nmt.checkpoint.CheckpointError, InputError)
+    with that line. `model`, `config`, `tokenizer_src` and `tokenizer_tgt` are there for more."""
 
     def __init__(self, model: str, preload: str = None, average: int = 1,
                  device: str = "auto", threads: int = 0):
