@@ -302,7 +302,8 @@ class Config:
             return "--cuda_graphs goes with --compile true (it is a mode of torch.compile)"
         if self.cuda_graphs and self.bpe_dropout:
             return ("--cuda_graphs captures fixed batch shapes, which --bpe_dropout does not "
-                    "have (its batches are cut again as they are segmented)")
+                    "have (its batches are cut again as they are segmented): drop --cuda_graphs "
+                    "or --bpe_dropout")
         if self.bpe_dropout and self.tokenizer_type != "bpe":
             return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
         return None
@@ -470,7 +471,7 @@ class RaisingParser(argparse.ArgumentParser):
     own would print the usage and exit). The scripts give nmt.cli.ArgumentParser."""
 
     def error(self, message):
-        raise UserError(f"{message} (see --help)")
+        raise UserError(f"{message} (see python train.py --help)")
 
 
 def parse_config(argv=None, parser=None):

@@ -124,6 +124,7 @@ def test_cuda_graphs_without_a_gpu_is_refused_before_any_file_is_written(tmp_pat
                  "--bpe_dropout", "0.1", "--device", "cuda", cwd=tmp_path)
     assert t.returncode == 2 and "--cuda_graphs captures fixed batch shapes, which " \
         "--bpe_dropout does not have" in t.stderr.decode()
+    assert ": drop --cuda_graphs or --bpe_dropout (see --help)\n" in t.stderr.decode()
     check_cuda_graphs(Config(compile=True, cuda_graphs=True), torch.device("cuda"))
 
 

@@ -80,6 +80,17 @@ def test_shapes_and_values_the_model_cannot_use_are_one_line(argv, message, caps
     assert e.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_a_bad_flag_in_code_is_one_line_naming_the_scripts_help():
+    """parse_config without a parser (a notebook, a test, your code) raises a UserError of one
+    line; "(see --help)" named no script to ask: it names train.py's."""
+    from config import UserError
+    with pytest.raises(UserError) as raised:
+        parse_config(["--bogus", "1"])
+    message = str(raised.value)
+    assert "--bogus" in message and message.endswith("(see python train.py --help)")
+    assert "\n" not in message
+
+
 def test_help_lists_the_values_and_a_switch_needs_no_value(capsys):
     """14. --help did not list the values of --lr_schedule, --precision, --device; --compile
     alone was an error."""
