@@ -327,6 +327,11 @@ class Config:
         return cls(**d)
 
 
+# Sentences decoded at once by translate.py, the Python API and the decoders, unless
+# --batch_size (translate.py's) says otherwise.
+DECODE_BATCH_SIZE = 64
+
+
 # ---- presets: several flags at once; flags given beside --preset win ----------------------------
 
 ARCHITECTURE = dict(norm_first=True, norm="layer", ffn="relu", pos="sinusoidal", n_kv_heads=0)
@@ -506,7 +511,7 @@ def add_locating_arguments(parser, own=()):
                        - {"batch_size"}}
     add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, skip=own, helps={
         **from_checkpoint,
-        "batch_size": "sentences translated at once (default: 64)",
+        "batch_size": f"sentences translated at once (default: {DECODE_BATCH_SIZE})",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
         "preload": "checkpoint in --model_folder: latest, best or an epoch (default: latest)"})
 

@@ -6,6 +6,26 @@ import pytest
 from conftest import run_here, tiny_model
 
 
+def test_the_sentences_decoded_at_once_are_one_setting_everywhere():
+    """The default of --batch_size (translate.py), of Translator.translate and of the decoders
+    is config.DECODE_BATCH_SIZE, one value: its --help, the API's and the decoders' defaults,
+    all take it."""
+    import argparse
+    import inspect
+
+    from config import DECODE_BATCH_SIZE, add_locating_arguments
+    from nmt import decoding
+    from nmt.translator import Translator, check_settings
+    for function, name in ((Translator.translate, "batch_size"), (check_settings, "batch_size"),
+                           (decoding.translate_ids, "batch_size"),
+                           (decoding.decoding_model, "rows")):
+        assert inspect.signature(function).parameters[name].default == DECODE_BATCH_SIZE
+    parser = argparse.ArgumentParser()
+    add_locating_arguments(parser)
+    assert f"sentences translated at once (default: {DECODE_BATCH_SIZE})" in \
+        " ".join(parser.format_help().split())
+
+
 def test_each_attention_view_is_checked_against_its_own_layers():
     """--attention_layer K is checked against the layers of the view asked for: a deep encoder
     (3 layers) with a shallow decoder (N_dec 1) takes encoder layer 3, and refuses decoder and
