@@ -1,4 +1,4 @@
-"""Is one system's score really higher than another's? Paired significance tests of translation
+r"""Is one system's score really higher than another's? Paired significance tests of translation
 files against a baseline, on the same references: sacreBLEU's BLEU and chrF, each with its 95%
 confidence interval, and the p-value of each system's difference from the first by paired
 bootstrap resampling (Koehn 2004) and by paired approximate randomization (Riezler and Maxwell

@@ -310,7 +310,8 @@ class Config:
             return "--cuda_graphs goes with --compile true (it is a mode of torch.compile)"
         if self.cuda_graphs and self.bpe_dropout:
             return ("--cuda_graphs captures fixed batch shapes, which --bpe_dropout does not "
-                    "have (its batches are cut again as they are segmented)")
+                    "have (its batches are cut again as they are segmented): drop --cuda_graphs "
+                    "or --bpe_dropout")
         if self.bpe_dropout and self.tokenizer_type != "bpe":
             return "--bpe_dropout needs --tokenizer_type bpe (a word vocabulary has no merges)"
         return None
@@ -332,6 +333,11 @@ class Config:
         if isinstance(d.get("tie_embeddings"), bool):
             d["tie_embeddings"] = "decoder" if d["tie_embeddings"] else "none"
         return cls(**d)
+
+
+# Sentences decoded at once by translate.py, the Python API and the decoders, unless
+# --batch_size (translate.py's) says otherwise.
+DECODE_BATCH_SIZE = 64
 
 
 # ---- presets: several flags at once; flags given beside --preset win ----------------------------
@@ -478,7 +484,7 @@ class RaisingParser(argparse.ArgumentParser):
     own would print the usage and exit). The scripts give nmt.cli.ArgumentParser."""
 
     def error(self, message):
-        raise UserError(f"{message} (see --help)")
+        raise UserError(f"{message} (see python train.py --help)")
 
 
 def parse_config(argv=None, parser=None):
@@ -513,7 +519,7 @@ def add_locating_arguments(parser, own=()):
                        - {"batch_size"}}
     add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, skip=own, helps={
         **from_checkpoint,
-        "batch_size": "sentences translated at once (default: 64)",
+        "batch_size": f"sentences translated at once (default: {DECODE_BATCH_SIZE})",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
         "preload": "checkpoint in --model_folder: latest, best or an epoch (default: best "
                    "where there is one, else latest; with --average N, latest)"})

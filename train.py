@@ -188,13 +188,14 @@ def set_up(config: Config, given: set, lock: FolderLock = None, started: float =
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
     device = get_device(config.device)  # no device: refused here, before any file is written
     note_precision(device, config.precision)
-    check_cuda_graphs(config, device)
+    check_cuda_graphs(config, device)  # the command line's, before the data's work
     lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
     created = []  # files this start wrote before it could fail: a failed start takes them back
     try:
         with main_first() as shared:  # rank 0's `shared` reaches the others
             resume, config = resume_state(config, given, world)
             init, config = init_state(config, given) if not resume else (None, config)
+            check_cuda_graphs(config, device)  # again: a resume takes the checkpoint's flag
             if rank == 0:
                 check_writable(config.model_folder)
                 lock.acquire()

@@ -47,7 +47,7 @@ from dev.timing import PEAK_BF16, model_flops, sync
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding
 from nmt.cli import ArgumentParser, run_main
-from nmt.compiling import choose_shapes, compiled
+from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
 from nmt.runtime import autocast, autocast_dtype, setup_device, use_threads
 from nmt.trained_model import build_model
 from tokenizer import PAD, tokenizer_keys, tokenizer_path
@@ -440,10 +440,11 @@ def main(argv=None):
               f"{config.cuda_graphs}, fixed shapes {config.shape_count()}, steps {args.steps}, "
               f"train_steps {args.train_steps}, host_steps {args.host_steps}")
         return
+    device = setup_device(config.device)
+    check_cuda_graphs(config, device)  # before any file is written
     if args.wmt_pairs:
         wmt_like_corpus(Path(config.data_dir), args.wmt_pairs, config.vocab_size, config.seed)
     data = get_ds(config)
-    device = setup_device(config.device)
     use_threads(config.threads)
     shape = f"d_model {config.d_model}, N {config.depth()}, h {config.h}, d_ff {config.d_ff}"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \

@@ -18,16 +18,23 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def longest(ids: torch.Tensor) -> int:
+    """The columns of a (batch, len) right-padded tensor up to its last non-PAD one."""
+    used = (ids != PAD).any(dim=0).nonzero()  # (columns used, 1)
+    return int(used.max()) + 1 if len(used) else 0
+
+
 def model_flops(config: Config, batch, tgt_vocab: int) -> float:
-    """Training FLOPs of one step (3x forward: forward + backward), counting padded positions
-    of the batch's pairs but not the filler rows of a fixed shape (nmt.shapes.FixedShapes: rows
-    without a target token, work that trains nothing): every matmul of the layers and
-    projection, and attention's QK^T and AV. Keys and values are n_kv_heads wide (grouped-query
-    attention); SwiGLU has three matrices of its width."""
-    s = batch["encoder_input"].size(1)
+    """Training FLOPs of one step (3x forward: forward + backward), counting the padding of the
+    batch's pairs to their longest but not what a fixed shape adds (nmt.shapes.FixedShapes: its
+    filler rows, without a target token, and its columns past the longest pair: work that trains
+    nothing): every matmul of the layers and projection, and attention's QK^T and AV. Keys and
+    values are n_kv_heads wide (grouped-query attention); SwiGLU has three matrices of its
+    width."""
+    s = longest(batch["encoder_input"])
     b = int((batch["label"] != PAD).any(dim=1).sum()) if "label" in batch else \
         batch["encoder_input"].size(0)
-    t = batch["decoder_input"].size(1)
+    t = longest(batch["label"] if "label" in batch else batch["decoder_input"])
     d = config.d_model
     kv = d // config.h * (config.n_kv_heads or config.h)  # width of the keys (and values)
     ffn = 3 * d * swiglu_width(config.d_ff) if config.ffn == "swiglu" else 2 * d * config.d_ff

@@ -41,9 +41,11 @@ def shapes_note(shapes: FixedShapes, data: Data, config: Config) -> str:
 
 def check_cuda_graphs(config: Config, device):
     """--cuda_graphs needs a CUDA device: refused when the run starts, before anything is
-    written (its pairing with --compile and fixed shapes: Config.validate)."""
+    written, with the command line's flags and again with a resumed checkpoint's (its pairing
+    with --compile and fixed shapes: Config.validate). Every caller of `compiled` checks first."""
     if config.cuda_graphs and device.type != "cuda":
-        raise UserError(f"--cuda_graphs needs a CUDA device (this run is on {device})")
+        raise UserError(f"--cuda_graphs needs a CUDA device (this run is on {device}): drop "
+                        f"--cuda_graphs or run on CUDA")
 
 
 def compiled(model, config: Config, device, shapes):

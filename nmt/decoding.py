@@ -18,7 +18,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from config import Config
+from config import DECODE_BATCH_SIZE, Config
 from dataset import source_batch
 from model import Transformer, causal_mask
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
@@ -210,7 +210,7 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], y.size(-1))  # (..., out_features)
 
 
-def decoding_model(model: Transformer, rows: int = 64) -> Transformer:
+def decoding_model(model: Transformer, rows: int = DECODE_BATCH_SIZE) -> Transformer:
     """The model as the decoders run it. On CPU in float32: a copy sharing every weight, whose
     decoder linear layers and output projection are PackedLinear (cross-attention reads slices
     of its W_QKV's `weight`, so its queries, keys and values are computed unpacked). Elsewhere
@@ -440,7 +440,8 @@ def source_batches(model, ids, seq_len: int, sos_id: int, eos_id: int, pad_id: i
 
 @torch.no_grad()
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
-                  seq_len: int, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
+                  seq_len: int, beam: int = 1, alpha: float = 0.6,
+                  batch_size: int = DECODE_BATCH_SIZE,
                   nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
                   use_cache: bool = True, unk_id: int = None, progress=None,
                   early_stop: bool = True, sampling: Sampling = None):
@@ -528,8 +529,8 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
     decode = getattr(model, "translate_ids", None) or partial(translate_ids, model,
                                                               sampling=sampling)
     outputs = decode([ids[n] for n in todo], SOS, EOS, PAD, config.seq_len, beam=beam,
-                     alpha=alpha, nbest=nbest, batch_size=batch_size or 64, unk_id=UNK,
-                     **decoding_limits(config), progress=progress)
+                     alpha=alpha, nbest=nbest, batch_size=batch_size or DECODE_BATCH_SIZE,
+                     unk_id=UNK, **decoding_limits(config), progress=progress)
     listed = nbest > 1 or sampling is not None  # (translation, score) lists
     results = [[("", 0.0)] * (sampling.n if sampling else 1) if listed else ""
                for _ in sentences]

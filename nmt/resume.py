@@ -91,8 +91,8 @@ def resume_state(config: Config, given: set, world_size: int = 1):
             raise CheckpointError(
                 f"{path} was saved mid-epoch with {shapes_in_words(saved)} and this run would "
                 f"have {shapes_in_words(merged)}: the epoch's batches are cut by them; resume it "
-                f"with the same --fixed_shapes and --compile, or from a per-epoch checkpoint "
-                f"with --preload N")
+                f"with --fixed_shapes {saved.fixed_shapes} --compile "
+                f"{str(saved.compile).lower()}, or from a per-epoch checkpoint with --preload N")
         saved_world = state.get("world_size", 1)
         if saved_world != world_size:
             raise CheckpointError(
@@ -141,7 +141,8 @@ def after_smaller_batches(config: Config) -> str:
     epochs = [epoch for _, epoch, step in found if step is None]
     if epochs:
         return (f"the newest checkpoint is mid-epoch, where the batches cannot change: resume "
-                f"with them from the last per-epoch checkpoint, --preload {epochs[-1]}")
+                f"from the last per-epoch checkpoint with --preload {epochs[-1]} and the smaller "
+                f"batches (the steps after it are trained again)")
     return (f"the checkpoints saved are mid-epoch, where the batches cannot change (and no "
             f"epoch has ended): start again with them in another --model_folder, or resume "
             f"{config.model_folder} with the same batches on a device with more memory")

@@ -33,6 +33,13 @@ def test_the_benchmarks_flop_count_is_the_models(options):
               "decoder_input": torch.cat([tgt, torch.full((2, 7), PAD)]),
               "label": torch.cat([label, torch.full((2, 7), PAD)])}
     assert model_flops(config, filler, 60) == model_flops(config, batch, 60)
+    # and the columns a fixed shape adds past the longest pair (PAD on both sides)
+    wider = {key: torch.cat([value, torch.full((5, 4), PAD)], dim=1)
+             for key, value in filler.items()}  # (5, 14) and (5, 11)
+    assert model_flops(config, wider, 60) == model_flops(config, batch, 60)
+    shorter = {key: torch.cat([value[:, :-2], torch.full((3, 2), PAD)], dim=1)
+               for key, value in {**batch, "label": label}.items()}  # a pair 2 shorter a side
+    assert model_flops(config, shorter, 60) < model_flops(config, batch, 60)
 
 
 @pytest.mark.parametrize("attention_dropout", [0.1, 0.0])  # on CPU: written out, or torch's

@@ -114,3 +114,13 @@ def test_bpe_dropout_keeps_special_token_text_as_text():
             (ids,) = dropped.segment(0, [plain])
             assert not set(ids) & set(range(len(SPECIAL_TOKENS))), ids
             assert tok.decode(ids) == text
+
+
+def test_pooled_batches_count_a_last_smaller_pool():
+    """PooledBatches: `size` batches a pool, the last pool smaller; its length (the loader's
+    steps of an epoch) counts that last pool, as many as it yields."""
+    from nmt.bpe_dropout import PooledBatches
+    batches = [[i] for i in range(10)]
+    pools = PooledBatches(batches, 4)
+    assert len(pools) == 3 == len(list(pools))
+    assert [len(p) for p in pools] == [4, 4, 2] and len(PooledBatches(batches[:8], 4)) == 2

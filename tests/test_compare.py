@@ -88,3 +88,15 @@ def test_compare_papers_bleu_from_the_command_line(tmp_path):
     out = t.stdout.decode().splitlines()
     assert out[0].startswith("papers' BLEU (lowercased, Moses-tokenized")
     assert "chrF" not in out[1] and out[3].split()[:2] == ["b.hyp", "100.00"]
+
+
+def test_the_docstrings_command_keeps_its_continuation_line():
+    """compare.py's docstring shows a command over two lines with a shell `\\` continuation;
+    in a plain (not raw) string the `\\` and the line break vanished, the two lines run
+    together."""
+    import ast
+
+    from conftest import ROOT
+    doc = ast.get_docstring(ast.parse((ROOT / "compare.py").read_text(encoding="utf-8")),
+                            clean=False)
+    assert "--reference tok/test_2016_flickr.lc.norm.tok.de \\\n        --papers_bleu de" in doc

@@ -117,13 +117,48 @@ def test_cuda_graphs_without_a_gpu_is_refused_before_any_file_is_written(tmp_pat
     t = run_here("train.py", "--data_dir", "c", *TINY, "--compile", "--cuda_graphs",
                  "--model_folder", "g", cwd=tmp_path)
     assert t.returncode == 2 and t.stderr.decode().strip().splitlines()[-1] == \
-        "train.py: error: --cuda_graphs needs a CUDA device (this run is on cpu)"
+        "train.py: error: --cuda_graphs needs a CUDA device (this run is on cpu): drop " \
+        "--cuda_graphs or run on CUDA"
     assert not [p for p in tmp_path.rglob("*") if "c" not in p.relative_to(tmp_path).parts]
     t = run_here("train.py", "--data_dir", "c", *TINY, "--compile", "--cuda_graphs",
                  "--bpe_dropout", "0.1", "--device", "cuda", cwd=tmp_path)
     assert t.returncode == 2 and "--cuda_graphs captures fixed batch shapes, which " \
         "--bpe_dropout does not have" in t.stderr.decode()
+    assert ": drop --cuda_graphs or --bpe_dropout (see --help)\n" in t.stderr.decode()
     check_cuda_graphs(Config(compile=True, cuda_graphs=True), torch.device("cuda"))
+
+
+def test_a_cuda_graphs_checkpoint_resumed_on_a_cpu_is_refused_before_any_file_is_written(
+        tmp_path):
+    """The flag checked on the command line only: a checkpoint saved with --compile and
+    --cuda_graphs, resumed with --device cpu, kept cuda_graphs and went on (the check had left
+    `compiled`). Checked again on the config the resume merged: one line, exit 2, nothing
+    written (no lock, no tokenizers, no prepared data)."""
+    from conftest import tiny_state
+
+    from nmt.checkpoint import save_checkpoint
+    make_corpus(tmp_path / "c", n=40, val=4)
+    saved = Config(data_dir="c", model_folder="g", compile=True, cuda_graphs=True, device="cuda")
+    (tmp_path / "g").mkdir()
+    save_checkpoint(tiny_state(0, optimizer_state_dict={}, config=saved.to_dict()),
+                    tmp_path / "g" / "tmodel_00.pt")
+    before = sorted(tmp_path.rglob("*"))
+    t = run_here("train.py", "--model_folder", "g", "--device", "cpu", cwd=tmp_path)
+    assert (t.returncode, t.stderr.decode()) == (2, "train.py: error: --cuda_graphs needs a "
+                                                    "CUDA device (this run is on cpu): drop "
+                                                    "--cuda_graphs or run on CUDA\n")
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_bench_refuses_cuda_graphs_on_a_cpu_before_any_file_is_written(tmp_path):
+    """dev/bench.py compiled the step with --cuda_graphs on a CPU, unchecked: one line, before
+    its corpus or data are written."""
+    t = run_here("dev/bench.py", "--compile", "true", "--cuda_graphs", "true", "--device", "cpu",
+                 "--wmt_pairs", "50", "--data_dir", "w", "--steps", "0", cwd=tmp_path)
+    assert t.returncode == 2 and t.stderr.decode().endswith(
+        "--cuda_graphs needs a CUDA device (this run is on cpu): drop --cuda_graphs or run on "
+        "CUDA\n"), t.stderr.decode()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_fixed_shapes_are_16_under_compile_and_off_without_it():

@@ -80,6 +80,17 @@ def test_shapes_and_values_the_model_cannot_use_are_one_line(argv, message, caps
     assert e.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_a_bad_flag_in_code_is_one_line_naming_the_scripts_help():
+    """parse_config without a parser (a notebook, a test, your code) raises a UserError of one
+    line; "(see --help)" named no script to ask: it names train.py's."""
+    from config import UserError
+    with pytest.raises(UserError) as raised:
+        parse_config(["--bogus", "1"])
+    message = str(raised.value)
+    assert "--bogus" in message and message.endswith("(see python train.py --help)")
+    assert "\n" not in message
+
+
 def test_help_lists_the_values_and_a_switch_needs_no_value(capsys):
     """14. --help did not list the values of --lr_schedule, --precision, --device; --compile
     alone was an error."""
@@ -366,3 +377,15 @@ def test_the_docs_name_measurements_not_issues_and_multi30k_files_as_they_are():
                                     f.read_text(encoding="utf-8"))]
     assert named and [n for n in named if not re.fullmatch(splits + r"\.lc\.norm\.tok\.\w\w",
                                                            n[1])] == []
+
+
+def test_the_pages_keep_their_paragraphs_and_name_the_machine_of_a_figure():
+    """docs/troubleshooting.md's out-of-memory advice and the memory a step takes are two
+    paragraphs (they had been joined in one line); docs/scaling.md's compile times name their
+    CPU and runs, not "this 2-core CPU"."""
+    from conftest import ROOT
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    assert "`--model_folder`.\n\nWhat a step of each shape takes" in page
+    scaling = " ".join((ROOT / "docs" / "scaling.md").read_text(encoding="utf-8").split())
+    figure = scaling[scaling.index("70 s against 53 s"):][:250]
+    assert "one run each, on an AMD EPYC with AVX512-BF16, 2 cores, torch 2.13.0 CPU" in figure

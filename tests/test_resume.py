@@ -162,23 +162,28 @@ def test_a_mid_epoch_checkpoint_refuses_another_batch_order(tmp_path, name, valu
     resume_state(changed, {name})  # between epochs: any batch order
 
 
+@pytest.mark.parametrize("saved", [5, 0])
 @pytest.mark.parametrize("change", [{"fixed_shapes": 3}, {"compile": True},
                                     {"compile": True, "fixed_shapes": 5}])
-def test_a_mid_epoch_checkpoint_refuses_other_fixed_shapes(tmp_path, change):
+def test_a_mid_epoch_checkpoint_refuses_other_fixed_shapes(tmp_path, change, saved):
     """Issue 70, 1: fixed shapes cut an epoch into other batches (1,500 pairs: 287 plain, 298
     fixed), yet a mid-epoch resume with --fixed_shapes or --compile changed went on, training
     some pairs twice and others never: refused in one line; the same shapes (--compile beside
-    the --fixed_shapes saved) and a per-epoch checkpoint take it."""
-    config = Config(model_folder=str(tmp_path), fixed_shapes=5)
+    the --fixed_shapes saved) and a per-epoch checkpoint take it. Saved without fixed shapes
+    (--fixed_shapes 0), --compile (16 lengths) is refused too. The line names the values that
+    resume it."""
+    config = Config(model_folder=str(tmp_path), fixed_shapes=saved)
     save_checkpoint(tiny_state(0, step=13, optimizer_state_dict={}, config=config.to_dict()),
                     tmp_path / "tmodel_00_s0000013.pt")
     changed = dataclasses.replace(config, **{"fixed_shapes": 0, **change})
     given = set(change) | {"fixed_shapes"}
-    if changed.shape_count() == 5:
+    if changed.shape_count() == config.shape_count():
         resume_state(changed, given)
         return
-    with pytest.raises(CheckpointError, match="saved mid-epoch with 5 fixed batch lengths and "
-                                              "this run would have "):
+    words = "5 fixed batch lengths" if saved else "no fixed batch shapes"
+    with pytest.raises(CheckpointError, match=f"saved mid-epoch with {words} and this run would "
+                                              f"have .*resume it with --fixed_shapes {saved} "
+                                              f"--compile false, or from"):
         resume_state(changed, given)
     save_checkpoint(tiny_state(1, optimizer_state_dict={}, config=config.to_dict()),
                     tmp_path / "tmodel_01.pt")
@@ -206,7 +211,18 @@ def test_the_out_of_memory_advice_names_a_resume_that_is_taken(tmp_path):
     save_checkpoint(tiny_state(1, step=25, optimizer_state_dict={}, config=config.to_dict()),
                     tmp_path / "tmodel_01_s0000025.pt")
     advice = after_smaller_batches(config)
-    assert advice.endswith("from the last per-epoch checkpoint, --preload 0"), advice
+    assert advice.endswith("from the last per-epoch checkpoint with --preload 0 and the smaller "
+                           "batches (the steps after it are trained again)"), advice
     (path, _), _ = resume_state(dataclasses.replace(smaller, preload="0"),
                                 {"max_tokens", "accum_steps", "preload"})  # the advice taken
     assert path.name == "tmodel_00.pt"
+    for name in ("tmodel_01_s0000025.pt",):  # epochs 0 and 1 saved, then epoch 2 mid-way
+        (tmp_path / name).unlink()
+    save_checkpoint(tiny_state(1, optimizer_state_dict={}, config=config.to_dict()),
+                    tmp_path / "tmodel_01.pt")
+    save_checkpoint(tiny_state(2, step=37, optimizer_state_dict={}, config=config.to_dict()),
+                    tmp_path / "tmodel_02_s0000037.pt")
+    assert "with --preload 1 and the smaller batches" in after_smaller_batches(config)
+    (path, _), _ = resume_state(dataclasses.replace(smaller, preload="1"),
+                                {"max_tokens", "accum_steps", "preload"})
+    assert path.name == "tmodel_01.pt"

@@ -27,6 +27,7 @@ def test_best_lengths_pad_the_least_of_every_choice():
         assert padding(found) == least
     assert best_lengths([5, 5, 7], 9) == (5, 7)  # no more lengths than there are
 
+
 def test_a_fixed_shape_batch_has_the_loss_and_gradients_of_its_pairs():
     """Issue 62: a batch padded to its fixed (rows, length) shape, filler rows and all, gives
     the summed loss and the gradients of the same pairs batched as before; the sampler never
@@ -75,3 +76,19 @@ def test_a_fixed_shape_batch_has_the_loss_and_gradients_of_its_pairs():
     for a, b in zip(grad_a, grad_b):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert (real_a, n_a) == (real_b, n_b)  # filler rows count as no tokens
+
+
+def test_a_batch_with_more_pairs_than_its_shapes_rows_is_refused():
+    """FixedShapes.pad fills a batch to its shape's rows: one with more pairs than those rows
+    (cut by other lengths than the shapes') is refused, never cut; as many pairs fit."""
+    import pytest
+
+    from nmt.shapes import FixedShapes
+    shapes = FixedShapes((8, 16), 32, 0)  # length 8: 4 rows
+
+    def batch(pairs):
+        ids = torch.full((pairs, 6), 7)
+        return {"encoder_input": ids, "decoder_input": ids.clone(), "label": ids.clone()}
+    assert shapes.pad(batch(4))["encoder_input"].shape == (4, 8)
+    with pytest.raises(ValueError, match=r"a batch of 5 pairs does not fit its shape \(4, 8\)"):
+        shapes.pad(batch(5))

@@ -331,6 +331,7 @@ def test_out_of_memory_in_a_step_is_one_line_that_says_what_to_lower(tmp_path, t
     make_corpus(tmp_path / "c", n=40, val=4)
     status, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1")
     assert status == 0, err
+    step = train.train_step
     for error in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
                   RuntimeError("MPS backend out of memory (MPS allocated: 8 GB)")):
         def failing(*args, error=error, **kwargs):
@@ -342,6 +343,21 @@ def test_out_of_memory_in_a_step_is_one_line_that_says_what_to_lower(tmp_path, t
                                                      "a step of "), err
         assert "(--max_tokens 200, --accum_steps 1): lower --max_tokens" in lines[-1]
         assert (tmp_path / "weights" / "tmodel_00.pt").exists()
+    steps = []
+
+    def later(*args, **kwargs):  # issue 70, 3: the newest checkpoint mid-epoch (--save_every)
+        if steps:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        steps.append(1)
+        return step(*args, **kwargs)
+    monkeypatch.setattr(train, "train_step", later)
+    status, _, err = train_here("--num_epochs", "2", "--save_every", "1")
+    assert status == 2 and sorted(p.name for p in (tmp_path / "weights").glob("tmodel_0*")) == \
+        ["tmodel_00.pt", "tmodel_01_s0000%03d.pt" % (1 + int(torch.load(
+            tmp_path / "weights" / "tmodel_00.pt", weights_only=False)["global_step"]))], err
+    assert err.strip().splitlines()[-1].endswith(
+        "resume from the last per-epoch checkpoint with --preload 0 and the smaller batches (the "
+        "steps after it are trained again)"), err
     cause = ValueError("the cause")
 
     def other(*args, **kwargs):

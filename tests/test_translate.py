@@ -442,41 +442,6 @@ def test_batch_size_sets_the_sentences_decoded_at_once(trained, monkeypatch):
     assert batches == [[1] * 8, [3, 3, 2]]
 
 
-def test_the_python_api_translates_as_the_command_line(trained, monkeypatch):
-    """Issue 64: a folder loaded once from Python, three sentences translated in three lines
-    of user code, equal to translate.py's output for the same flags (greedy, beam, n-best);
-    a folder with no model raises the CLI's one line as config.UserError."""
-    from config import UserError
-    from nmt.checkpoint import CheckpointError
-    from nmt.translator import Translator
-    home, _ = trained
-    monkeypatch.chdir(home)
-    sentences = ["one two three", "four five", "six"]
-    translator = Translator("weights", average=2)                      # the three lines
-    beam = translator.translate(sentences, beam=3)                     # of a user's code
-    cli = run_here("translate.py", "--model_folder", "weights", "--average", "2", "--beam", "3",
-                   input="".join(s + "\n" for s in sentences).encode(), cwd=home)
-    assert cli.returncode == 0 and beam == cli.stdout.decode().splitlines()
-    greedy = run_here("translate.py", "--model_folder", "weights", "--preload", "best",
-                      input="".join(s + "\n" for s in sentences).encode(), cwd=home)
-    best = Translator("weights", preload="best")
-    assert best.translate(sentences) == greedy.stdout.decode().splitlines()
-    assert best.translate("one two three") == greedy.stdout.decode().splitlines()[0]
-    nbest = best.translate(sentences, beam=3, nbest=2)
-    listed = run_here("translate.py", "--model_folder", "weights", "--preload", "best",
-                      "--beam", "3", "--nbest", "2",
-                      input="".join(s + "\n" for s in sentences).encode(), cwd=home)
-    assert [f"{n}\t{s:.4f}\t{t}" for n, hyps in enumerate(nbest) for t, s in hyps] == \
-        listed.stdout.decode().splitlines()
-    Translator(str(home / "weights" / "tmodel_00.pt"))  # a checkpoint file
-    with pytest.raises(CheckpointError) as error:
-        Translator("corpus")
-    cli = run_here("translate.py", "--model_folder", "corpus", "hi", cwd=home)
-    assert cli.stderr.decode().strip() == f"translate.py: error: {error.value}"
-    with pytest.raises(UserError, match="--nbest 3 must be at most --beam 2"):
-        best.translate(sentences, beam=2, nbest=3)
-
-
 def test_an_ensemble_reads_the_sentence_with_each_members_own_source_tokenizer(trained,
                                                                               monkeypatch):
     """Issue 63 (a promise of docs/translating.md with no test): an ensemble's members may
@@ -527,73 +492,6 @@ def test_an_ensemble_applies_average_and_preload_to_each_member(trained, monkeyp
     assert asked == [("01", 2), ("01", 2)]
     err = t.stderr.decode()
     assert err.count("averaged 2 checkpoints: tmodel_00.pt, tmodel_01.pt") == 2
-
-
-def test_the_python_api_keeps_the_command_lines_promises(trained, monkeypatch):
-    """docs/translating.md (issue 70: untested): Translator takes the checkpoint choice
-    (a file: that file, not its folder's newest; an epoch), the averaging, the device and the
-    threads as the flags have them, and raises the command line's one-line errors (another
-    tokenizer, a bad --beam); issue 70, 5: an empty sentence, average=0 and batch_size=0 are
-    refused as translate.py refuses them (they returned '', named --batch_size, became 64)."""
-    import shutil
-
-    import torch
-
-    from conftest import swap_two_tokens
-    from config import UserError
-    from nmt.checkpoint import average_checkpoints, load_checkpoint
-    from nmt.translator import InputError, Translator
-    home, _ = trained
-    monkeypatch.chdir(home)
-    weights = {name: load_checkpoint(home / "weights" / name)["model_state_dict"]
-               for name in ("tmodel_00.pt", "tmodel_01.pt")}
-    key = "projection_layer.proj.weight"
-    assert not torch.equal(weights["tmodel_00.pt"][key], weights["tmodel_01.pt"][key])
-
-    def weight(translator):
-        return translator.model.state_dict()[key]
-    assert torch.equal(weight(Translator("weights/tmodel_00.pt")), weights["tmodel_00.pt"][key])
-    assert torch.equal(weight(Translator("weights", preload="0")), weights["tmodel_00.pt"][key])
-    assert torch.equal(weight(Translator("weights")), weights["tmodel_01.pt"][key])
-    averaged = average_checkpoints([home / "weights" / n for n in weights])["model_state_dict"]
-    torch.testing.assert_close(weight(Translator("weights", average=2)), averaged[key])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(3)
-        one = Translator("weights", device="cpu", threads=2)
-        assert torch.get_num_threads() == 2 and weight(one).device.type == "cpu"
-    finally:
-        torch.set_num_threads(threads)
-    for kwargs, flags in (({"device": "cuda"}, ["--device", "cuda"]),
-                          ({"average": 0}, ["--average", "0"])):
-        if torch.cuda.is_available() and "device" in kwargs:
-            continue
-        with pytest.raises(UserError) as error:
-            Translator("weights", **kwargs)
-        cli = run_here("translate.py", "--model_folder", "weights", *flags, "hi", cwd=home)
-        assert cli.returncode == 2 and str(error.value) in cli.stderr.decode(), kwargs
-    assert str(error.value) == "--average must be positive (got 0)"
-    for kwargs, flags, message in (
-            ({"beam": 0}, ["--beam", "0"], "--beam must be positive (got 0)"),
-            ({"batch_size": 0}, ["--batch_size", "0"], "--batch_size must be positive (got 0)")):
-        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            one.translate(["one two"], **kwargs)
-        cli = run_here("translate.py", "--model_folder", "weights", *flags, "hi", cwd=home)
-        assert cli.returncode == 2 and message in cli.stderr.decode(), cli.stderr.decode()
-    with pytest.raises(InputError, match="^the sentence is empty$"):
-        one.translate("  \t ")
-    assert one.translate(["one", ""])[1] == run_here(  # an empty line of a list: as of a file
-        "translate.py", "--model_folder", "weights", input=b"one\n\n", cwd=home
-    ).stdout.decode().splitlines()[1]
-    other = home / "other_tokenizer"
-    shutil.copytree(home / "weights", other, ignore=shutil.ignore_patterns("*.pt", "prepared"))
-    shutil.copy(home / "weights" / "tmodel_01.pt", other)
-    swap_two_tokens(home / "weights" / "tokenizer_it.json", other / "tokenizer_it.json")
-    with pytest.raises(UserError) as error:
-        Translator(str(other))
-    cli = run_here("translate.py", "--model_folder", str(other), "hi", cwd=home)
-    assert cli.stderr.decode().strip().splitlines()[-1] == f"translate.py: error: {error.value}"
-    shutil.rmtree(other)
 
 
 def test_a_bad_attention_layer_or_head_is_refused_before_anything_is_decoded(
