@@ -103,7 +103,10 @@ def test_the_python_api_keeps_the_command_lines_promises(trained, monkeypatch):
         return translator.model.state_dict()[key]
     assert torch.equal(weight(Translator("weights/tmodel_00.pt")), weights["tmodel_00.pt"][key])
     assert torch.equal(weight(Translator("weights", preload="0")), weights["tmodel_00.pt"][key])
-    assert torch.equal(weight(Translator("weights")), weights["tmodel_01.pt"][key])
+    best = load_checkpoint(home / "weights" / "tmodel_best.pt")["model_state_dict"]
+    assert torch.equal(weight(Translator("weights")), best[key])  # as translate.py: the best
+    assert torch.equal(weight(Translator("weights", preload="latest")),
+                       weights["tmodel_01.pt"][key])
     averaged = average_checkpoints([home / "weights" / n for n in weights])["model_state_dict"]
     torch.testing.assert_close(weight(Translator("weights", average=2)), averaged[key])
     threads = torch.get_num_threads()
