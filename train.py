@@ -45,7 +45,7 @@ from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
 from nmt.distill import finish_translation, plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
-from nmt.model_card import write_run_card
+from nmt.model_card import CARD_NAME, write_run_card
 from nmt.resume import (after_smaller_batches, check_corpus, check_resume_data, copy_tokenizers,
                         coverage_note, init_state, nothing_to_do, restore_progress, restore_rng,
                         restore_training, resume_state, rng_states, set_aside_later,
@@ -511,12 +511,18 @@ def train_loop(run: Run, progress: Progress, argv=None):
         stop = train_epoch(run, progress)
         if stop is not Stop.SIGNAL:
             stop = end_epoch(run, progress, stop)
-    if stop is not Stop.SIGNAL:  # (every rank translates its share)
-        results, samples = score_test_sets(run, progress)
-        if run.rank == 0 and not progress.signal:  # a finished run: its model card
-            tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
+    if stop is not Stop.SIGNAL:
+        finish_run(run, progress)
     run.writer.close()
     return progress.signal
+
+
+def finish_run(run: Run, progress: Progress):
+    """The end of a run: the test sets scored with the best checkpoint (every rank translates
+    its share), then the model card."""
+    results, samples = score_test_sets(run, progress)
+    if run.rank == 0 and not progress.signal:  # a finished run: its model card
+        tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
 
 
 def train_model(config: Config, given: set = frozenset(), argv=None):
@@ -530,10 +536,17 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
     try:
         run, progress = set_up(config, given, lock, started)
         idle = nothing_to_do(run.config, progress)
-        if idle:
+        if idle and (Path(config.model_folder) / CARD_NAME).exists():
             print(idle)
             return
         catch_stop_signals(progress)
+        if idle:  # trained, but stopped while scoring the test sets: scored now
+            print(f"{idle}; the test sets are not scored yet (the run stopped at its end): "
+                  f"scoring them")
+            with abort_watch(f"train.py: {ABORTED}"):
+                finish_run(run, progress)
+            run.writer.close()
+            return progress.signal
         with abort_watch(f"train.py: {ABORTED}"):  # a second signal: out within seconds
             return train_loop(run, progress, argv)
     except Exception:

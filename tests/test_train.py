@@ -1231,3 +1231,28 @@ def test_the_start_line_says_which_precision_auto_chose_and_why(tmp_path, train_
     assert ("warning: --precision bf16 on a CPU without bf16 instructions (AVX2): a bf16 matrix "
             "product at this model's shapes took 15.2x fp32's time; training goes on in bf16, "
             "that much slower (--precision auto: fp32 here)\n") in err
+
+
+def test_a_run_stopped_while_scoring_its_test_sets_scores_them_when_started_again(trained,
+                                                                                  tmp_path):
+    """A run whose epochs are all trained but whose end (the test sets' scores, the model
+    card) was cut short scores them when the same command starts again, training nothing;
+    once the card is there, a start says there is nothing to do."""
+    import shutil
+    home, _ = trained
+    shutil.copytree(home / "corpus", tmp_path / "corpus")
+    shutil.copytree(home / "weights", tmp_path / "weights")
+    (tmp_path / "weights/MODEL_CARD.md").unlink()  # (the tiny corpus has no test set)
+    before = sorted(p.name for p in (tmp_path / "weights").glob("tmodel_*.pt"))
+    again = run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
+                     cwd=tmp_path)
+    assert again.returncode == 0, again.stderr.decode()[-2000:]
+    assert "all 2 epochs are trained (step" in again.stdout.decode()
+    assert "the test sets are not scored yet (the run stopped at its end): scoring them" in \
+        again.stdout.decode()
+    assert (tmp_path / "weights/MODEL_CARD.md").exists()
+    assert sorted(p.name for p in (tmp_path / "weights").glob("tmodel_*.pt")) == before
+    idle = run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
+                    cwd=tmp_path)
+    assert idle.returncode == 0 and "scoring them" not in idle.stdout.decode()
+    assert "all 2 epochs are trained" in idle.stdout.decode()
