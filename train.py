@@ -46,10 +46,10 @@ from nmt.distill import finish_translation, plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import CARD_NAME, write_run_card
-from nmt.resume import (after_smaller_batches, check_corpus, check_resume_data, copy_tokenizers,
-                        coverage_note, init_state, nothing_to_do, restore_progress, restore_rng,
-                        restore_training, resume_state, rng_states, set_aside_later,
-                        write_history)
+from nmt.resume import (Progress, after_smaller_batches, check_corpus, check_resume_data,
+                        copy_tokenizers, coverage_note, init_state, nothing_to_do,
+                        restore_progress, restore_rng, restore_training, resume_state, rng_states,
+                        set_aside_later, write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
                          is_out_of_memory, main_first, max_over_ranks, note_precision,
                          out_of_memory, say_device, setup_device, start_distributed,
@@ -155,29 +155,6 @@ def total_steps(config: Config, batches_per_epoch: int) -> int:
     return min(steps, config.max_steps) if config.max_steps else steps
 
 
-@dataclass
-class Progress:
-    """Where the run is: all that changes while it trains (and what a checkpoint saves)."""
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # the epoch being trained (counting from 0)
-    batch: int = 0  # batches of that epoch done
-    history: list = field(default_factory=list)  # every validation: step, epoch, scores
-    bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
-    loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
-    smoothed_loss: float = None  # the bar's: a moving average of the loss, from the first step
-    signal: str = None  # the name of a SIGINT/SIGTERM received
-    commands: list = field(default_factory=list)  # the command of every start of the run
-    seconds_before: float = 0.0  # training time of the earlier starts (validations included)
-    complete: bool = False  # a --time_budget run resumed after its schedule completed
-    validated_at: int = -1  # the step of the last validation (on every rank)
-    started: float = field(default_factory=clock)  # when this start began training
-
-    def provenance(self) -> dict:
-        """What a checkpoint keeps of how the run was made, for its model card."""
-        return {"commands": self.commands,
-                "seconds": self.seconds_before + clock() - self.started}
-
-
 def set_up(config: Config, given: set, lock: FolderLock = None, started: float = None):
     """(run, progress): the data, the model and its optimizer, restored from the checkpoint
     --preload names. Under torchrun, rank 0 goes first (it alone moves files, trains tokenizers
@@ -188,22 +165,20 @@ def set_up(config: Config, given: set, lock: FolderLock = None, started: float =
         sys.stdout = open(os.devnull, "w")  # one voice: rank 0's (errors still reach stderr)
     device = get_device(config.device)  # no device: refused here, before any file is written
     note_precision(device, config.precision)
-    check_cuda_graphs(config, device)  # the command line's, before the data's work
     lock = lock or FolderLock(config.model_folder)  # rank 0's, before it writes anything
     created = []  # files this start wrote before it could fail: a failed start takes them back
     try:
         with main_first() as shared:  # rank 0's `shared` reaches the others
             resume, config = resume_state(config, given, world)
             init, config = init_state(config, given) if not resume else (None, config)
-            check_cuda_graphs(config, device)  # again: a resume takes the checkpoint's flag
+            check_cuda_graphs(config, device)  # (a resume takes the checkpoint's flag)
             if rank == 0:
                 check_writable(config.model_folder)
                 lock.acquire()
                 if init:  # a new run from a trained model: its tokenizers, not new ones
                     created = copy_tokenizers(*init, config)
                 shared["distilling"] = plan_translation(config, resume and resume[1])
-        # --distill_from: the teachers translate the training sources, each process its share
-        distilling = shared.get("distilling")
+        distilling = shared.get("distilling")  # --distill_from: each process translates a share
         translate_share(config, distilling, rank, world)
         with main_first() as shared:
             if rank == 0:
@@ -512,17 +487,19 @@ def train_loop(run: Run, progress: Progress, argv=None):
         if stop is not Stop.SIGNAL:
             stop = end_epoch(run, progress, stop)
     if stop is not Stop.SIGNAL:
-        finish_run(run, progress)
+        return finish_run(run, progress)
     run.writer.close()
     return progress.signal
 
 
 def finish_run(run: Run, progress: Progress):
     """The end of a run: the test sets scored with the best checkpoint (every rank translates
-    its share), then the model card."""
+    its share), then the model card. Returns the signal that stopped it, or None."""
     results, samples = score_test_sets(run, progress)
     if run.rank == 0 and not progress.signal:  # a finished run: its model card
         tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
+    run.writer.close()
+    return progress.signal
 
 
 def train_model(config: Config, given: set = frozenset(), argv=None):
@@ -543,12 +520,8 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
         if idle:  # trained, but stopped while scoring the test sets: scored now
             print(f"{idle}; the test sets are not scored yet (the run stopped at its end): "
                   f"scoring them")
-            with abort_watch(f"train.py: {ABORTED}"):
-                finish_run(run, progress)
-            run.writer.close()
-            return progress.signal
         with abort_watch(f"train.py: {ABORTED}"):  # a second signal: out within seconds
-            return train_loop(run, progress, argv)
+            return finish_run(run, progress) if idle else train_loop(run, progress, argv)
     except Exception:
         if aborting():  # an abort's aftermath (nmt.stopping.aborting): reported as the abort
             raise aborted() from None

@@ -6,6 +6,7 @@ checkpoints that training on from an earlier epoch sets aside. And what a new ru
 trained model it starts from (--init_from: its weights, architecture and tokenizers)."""
 
 import dataclasses
+from dataclasses import dataclass, field
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 from config import Config, fields_where
-from nmt.budget import completed
+from nmt.budget import clock, completed
 from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
                             history_path, list_checkpoints, load_checkpoint, merge_config,
                             resolve_preload)
@@ -104,6 +105,29 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     if problem:
         raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
     return (path, state), merged
+
+
+@dataclass
+class Progress:
+    """Where the run is: all that changes while it trains (and what a checkpoint saves)."""
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # the epoch being trained (counting from 0)
+    batch: int = 0  # batches of that epoch done
+    history: list = field(default_factory=list)  # every validation: step, epoch, scores
+    bad_steps: torch.Tensor = None  # non-finite updates in a row, counted on the device
+    loss_window: list = field(default_factory=list)  # losses (tensors) since the last log
+    smoothed_loss: float = None  # the bar's: a moving average of the loss, from the first step
+    signal: str = None  # the name of a SIGINT/SIGTERM received
+    commands: list = field(default_factory=list)  # the command of every start of the run
+    seconds_before: float = 0.0  # training time of the earlier starts (validations included)
+    complete: bool = False  # a --time_budget run resumed after its schedule completed
+    validated_at: int = -1  # the step of the last validation (on every rank)
+    started: float = field(default_factory=clock)  # when this start began training
+
+    def provenance(self) -> dict:
+        """What a checkpoint keeps of how the run was made, for its model card."""
+        return {"commands": self.commands,
+                "seconds": self.seconds_before + clock() - self.started}
 
 
 def check_distillation(saved: Config, merged: Config, path: Path):
