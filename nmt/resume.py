@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from config import Config, fields_where
-from nmt.budget import clock, completed
+import nmt.budget
+from nmt.budget import completed
 from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
                             history_path, list_checkpoints, load_checkpoint, merge_config,
                             resolve_preload)
@@ -109,7 +110,8 @@ def resume_state(config: Config, given: set, world_size: int = 1):
 
 @dataclass
 class Progress:
-    """Where the run is: all that changes while it trains (and what a checkpoint saves)."""
+    """Where the run is: all that changes while it trains (and what a checkpoint saves). Its
+    clock is the budget's, read where it is (a test's fake one too)."""
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # the epoch being trained (counting from 0)
     batch: int = 0  # batches of that epoch done
@@ -122,12 +124,12 @@ class Progress:
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
     complete: bool = False  # a --time_budget run resumed after its schedule completed
     validated_at: int = -1  # the step of the last validation (on every rank)
-    started: float = field(default_factory=clock)  # when this start began training
+    started: float = field(default_factory=lambda: nmt.budget.clock())  # this start's beginning
 
     def provenance(self) -> dict:
         """What a checkpoint keeps of how the run was made, for its model card."""
         return {"commands": self.commands,
-                "seconds": self.seconds_before + clock() - self.started}
+                "seconds": self.seconds_before + nmt.budget.clock() - self.started}
 
 
 def check_distillation(saved: Config, merged: Config, path: Path):
