@@ -2,6 +2,7 @@
 processes on the CPU."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -308,3 +309,26 @@ def test_a_rank_that_dies_stops_the_others_and_leaves_the_saved_files_whole(tmp_
         state = torch.load(tmp_path / "w" / "tmodel_00.pt", weights_only=False)
         assert state["epoch"] == 0 and len(state["rank_rng_states"]) == 2
         FolderLock(tmp_path / "w").acquire().release()  # free: a resume may start
+
+
+def test_a_time_budget_under_torchrun_ends_on_every_rank_at_rank_0s_plan(tmp_path):
+    """--time_budget under torchrun: each rank's clock differs, so the ranks take rank 0's plan
+    at each step's exchange and stop after the same step (no rank left waiting), the schedule
+    complete, the test set scored once."""
+    make_corpus(tmp_path / "corpus", n=160, seed=5, val=4)
+    write_aligned(tmp_path / "corpus", "test", number_pairs(4, seed=7))
+    t = torchrun(ROOT / "train.py", "--data_dir", "corpus", *TINY, "--max_tokens", "120",
+                 "--model_folder", "w", "--experiment_name", "runs/w", "--time_budget", "0.3",
+                 cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-3000:]
+    out = t.stdout.decode()
+    assert out.count("the --time_budget's schedule is complete") == 1, out[-3000:]
+    from config import Config
+    from nmt.checkpoint import latest_checkpoint_path
+    state = torch.load(latest_checkpoint_path(Config(model_folder=str(tmp_path / "w"))),
+                       weights_only=False)
+    assert state["schedule_steps"] == state["global_step"] > 0
+    history = json.loads((tmp_path / "w" / "tmodel_validation.json").read_text())
+    assert history[-1]["step"] == state["global_step"]  # validated at the end, once
+    assert len({h["step"] for h in history}) == len(history)
+    assert (tmp_path / "w" / "results.json").exists()
