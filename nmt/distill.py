@@ -145,7 +145,8 @@ def plan_translation(config: Config, resumed: dict = None):
                                                         "weights")} for t in described],
             "beam": config.distill_beam, "average": config.distill_average, "alpha": ALPHA,
             "sentences": sentences, "sources": sources, "chunk": chunk, "chunks": chunks,
-            "started": time.time()}
+            "started": time.time(), "todo": sum(min(chunk, sentences - c * chunk)
+                                                for c in range(chunks) if not targets.done(c))}
 
 
 def check_targets(described: list):
@@ -207,10 +208,13 @@ def finish_translation(config: Config, plan: dict):
     seconds = time.time() - plan["started"]
     meta = {k: plan[k] for k in ("key", "teachers", "beam", "average", "alpha", "sentences",
                                  "sources")}
-    meta["seconds"] = round(seconds, 1)  # of the start that finished it
+    meta["seconds"] = round(seconds, 1)  # of the start that finished it (plan["todo"])
     targets.finish(plan["chunks"], meta)
-    note(f"the teachers translated {plan['sentences']:,} training sources in {seconds:.0f}s "
-         f"({plan['sentences'] / max(seconds, 1e-9):.1f} a second): {targets.folder}")
+    earlier = plan["sentences"] - plan["todo"]  # (translated by an earlier start)
+    note(f"the teachers translated {plan['todo']:,} training sources in {seconds:.0f}s "
+         f"({plan['todo'] / max(seconds, 1e-9):.1f} a second)"
+         + (f", after {earlier:,} of an earlier start" if earlier else "")
+         + f": {targets.folder}")
     return meta
 
 

@@ -210,7 +210,10 @@ def test_a_stopped_translation_goes_on_where_it_stopped(teachers, tmp_path, monk
     calls.clear()
     distill.distil(config)
     assert calls == [40, 40]  # the two chunks left
-    assert "2 of 4 chunks of the teachers' translations are done" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "2 of 4 chunks of the teachers' translations are done" in err
+    assert "the teachers translated 80 training sources in" in err and \
+        "after 80 of an earlier start" in err  # the rate: this start's sentences
     assert lines(tmp_path / "stopped/distilled/train.tgt") == \
         lines(tmp_path / "whole/distilled/train.tgt")
     assert not parts.exists()
