@@ -4,10 +4,11 @@
 
 One run, one trained model, the same sentences, the same thread count, the same length rules
 (the checkpoint's --max_len_a/--max_len_b/--min_len):
-  this repo: batched greedy and beam search with the key/value cache (fp32), beam search
-             with its early stop (OpenNMT's, the default) and with fairseq's (k finished
-             hypotheses: exact, and slower), and, with --variants, the same greedy in bf16 and
-             with dynamic int8 linear layers;
+  this repo: batched greedy and beam search with the key/value cache (fp32) over the fast
+             step (nmt/decoder_step.py, as translate.py decodes) and over model.py's decoder
+             (the reference), beam search with its early stop (OpenNMT's, the default) and
+             with fairseq's (k finished hypotheses: exact, and slower), and, with --variants,
+             the same greedy in bf16 and with dynamic int8 linear layers;
   with --ensemble_with MODEL [MODEL ...]: the model and those as one ensemble (the mean of
              their log-probabilities, translate.py --ensemble), greedy and beam;
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
@@ -15,10 +16,19 @@ One run, one trained model, the same sentences, the same thread count, the same 
              calls it: greedy one call per batch, beam one call per output-length limit).
 For each: seconds (the median of --repeats passes; greedy decoders take turns batch by batch),
 target tokens/s (tokens output, [EOS] counted), sacreBLEU BLEU and chrF,
-and how many outputs are identical to this repo's greedy ones. Then the ratio the decoder is
-held to: this repo's greedy tokens/s over CTranslate2 float32 greedy's, taken in each pass
-(the two decode each batch one right after the other) and the median of the passes printed,
-with every pass's.
+and how many outputs are identical to this repo's greedy ones. Then the ratios the decoders are
+held to (the targets: greedy at least 1.0, beam search at least 1.3): this repo's greedy
+sentences/s over CTranslate2 float32 greedy's, taken in each pass (the two decode each batch one
+right after the other), and this repo's beam search over the engine's, each pass's pair run one
+right after the other; the median of the passes printed, with every pass's.
+
+    python -m dev.bench_decode --model_folder weights --threads 2 --profile
+
+--profile: instead, where the time of one greedy batch and of one beam batch goes (100
+sentences of middle length), with the fast step and with model.py's, per decoding step: matrix
+products, attention, the cache and the beams' reordering, choosing tokens, norms and other
+operators (each operator's own time in the profiler), the encoder (once a batch), and Python
+and dispatch around them (the unprofiled time less the operators').
 """
 
 import copy
@@ -75,8 +85,8 @@ def decode_in_turn(runs, ids, batch: int, repeats: int):
     seconds of each pass."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     batches = [order[i:i + batch] for i in range(0, len(order), batch)]
-    turns = sorted(runs, key=lambda r: (r[0] != "this repo, greedy",
-                                        r[0] != "CTranslate2 float32, greedy"))
+    pairs = ["this repo, greedy", "CTranslate2 float32, greedy", *beam_pair(runs)]
+    turns = sorted(runs, key=lambda r: pairs.index(r[0]) if r[0] in pairs else len(pairs))
     greedy = [r for r in turns if "beam" not in r[0]]
     outputs = {name: {} for name, _, _ in runs}
     times = {name: [0.0] * repeats for name, _, _ in runs}
@@ -100,6 +110,13 @@ def decode_in_turn(runs, ids, batch: int, repeats: int):
     return outputs, times
 
 
+def beam_pair(runs):
+    """The names of this repo's beam search and the engine's float32 one, timed one right
+    after the other in each pass."""
+    ours = next((name for name, _, _ in runs if name.startswith("this repo, beam")), "")
+    return [ours, ours.replace("this repo", "CTranslate2 float32")]
+
+
 def variants(model):
     """This repo's model in bf16, and with dynamic int8 linear layers (torch.ao: weights int8,
     activations quantized on the fly). The fused Q/K/V projection stays fp32: cross-attention
@@ -112,6 +129,87 @@ def variants(model):
         warnings.simplefilter("ignore")
         int8 = quantize_dynamic(copy.deepcopy(model), linears, dtype=torch.qint8)
     return {"bf16": bf16, "dynamic int8": int8}
+
+
+# ---- --profile: where a batch's time goes -------------------------------------------------------
+
+PROFILE_PARTS = {  # the operators of each part (their own time); the rest: norms and other
+    "matrix products": {"aten::mm", "aten::addmm", "aten::linear", "mkldnn::_linear_pointwise"},
+    "attention": {"aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::softmax",
+                  "aten::_scaled_dot_product_flash_attention_for_cpu"},
+    "cache and reordering": {"aten::index_select", "aten::copy_", "aten::index", "aten::cat",
+                             "aten::repeat_interleave", "aten::clone", "aten::empty"},
+    "choosing tokens": {"aten::argmax", "aten::amax", "aten::max", "aten::topk", "aten::sort",
+                        "aten::argsort", "aten::gather", "aten::_log_softmax", "aten::eq",
+                        "aten::nonzero", "aten::any", "aten::isfinite", "aten::index_fill_",
+                        "aten::masked_fill_", "aten::lt", "aten::ge", "aten::bitwise_and",
+                        "aten::item", "aten::_local_scalar_dense"},
+}
+ENCODER = "encoder (once a batch)"
+
+
+def profile_split(events, wall_us: float):
+    """(steps, {part: microseconds}) of a profiled batch: each operator's own time in its part
+    (under the encoder's range: the encoder's), and Python and dispatch as wall_us (the batch
+    unprofiled) less all of the operators' time. Steps: the decoder's embedding lookups."""
+    def in_encoder(event):
+        while event is not None:
+            if event.name == ENCODER:
+                return True
+            event = event.cpu_parent
+        return False
+    split, steps = {}, 0
+    for event in events:
+        if event.name == ENCODER:
+            continue
+        encoder = in_encoder(event)
+        steps += event.name == "aten::embedding" and not encoder
+        part = ENCODER if encoder else next(
+            (p for p, names in PROFILE_PARTS.items() if event.name in names), "norms and other")
+        split[part] = split.get(part, 0.0) + event.self_cpu_time_total
+    split["Python and dispatch"] = max(0.0, wall_us - sum(split.values()))
+    return steps, split
+
+
+def profile(model, ids, common: dict, beam: int):
+    """Prints where one greedy batch's and one beam batch's time goes (profile_split): the
+    batch of middle-length sentences, decoded as translate.py does (the FastDecoder where it
+    applies), timed unprofiled (the median of 5, after 3 untimed) and profiled once."""
+    from torch.profiler import profile as profiler
+    from torch.profiler import record_function
+    batch = common["batch_size"]
+    middle = sorted(ids, key=len)[max(0, len(ids) // 2 - batch // 2):][:batch]
+    encode = model.encode
+
+    def encode_in_range(*args):
+        with record_function(ENCODER):
+            return encode(*args)
+    model.encode = encode_in_range  # the FastDecoder encodes with the model's own encoder too
+    for name, width, fast in (("greedy", 1, True), (f"greedy, {MODEL_STEP}", 1, False),
+                              (f"beam {beam}", beam, True),
+                              (f"beam {beam}, {MODEL_STEP}", beam, False)):
+        decoder = decoding_model(model, batch * width, fast)
+
+        def run(decoder=decoder, width=width, fast=fast):
+            translate_ids(decoder, middle, **common, beam=width, fast_step=fast)
+        for _ in range(3):
+            run()
+        seconds = []
+        for _ in range(5):
+            started = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - started)
+        wall = statistics.median(seconds) * 1e6
+        with profiler() as prof:
+            run()
+        steps, split = profile_split(prof.events(), wall)
+        print(f"\n{name}, {len(middle)} sentences ({type(decoder).__name__}): "
+              f"{wall / 1e3:.1f} ms unprofiled, {steps} decoding steps, "
+              f"{wall / max(steps, 1):.0f} us a step")
+        for part, us in sorted(split.items(), key=lambda kv: -kv[1]):
+            print(f"  {part:28} {us / 1e3:8.1f} ms {us / max(steps, 1):8.0f} us a step "
+                  f"{100 * us / sum(split.values()):5.1f}%")
+    del model.encode  # the class's method again
 
 
 def parse_args(argv):
@@ -131,6 +229,8 @@ def parse_args(argv):
     parser.add_argument("--single", type=int, default=0, metavar="N", help="also the "
                         "write-ups' decoder on the first N sentences: one at a time, the whole "
                         "prefix re-decoded for every token (no cache)")
+    parser.add_argument("--profile", action="store_true", help="instead: where one greedy "
+                        "and one beam batch's time goes, per decoding step")
     parser.add_argument("--ensemble_with", nargs="+", metavar="MODEL", default=[],
                         help="also decode with the model and these (model folders or "
                         "checkpoint files) as one ensemble")
@@ -159,10 +259,14 @@ def ensemble_decoders(args, config, given, sources, ids, common: dict):
                 alpha=args.alpha), range(len(ids)))]
 
 
+MODEL_STEP = "model.py's step"  # the searches over model.py's decoder: the reference
+
+
 def this_repos_decoders(args, model, n: int, common: dict):
     """(name, function of a list of source ids, the sentences it decodes) of this repo's
-    decoders. They get their prepacked copies once, as the engine packs its weights when it
-    loads (translate_ids makes one per call: once per file for translate.py)."""
+    decoders: the fast step's (laid out once, as the engine lays out its weights when it
+    loads; translate_ids lays it out once a call: once a file for translate.py), and the same
+    searches over model.py's decoder step."""
     packed = decoding_model(model, common["batch_size"])
     packed_beam = decoding_model(model, common["batch_size"] * args.beam)
     everything = range(n)
@@ -172,7 +276,12 @@ def this_repos_decoders(args, model, n: int, common: dict):
                 packed_beam, part, **common, beam=args.beam, alpha=args.alpha), everything),
             (f"this repo, beam {args.beam}, k finished", lambda part: translate_ids(
                 packed_beam, part, **common, beam=args.beam, alpha=args.alpha,
-                early_stop=False), everything)]
+                early_stop=False), everything),
+            (f"this repo, greedy, {MODEL_STEP}", lambda part: translate_ids(
+                model, part, **common, fast_step=False), everything),
+            (f"this repo, beam {args.beam}, {MODEL_STEP}", lambda part: translate_ids(
+                model, part, **common, beam=args.beam, alpha=args.alpha, fast_step=False),
+             everything)]
     if args.single:
         runs.append((f"one at a time, no cache (first {args.single})",
                      lambda part: [translate_ids(packed, [i], **{**common, "batch_size": 1},
@@ -213,13 +322,14 @@ def report(runs, outputs, times, references, tok_tgt):
                        error_rates=False, n_bootstrap=1)
         print(f"{name:40} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
               f"{scores['chrf']:6.2f} {same:5d}/{len(outs)}")
-    engine = "CTranslate2 float32, greedy"
-    if engine in times:
-        # The two greedy decoders take turns on every batch: their ratio drifts least.
-        ratios = sorted(b / a for a, b in zip(times["this repo, greedy"], times[engine]))
-        print(f"\nthis repo's greedy / CTranslate2 float32 greedy, tokens/s: "
-              f"{statistics.median(ratios):.2f}x, the median of the {len(ratios)} passes' "
-              f"ratios ({', '.join(f'{r:.2f}' for r in ratios)}); target >= 0.8")
+    print()
+    for ours, engine, target in (("this repo, greedy", "CTranslate2 float32, greedy", 1.0),
+                                 (*beam_pair(runs), 1.3)):
+        if engine in times:  # each pass: the two one right after the other
+            ratios = sorted(b / a for a, b in zip(times[ours], times[engine]))
+            each = ", ".join(f"{r:.2f}" for r in ratios)
+            print(f"{ours} / {engine}, sentences/s: {statistics.median(ratios):.2f}x, the "
+                  f"median of the {len(ratios)} passes' ratios ({each}); target >= {target}")
     signature = score(["x"], ["x"], n_bootstrap=1)["report"].splitlines()[0]
     print(f"sacreBLEU: {signature.split('(')[-1][:-1]}")
 
@@ -244,6 +354,8 @@ def main(argv=None):
           f"{config.d_model}, N {config.depth()}); {threads} thread"
           f"{'s' * (threads != 1)}; batches of {batch}; "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
+    if args.profile:
+        return profile(model, ids, common, args.beam)
     runs = this_repos_decoders(args, model, len(ids), common)
     runs += ensemble_decoders(args, config, given, sources, ids, common)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,7 @@
 """Decoding a trained model: greedy and beam search with a key/value cache, the output-length
-rules, the CPU-prepacked copy of the model they run, and the text-in, text-out `translate` that
-validation, test scoring, translate.py and the benchmarks call.
+rules, and the text-in, text-out `translate` that validation, test scoring, translate.py, the
+teachers' translation and the benchmarks call. On CPU in float32 the searches run the decoder's
+fast one-token step (nmt/decoder_step.py), held equal to model.py's by its tests.
 
     translate(model, config, tokenizer_src, tokenizer_tgt, ["A dog runs."], beam=4)
     translate_ids(model, [[17, 402, 9]], SOS, EOS, PAD, seq_len)     # ids in, ids out
@@ -11,7 +12,6 @@ validation, test scoring, translate.py and the benchmarks call.
 import hashlib
 import sys
 import unicodedata
-from copy import deepcopy
 from dataclasses import dataclass
 from functools import partial
 
@@ -21,6 +21,7 @@ import torch.nn as nn
 from config import DECODE_BATCH_SIZE, Config
 from dataset import source_batch
 from model import Transformer, causal_mask
+from nmt.decoder_step import FastDecoder, FastState, fast_decoder, row_argmax, row_topk
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 
@@ -158,11 +159,16 @@ class EnsembleState:
 
 
 def start(model, src, src_mask, capacity: int, use_cache: bool = True):
-    """The search state of `model` over a source batch: for an Ensemble, src and src_mask are
-    lists of one batch per model (each model's own source tokens)."""
+    """The search state of `model` over a source batch: a FastDecoder's FastState (with the
+    cache), else ModelState; for an Ensemble, src and src_mask are lists of one batch per model
+    (each model's own source tokens)."""
     if isinstance(model, Ensemble):
-        return EnsembleState([ModelState(m, s, mask, capacity, use_cache)
+        return EnsembleState([start(m, s, mask, capacity, use_cache)
                               for m, s, mask in zip(model.members, src, src_mask)])
+    if isinstance(model, FastDecoder):
+        if use_cache:
+            return FastState(model, src, src_mask, capacity)
+        model = model.model
     return ModelState(model, src, src_mask, capacity, use_cache)
 
 
@@ -190,48 +196,17 @@ def restrict(logp, step: int, limit, min_len: int, eos_id: int):
     return logp
 
 
-class PackedLinear(nn.Module):
-    """A linear layer for decoding on CPU in float32: its weight prepacked once into oneDNN's
-    blocked layout, so that the small matrix product of every decoding step does not repack it
-    (for 100 rows of a 10,000-token vocabulary: 3.3 against 7.7 ms)."""
-
-    def __init__(self, linear: nn.Linear, rows: int):
-        super().__init__()
-        self.weight = linear.weight  # still there for code that reads it
-        self.bias = None if linear.bias is None else linear.bias.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
-        probe = torch.linspace(-1, 1, 3 * linear.in_features).view(3, -1)  # no RNG draw
-        if not torch.allclose(self(probe), linear(probe), rtol=1e-4, atol=1e-4):
-            raise RuntimeError("the packed product does not match")
-
-    def forward(self, x):
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.size(-1)), self.packed,
-                                               self.bias, "none", [], "")  # (rows, out)
-        return y.view(*x.shape[:-1], y.size(-1))  # (..., out_features)
-
-
-def decoding_model(model: Transformer, rows: int = DECODE_BATCH_SIZE) -> Transformer:
-    """The model as the decoders run it. On CPU in float32: a copy sharing every weight, whose
-    decoder linear layers and output projection are PackedLinear (cross-attention reads slices
-    of its W_QKV's `weight`, so its queries, keys and values are computed unpacked). Elsewhere
-    (a GPU, bf16 weights, quantized layers, a torch without these internal operators), or if a
-    packed product does not match: the model itself. `rows`: the batch the packing is tuned for."""
+def decoding_model(model, rows: int = DECODE_BATCH_SIZE, fast_step: bool = True):
+    """The model as the searches run it: on CPU in float32 its FastDecoder (the decoder's
+    one-token step laid out once, nmt/decoder_step.py); elsewhere (a GPU, bf16 weights,
+    quantized layers, training mode), or without `fast_step`, the model itself (model.py's
+    decoder: the reference the fast step is held to). `rows`: the batch the output
+    projection's packing is tuned for. An Ensemble: each of its models so."""
     if isinstance(model, Ensemble):
-        return Ensemble([decoding_model(member, rows) for member in model.members])
-    proj = model.projection_layer.proj
-    if type(proj) is not nn.Linear or proj.weight.device.type != "cpu" or \
-            proj.weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
-        return model
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    copy = deepcopy(model, shared)  # the modules copied, their tensors not
-    try:
-        for module in [copy.projection_layer, *copy.decoder.modules()]:
-            for name, child in module.named_children():
-                if type(child) is nn.Linear:
-                    setattr(module, name, PackedLinear(child, rows))
-    except (RuntimeError, AttributeError):
-        return model
-    return copy
+        return Ensemble([decoding_model(member, rows, fast_step) for member in model.members])
+    if isinstance(model, FastDecoder):
+        return model if fast_step else model.model
+    return (fast_step and fast_decoder(model, rows)) or model
 
 
 @torch.no_grad()
@@ -249,7 +224,7 @@ def greedy_decode(model: Transformer, src, src_mask, sos_id: int, eos_id: int, m
     state = start(model, src, src_mask, int(limit.max()) + 1, use_cache)
 
     def most_likely(scores, step, alive):  # scores: (alive, vocab) logits
-        return restrict(scores, step, limit[alive], min_len, eos_id).argmax(dim=-1), None
+        return row_argmax(restrict(scores, step, limit[alive], min_len, eos_id)), None
     return [tokens for tokens, _ in token_by_token(state, batch, sos_id, eos_id, limit, banned,
                                                    most_likely)]
 
@@ -303,7 +278,7 @@ def best_continuations(scores, logp, k: int):
     best 2k overall lie within each beam's own best 2k tokens (all of them, in a vocabulary
     smaller than 2k)."""
     n, width = scores.size(0), min(2 * k, logp.size(-1))
-    top_logp, top_tokens = logp.topk(width, dim=-1)  # (n*k, width)
+    top_logp, top_tokens = row_topk(logp, width)  # (n*k, width)
     cand = (scores.unsqueeze(-1) + top_logp.view(n, k, width)).view(n, k * width)
     top_scores, top_idx = cand.topk(min(2 * k, k * width), dim=-1)  # (n, 2k)
     return top_scores, top_idx // width, top_tokens.view(n, k * width).gather(1, top_idx)
@@ -343,9 +318,12 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
         ends = token == eos_id  # (n, 2k)
         rank = torch.arange(token.size(1), device=device)
         final = ends & (rank < k) & torch.isfinite(top_scores)
-        for i, j in final.nonzero().tolist():  # finished: scored log P / length penalty
-            finished[alive[i]].append((tokens[i * k + beam_idx[i, j], 1:].tolist(),
-                                       top_scores[i, j].item() / length_penalty(step, alpha)))
+        if final.any():  # finished: scored log P / length penalty
+            i, j = final.nonzero().unbind(1)  # (f,) each: sentence, candidate
+            ended = tokens[i * k + beam_idx[i, j], 1:].tolist()  # (f, step - 1)
+            penalty = length_penalty(step, alpha)
+            for s, hyp, logp_sum in zip(alive[i].tolist(), ended, top_scores[i, j].tolist()):
+                finished[s].append((hyp, logp_sum / penalty))
         # The next live beams: the k best candidates that did not end.
         order = (ends.long() * token.size(1) + rank).argsort(dim=-1)[:, :k]  # (n, k)
         scores = top_scores.gather(1, order)  # (n, k)
@@ -444,7 +422,7 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
                   batch_size: int = DECODE_BATCH_SIZE,
                   nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
                   use_cache: bool = True, unk_id: int = None, progress=None,
-                  early_stop: bool = True, sampling: Sampling = None):
+                  early_stop: bool = True, sampling: Sampling = None, fast_step: bool = True):
     """Translates lists of source token ids (no special tokens) in batches of similar length;
     for an Ensemble, each sentence's ids for each of its models.
 
@@ -454,13 +432,14 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     than seq_len allows are cut (translate.py warns first). `progress`: called with the number
     of sentences of each batch done (a progress bar; it may raise to stop). Returns per
     sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score), or
-    with `sampling` its n samples as (ids, log P)."""
+    with `sampling` its n samples as (ids, log P). fast_step=False: model.py's decoder step
+    instead of the FastDecoder's (the reference; dev/bench_decode.py times both)."""
     device = next(model.parameters()).device
     banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
     ensemble = isinstance(model, Ensemble)
     if sampling:
         batch_size = max(1, batch_size // sampling.n)  # rows: sentences x samples
-    model = decoding_model(model, batch_size * (sampling.n if sampling else beam))  # prepacked
+    model = decoding_model(model, batch_size * (sampling.n if sampling else beam), fast_step)
     key = [ids[0] if ensemble else ids for ids in src_ids]  # the first model's tokens
     order = sorted(range(len(src_ids)), key=lambda i: len(key[i]))  # similar lengths
     results = [None] * len(src_ids)

@@ -128,6 +128,8 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     rows = {line[:40].strip(): line.split() for line in out.splitlines() if "/5" in line}
     assert set(rows) == {"this repo, greedy", "this repo, beam 3", "this repo, beam 3, k finished",
+                         "this repo, greedy, model.py's step",
+                         "this repo, beam 3, model.py's step",
                          "this repo, ensemble of 2, greedy", "this repo, ensemble of 2, beam 3",
                          "CTranslate2 float32, greedy", "CTranslate2 float32, beam 3",
                          "CTranslate2 int8, greedy"}, out
@@ -135,8 +137,37 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
         in ("4/5", "5/5"), out
     # issue 42: the model with itself as an ensemble is the model (and costs about twice)
     assert rows["this repo, ensemble of 2, greedy"][-1] == "5/5", out
+    # issue 69: the fast step decodes as model.py's decoder does
+    assert rows["this repo, greedy, model.py's step"][-1] == "5/5", out
+    assert rows["this repo, beam 3, model.py's step"][-3:] == rows["this repo, beam 3"][-3:]
     assert rows["this repo, ensemble of 2, beam 3"][-3:-1] == rows["this repo, beam 3"][-3:-1]
     assert "5 sentences of corpus/val.en" in out and "the median of the 2 passes' ratios" in out
+    # issue 69: both searches against the engine's, each with its target
+    assert "this repo, greedy / CTranslate2 float32, greedy, sentences/s: " in out
+    assert "this repo, beam 3 / CTranslate2 float32, beam 3, sentences/s: " in out
+    assert "target >= 1.0" in out and "target >= 1.3" in out
+
+
+def test_bench_decode_profiles_a_greedy_and_a_beam_batch(trained):
+    """dev/bench_decode.py --profile: where one batch's time goes, per decoding step, for the
+    fast step (FastDecoder) as translate.py runs it; the parts add up to the unprofiled time."""
+    home, _ = trained
+    t = run_here("dev/bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
+                 "--split", "val", "--sentences", "6", "--threads", "1", "--beam", "3",
+                 "--profile", cwd=home)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    for search, decoder in (("greedy", "FastDecoder"),
+                            ("greedy, model.py's step", "Transformer"),
+                            ("beam 3", "FastDecoder"),
+                            ("beam 3, model.py's step", "Transformer")):
+        head = next(line for line in out.splitlines() if line.startswith(f"{search}, 6 "))
+        assert f"({decoder})" in head and "decoding steps" in head, out
+        steps = int(head.split(" decoding steps")[0].split()[-1])
+        assert steps > 2, out
+    parts = [line.split()[0] for line in out.splitlines() if line.endswith("%")]
+    for part in ("matrix", "attention", "cache", "choosing", "encoder", "Python"):
+        assert parts.count(part) == 4, out
 
 
 def test_the_picture_counts_training_minutes_without_the_pause_before_a_resume(tmp_path):

@@ -1,5 +1,5 @@
 """The searches: cached == full re-decoding, batched == one by one, beam 1 == greedy, the length
-rules, the CPU-prepacked copy, and text in, text out."""
+rules, and text in, text out (the CPU's fast step: test_decoder_step.py)."""
 
 import pytest
 import torch
@@ -7,8 +7,7 @@ import torch.nn.functional as F
 from conftest import small, tiny_model
 
 from model import build_transformer, causal_mask
-from nmt.decoding import (PackedLinear, beam_search, clean, decoding_model, greedy_decode,
-                          output_limits, translate_ids)
+from nmt.decoding import beam_search, clean, greedy_decode, output_limits, translate_ids
 from tokenizer import EOS, PAD, SOS, UNK
 
 
@@ -68,34 +67,6 @@ def test_batched_decoding_equals_one_by_one(memorized):
     beam_batched = translate_ids(model, srcs, SOS, EOS, PAD, seq_len=32, beam=3, batch_size=6)
     beam_single = [translate_ids(model, [s], SOS, EOS, PAD, seq_len=32, beam=3)[0] for s in srcs]
     assert beam_batched == beam_single
-
-
-@pytest.mark.parametrize("design", [{}, {"norm_first": False, "tie_embeddings": "all",
-                                         "shared_vocab": True},
-                                    {"norm": "rms", "ffn": "swiglu", "pos": "rope",
-                                     "n_kv_heads": 2}])
-def test_the_prepacked_decoding_copy_shares_the_weights_and_decodes_the_same(design):
-    """On CPU, translate_ids decodes with a copy whose decoder linear layers are prepacked for
-    oneDNN: every one of them packed (none silently left out), no weight copied, the model
-    itself untouched, and the same logits and outputs as the model's own layers."""
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("no oneDNN in this torch")
-    model = tiny_model(vocab=20, seed=1, **design)
-    packed = decoding_model(model, rows=8)
-    linears = [m for m in [*model.projection_layer.modules(), *model.decoder.modules()]
-               if isinstance(m, torch.nn.Linear)]
-    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == len(linears) > 10
-    assert not any(isinstance(m, PackedLinear) for m in model.modules())
-    assert {p.data_ptr() for p in packed.parameters()} <= {p.data_ptr() for p in
-                                                            model.parameters()}
-    src = torch.randint(4, 20, (5, 7))
-    src_mask = torch.ones(5, 1, 1, 7, dtype=torch.bool)
-    tgt = torch.randint(4, 20, (5, 6))
-    assert torch.allclose(packed(src, tgt, src_mask), model(src, tgt, src_mask), atol=1e-5)
-    whole = torch.cat([torch.full((5, 1), SOS), src, torch.full((5, 1), EOS)], dim=1)
-    assert translate_ids(model, src.tolist(), SOS, EOS, PAD, seq_len=32, min_len=3) == \
-        greedy_decode(model, whole, torch.ones(5, 1, 1, 9, dtype=torch.bool), SOS, EOS,
-                      max_len=18, banned=(PAD, SOS), min_len=3)  # unpacked; 18 = 1.2 · 7 + 10
 
 
 def test_beam_1_equals_greedy():

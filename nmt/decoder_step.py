@@ -1,0 +1,340 @@
+"""The decoder's one-token step on CPU with nothing around it: a speed path beside model.py.
+
+Decoding the README's model (128 wide) on CPU spends more time around the matrix products than
+in them: model.py's decoder, run one token at a time, dispatches about a hundred operations a
+layer (views, norms written out, rotary positions per tensor, the cache's bookkeeping) on
+tensors of a few thousand numbers. `FastDecoder` computes the same step from the same weights
+laid out once per file: each layer is about twenty operations on 2-d tensors (rows, features):
+
+- the norms as one fused call each (F.layer_norm, F.rms_norm);
+- the self-attention's W_Q, W_K, W_V in one product; rotary positions as one product of the
+  queries and keys with the step's rotation matrix; the step's keys and values written in place
+  into a cache made once per batch at its length limit; the scale inside the score product;
+- the cross-attention's keys and values of every layer projected once per batch in one
+  product, the source mask an additive bias folded into the score product;
+- W_O and the feed-forward's last matrix as one product that adds the residual (torch.addmm);
+  SwiGLU's gate and value matrices as one product;
+- the output projection prepacked once into oneDNN's layout (`PackedLinear`);
+- the searches' choices over the vocabulary (`row_argmax`, `row_topk`) from the maxima of
+  blocks of columns, one vectorized pass: torch's argmax and topk are not vectorized on CPU
+  (for 100 rows of 10,000 logits, one thread of an AMD EPYC: argmax 1.0 ms, amax 0.05 ms).
+
+`FastState` is the search state over a batch (nmt/decoding.py's searches call it as they call
+ModelState): finished sentences and reordered beams move only the positions decoded so far.
+It is used where it applies (a CPU, float32, eval mode, nn.Linear layers: `fast_decoder`), and
+is held to model.py's decoder by tests/test_decoder_step.py (greedy tokens identical; beam
+hypotheses identical and scores within 1e-4), for the three designs and their options.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import (LayerNormalization, PositionalEncoding, RMSNormalization,
+                   SwiGLUFeedForwardBlock, Transformer)
+
+
+class PackedLinear(nn.Module):
+    """A linear layer for decoding on CPU in float32: its weight prepacked once into oneDNN's
+    blocked layout, so that the small matrix product of every decoding step does not repack it
+    (for 100 rows of a 10,000-token vocabulary, 2 cores of an AMD EPYC with AVX-512: 3.3
+    against 7.7 ms)."""
+
+    def __init__(self, linear: nn.Linear, rows: int):
+        super().__init__()
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
+        probe = torch.linspace(-1, 1, 3 * linear.in_features).view(3, -1)  # no RNG draw
+        if not torch.allclose(self(probe), linear(probe), rtol=1e-4, atol=1e-4):
+            raise RuntimeError("the packed product does not match")
+
+    def forward(self, x):
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.size(-1)), self.packed,
+                                               self.bias, "none", [], "")  # (rows, out)
+        return y.view(*x.shape[:-1], y.size(-1))  # (..., out_features)
+
+
+def _norm(module):
+    """A function of x (rows, d) computing `module` in one call: LayerNormalization or
+    RMSNormalization; None for nn.Identity (a post-norm stack's end). Any other module: a
+    RuntimeError (fast_decoder then leaves the model to model.py's decoder)."""
+    if type(module) is RMSNormalization:
+        return lambda x: F.rms_norm(x, module.alpha.shape, module.alpha.detach(), module.eps)
+    if type(module) is LayerNormalization:
+        return lambda x: F.layer_norm(x, module.alpha.shape, module.alpha.detach(),
+                                      module.bias.detach(), module.eps)
+    if type(module) is nn.Identity:
+        return None
+    raise RuntimeError(f"no fast step for {type(module).__name__}")
+
+
+class FastLayer:
+    """One decoder layer's weights, laid out for the step (each product's weight transposed
+    as torch.mm takes it)."""
+
+    def __init__(self, block):
+        sa, ca, ff = (block.self_attention_block, block.cross_attention_block,
+                      block.feed_forward_block)
+        d = sa.d_model
+        self.norms = [_norm(r.norm) for r in block.residual_connections]
+        if None in self.norms:
+            raise RuntimeError("a residual connection without a norm")
+        self.w_qkv = sa.w_qkv.weight.detach().t()  # (d, d + 2 d_kv)
+        self.w_o = sa.w_o.weight.detach().t()  # (d, d)
+        self.w_q_cross = ca.w_qkv.weight.detach()[:d].t()  # (d, d)
+        self.w_kv_cross = ca.w_qkv.weight.detach()[d:]  # (2 d_kv, d), stacked over layers
+        self.w_o_cross = ca.w_o.weight.detach().t()
+        self.swiglu = isinstance(ff, SwiGLUFeedForwardBlock)
+        if self.swiglu:  # gate and value in one product: (d, 2 hidden)
+            self.w_1 = torch.cat([ff.linear_1.weight, ff.linear_3.weight]).detach().t()
+            self.b_1 = self.b_2 = None
+        else:
+            self.w_1, self.b_1 = ff.linear_1.weight.detach().t(), ff.linear_1.bias.detach()
+            self.b_2 = ff.linear_2.bias.detach()
+        self.w_2 = ff.linear_2.weight.detach().t()  # (hidden, d)
+
+
+class FastDecoder(nn.Module):
+    """A trained Transformer's decoder and projection laid out for one-token steps on CPU
+    (see the module's docstring); `model` stays whole inside (its encoder encodes)."""
+
+    @torch.no_grad()
+    def __init__(self, model: Transformer, rows: int):
+        super().__init__()
+        self.model = model
+        blocks = model.decoder.layers
+        attention = blocks[0].self_attention_block
+        self.d, self.h, self.kv, self.d_k = (attention.d_model, attention.h,
+                                             attention.n_kv_heads, attention.d_k)
+        self.scale = 1 / math.sqrt(self.d_k)
+        self.norm_first = blocks[0].residual_connections[0].norm_first
+        self.layers = [FastLayer(block) for block in blocks]
+        self.w_kv_cross = torch.cat([layer.w_kv_cross for layer in self.layers]).t()
+        self.final_norm = _norm(model.decoder.norm)
+        embed = model.tgt_embed
+        self.embedding = (embed.embedding.weight * math.sqrt(embed.d_model)).detach()
+        self.positions = model.tgt_pos.pe[0] if isinstance(model.tgt_pos, PositionalEncoding) \
+            else None  # (seq_len, d): sinusoids added to the embeddings, or rotary (None)
+        self.rotations = None
+        if model.rotary is not None:  # the rotation of each position, (seq_len, d_k, d_k)
+            cos, sin = model.rotary.cos, model.rotary.sin  # (seq_len, d_k / 2) each
+            half = self.d_k // 2
+            rot = torch.zeros(cos.size(0), self.d_k, self.d_k)
+            idx = torch.arange(half)
+            rot[:, idx, idx] = cos  # x1' = x1 cos - x2 sin, x2' = x1 sin + x2 cos
+            rot[:, idx + half, idx] = -sin
+            rot[:, idx, idx + half] = sin
+            rot[:, idx + half, idx + half] = cos
+            self.rotations = rot
+        self.projection = PackedLinear(model.projection_layer.proj, rows)
+
+    def cross_keys_values(self, memory):
+        """Every layer's cross-attention keys and values of the encoder output memory
+        (batch, src_len, d), in one product: (layers, 2, batch · kv_heads, src_len, d_k)."""
+        batch, src_len, _ = memory.shape
+        kv = torch.mm(memory.reshape(-1, self.d), self.w_kv_cross)  # (batch·src_len, L·2·d_kv)
+        kv = kv.view(batch, src_len, len(self.layers), 2, self.kv, self.d_k)  # split
+        # -> (layers, 2, batch, kv_heads, src_len, d_k) -> (layers, 2, batch·kv_heads, src_len, d_k)
+        return kv.permute(2, 3, 0, 4, 1, 5).reshape(len(self.layers), 2, -1, src_len, self.d_k)
+
+    def step(self, tokens, position: int, cache, cross, bias):
+        """The logits (rows, vocab) of the next token after `tokens` (rows,), the last token of
+        each row, at `position` (0 for [SOS]). cache: (layers, 2, rows · kv_heads, capacity, d_k)
+        keys and values of the earlier positions, this one's written in; cross: as
+        cross_keys_values; bias: (rows · kv_heads, 1, src_len), 0 or -inf at padding."""
+        rows, d, h, kv, d_k = tokens.size(0), self.d, self.h, self.kv, self.d_k
+        group = h // kv
+        x = F.embedding(tokens, self.embedding)  # (rows, d)
+        if self.positions is not None:
+            x = x + self.positions[position]
+        rotation = None if self.rotations is None else self.rotations[position]  # (d_k, d_k)
+        length = position + 1
+        for i, layer in enumerate(self.layers):
+            # masked self-attention over the cached positions and this one
+            h_ = layer.norms[0](x) if self.norm_first else x
+            qkv = torch.mm(h_, layer.w_qkv)  # (rows, d + 2 d_kv)
+            d_qk = d + kv * d_k
+            if rotation is not None:  # (rows, h + kv, d_k) @ (d_k, d_k)
+                qk = torch.matmul(qkv[:, :d_qk].view(rows, h + kv, d_k), rotation)
+            else:
+                qk = qkv[:, :d_qk].view(rows, h + kv, d_k)  # (rows, h + kv, d_k)
+            q, k = qk[:, :h], qk[:, h:]  # (rows, h, d_k), (rows, kv, d_k)
+            v = qkv[:, d_qk:].view(rows, kv, d_k)  # (rows, kv, d_k)
+            keys, values = cache[i, 0], cache[i, 1]  # (rows·kv, capacity, d_k) each
+            keys[:, position].view(rows, kv, d_k).copy_(k)
+            values[:, position].view(rows, kv, d_k).copy_(v)
+            q = q.reshape(rows * kv, group, d_k)  # the query heads of each key/value head
+            scores = torch.baddbmm(x.new_empty(()), q, keys[:, :length].transpose(1, 2),
+                                   beta=0, alpha=self.scale)  # (rows·kv, group, length)
+            out = torch.bmm(scores.softmax(dim=-1), values[:, :length])  # (rows·kv, group, d_k)
+            x = self._residual(x, out.view(rows, d), layer.w_o, None, layer.norms[0])
+            # cross-attention over the encoder output
+            h_ = layer.norms[1](x) if self.norm_first else x
+            q = torch.mm(h_, layer.w_q_cross).view(rows * kv, group, d_k)  # (rows·kv, group, d_k)
+            scores = torch.baddbmm(bias, q, cross[i, 0].transpose(1, 2),
+                                   alpha=self.scale)  # (rows·kv, group, src_len)
+            out = torch.bmm(scores.softmax(dim=-1), cross[i, 1])  # (rows·kv, group, d_k)
+            x = self._residual(x, out.view(rows, d), layer.w_o_cross, None, layer.norms[1])
+            # feed-forward
+            h_ = layer.norms[2](x) if self.norm_first else x
+            if layer.swiglu:  # (rows, 2 hidden) -> (rows, hidden) each
+                gate, value = torch.mm(h_, layer.w_1).chunk(2, dim=-1)
+                hidden = F.silu(gate).mul_(value)  # (rows, hidden)
+            else:
+                hidden = torch.addmm(layer.b_1, h_, layer.w_1).relu_()  # (rows, d_ff)
+            x = self._residual(x, hidden, layer.w_2, layer.b_2, layer.norms[2])
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return self.projection(x)  # (rows, vocab)
+
+    def _residual(self, x, hidden, weight, bias, norm):
+        """x + hidden · weight (+ bias): pre-norm; post-norm normalizes the sum."""
+        out = torch.addmm(x, hidden, weight)  # (rows, d)
+        if bias is not None:
+            out = out.add_(bias)
+        return out if self.norm_first else norm(out)
+
+
+def fast_decoder(model, rows: int):
+    """The FastDecoder of `model` where it applies, else None (the searches then run model.py's
+    decoder): a model.py Transformer itself (not a subclass, not wrapped or compiled), every
+    module in eval mode, every parameter and buffer float32 on CPU, its decoder's and
+    projection's layers nn.Linear, its norms model.py's, torch's oneDNN operators there."""
+    if type(model) is not Transformer or any(m.training for m in model.modules()) or \
+            not torch.backends.mkldnn.is_available():
+        return None
+    if any(t.dtype != torch.float32 or t.device.type != "cpu"
+           for t in [*model.parameters(), *model.buffers()]):
+        return None
+    linears = [model.projection_layer.proj]
+    for block in model.decoder.layers:
+        ff = block.feed_forward_block
+        linears += [block.self_attention_block.w_qkv, block.self_attention_block.w_o,
+                    block.cross_attention_block.w_qkv, block.cross_attention_block.w_o,
+                    ff.linear_1, ff.linear_2, getattr(ff, "linear_3", ff.linear_1)]
+    if any(type(m) is not nn.Linear for m in linears):
+        return None
+    try:
+        return FastDecoder(model, rows)
+    except (RuntimeError, AttributeError):  # a norm it has no step for; no packing operators
+        return None
+
+
+class FastState:
+    """A FastDecoder's part of a search over a batch, as nmt.decoding.ModelState: the encoder
+    output's cross-attention keys and values, the source mask as a bias, and the self-attention
+    cache (made at the first step, room for `capacity` positions), row for row with the
+    search's hypotheses."""
+    normalized = False  # scores() gives logits
+
+    @torch.no_grad()
+    def __init__(self, decoder: FastDecoder, src, src_mask, capacity: int):
+        self.decoder, self.capacity = decoder, max(capacity, 1)
+        memory = decoder.model.encode(src, src_mask)  # (batch, src_len, d_model)
+        self.cross = decoder.cross_keys_values(memory)  # (L, 2, batch·kv, src_len, d_k)
+        src_len = src_mask.size(-1)
+        bias = torch.zeros(src_mask.size(0), 1, 1, src_len, dtype=memory.dtype)
+        bias = bias.masked_fill_(~src_mask, float("-inf"))  # (batch, 1, 1, src_len)
+        # one row per key/value head, as the cross-attention's: (batch·kv, 1, src_len)
+        self.bias = bias.expand(-1, decoder.kv, -1, -1).reshape(-1, 1, src_len)
+        self.cache, self.length = None, 0  # (L, 2, rows·kv, capacity, d_k), positions in it
+        self.spare = None  # a second cache, written by follow() and swapped in
+
+    @torch.no_grad()
+    def scores(self, ys, banned):
+        """The next token's logits after each row's prefix ys (rows, step), `banned` tokens at
+        -inf: (rows, vocab)."""
+        if self.cache is None:
+            c = self.cross  # (L, 2, rows·kv, src_len, d_k)
+            self.cache = c.new_empty(c.size(0), 2, c.size(2), self.capacity, c.size(4))
+        elif self.length == self.cache.size(3):  # past the capacity (never, by the searches)
+            self.cache = torch.cat([self.cache, torch.zeros_like(self.cache)], dim=3)  # twice
+            self.spare = None
+        logits = self.decoder.step(ys[:, -1], self.length, self.cache, self.cross, self.bias)
+        self.length += 1
+        return logits.index_fill_(1, banned, float("-inf"))
+
+    def _rows(self, rows):
+        """Row indices (rows,) as indices of the rows · kv_heads of the tensors."""
+        kv = self.decoder.kv
+        return (rows.unsqueeze(1) * kv + torch.arange(kv)).flatten()  # (rows·kv,)
+
+    def repeat(self, k: int):
+        """Each row k times in a row (beam search's beams, sampling's samples)."""
+        batch = self.bias.size(0) // self.decoder.kv
+        self.keep(torch.arange(batch).repeat_interleave(k))
+
+    @torch.no_grad()
+    def keep(self, rows):
+        """Only these rows, in this order (finished sentences leave the batch)."""
+        index = self._rows(rows)  # (rows·kv,)
+        self.cross = self.cross.index_select(2, index)  # (L, 2, rows·kv, src_len, d_k)
+        self.bias = self.bias.index_select(0, index)  # (rows·kv, 1, src_len)
+        self.spare = None
+        self.follow(rows)
+
+    @torch.no_grad()
+    def follow(self, rows):
+        """Row i continues the prefix of row rows[i] of its own sentence (beam search; the
+        cross-attention's keys and values stay): only the positions decoded so far move, into
+        the spare cache, which then becomes the cache."""
+        if self.cache is None:
+            return
+        index, cache = self._rows(rows), self.cache
+        shape = (cache.size(0), 2, index.numel(), *cache.shape[3:])
+        moved = self.spare if self.spare is not None and self.spare.shape == shape else \
+            cache.new_empty(shape)  # (L, 2, rows·kv, capacity, d_k)
+        torch.index_select(cache[:, :, :, :self.length], 2, index,
+                           out=moved[:, :, :, :self.length])
+        self.cache, self.spare = moved, cache
+
+
+# ---- the searches' choices over the vocabulary --------------------------------------------------
+
+def _blocks(x, block: int):
+    """The columns of x (rows, n) as whole blocks (rows, n // block, block), and where the
+    columns left over (fewer than a block) begin."""
+    whole = x.size(-1) // block * block
+    return x[:, :whole].reshape(x.size(0), -1, block), whole
+
+
+def _candidates(x, blocks, block: int, whole: int):
+    """The columns (rows, b · block + the left-over ones) of the chosen blocks (rows, b), then
+    those left over, in order."""
+    offsets = torch.arange(block, device=x.device)
+    columns = (blocks.unsqueeze(-1) * block + offsets).flatten(1)  # (rows, b · block)
+    if whole < x.size(-1):  # the columns past the last whole block are always candidates
+        rest = torch.arange(whole, x.size(-1), device=x.device).expand(x.size(0), -1)
+        columns = torch.cat([columns, rest], dim=1)  # (rows, b · block + n - whole)
+    return columns
+
+
+def row_argmax(x, block: int = 128):
+    """x.argmax(dim=-1) of x (rows, n), the first of equal maxima as torch's: the first whole
+    block of `block` columns holding its largest maximum (the blocks' maxima: one vectorized
+    pass) and the columns past the last whole block are the only candidates. On CPU about ten
+    times faster than torch's argmax at a vocabulary's width."""
+    if x.device.type != "cpu" or x.size(-1) < 4 * block:
+        return x.argmax(dim=-1)
+    blocks, whole = _blocks(x, block)  # (rows, n // block, block)
+    first = blocks.amax(dim=-1).argmax(dim=-1, keepdim=True)  # (rows, 1)
+    columns = _candidates(x, first, block, whole)  # (rows, block + n - whole), in order
+    best = x.gather(1, columns).argmax(dim=-1, keepdim=True)  # (rows, 1)
+    return columns.gather(1, best).squeeze(1)  # (rows,)
+
+
+def row_topk(x, k: int, block: int = 64):
+    """x.topk(k, dim=-1) of x (rows, n): the k largest values of each row, largest first, and
+    their columns. Those of the whole blocks of `block` columns lie in the k blocks with the
+    largest maxima, so torch's topk runs on those k · block columns and the ones past the last
+    whole block only. The same values as torch's; among equal values the columns may differ
+    (torch's choice among ties is unspecified too)."""
+    if x.device.type != "cpu" or x.size(-1) < 8 * k * block:
+        return x.topk(k, dim=-1)
+    blocks, whole = _blocks(x, block)  # (rows, n // block, block)
+    chosen = blocks.amax(dim=-1).topk(k, dim=-1).indices  # (rows, k)
+    columns = _candidates(x, chosen, block, whole)  # (rows, k · block + n - whole)
+    values, best = x.gather(1, columns).topk(k, dim=-1)  # (rows, k) each
+    return values, columns.gather(1, best)

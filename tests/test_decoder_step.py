@@ -1,0 +1,217 @@
+"""nmt/decoder_step.py: the decoder's one-token step laid out for CPU decoding, held to
+model.py's decoder (greedy tokens identical, beam hypotheses identical and scores within 1e-4)
+for every design, and the blockwise argmax and top-k held to torch's."""
+
+import pytest
+import torch
+from conftest import small
+
+from model import build_transformer
+from nmt.decoder_step import FastDecoder, FastState, fast_decoder, row_argmax, row_topk
+from nmt.decoding import (Ensemble, ModelState, beam_search, decoding_model, greedy_decode,
+                          sample, translate_ids, Sampling)
+from tokenizer import EOS, PAD, SOS
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                  reason="no oneDNN in this torch")
+
+DESIGNS = {
+    "pre-norm": {},
+    "paper": dict(norm_first=False, shared_vocab=True, tie_embeddings="all"),
+    "modern": dict(norm="rms", ffn="swiglu", pos="rope", n_kv_heads=2, tie_embeddings="decoder"),
+    "rope, post-norm, one key/value head": dict(pos="rope", norm_first=False, n_kv_heads=1),
+    "sinusoidal with grouped-query attention": dict(n_kv_heads=2, ffn="swiglu"),
+    "a shallow decoder": dict(N_dec=1, norm="rms"),
+}
+
+
+def batch(seed=0, rows=5, vocab=24):
+    """Sources of several lengths (padded), and their mask."""
+    torch.manual_seed(seed)
+    src = torch.randint(4, vocab, (rows, 8))
+    for i in range(1, rows, 2):
+        src[i, 8 - 2 * i % 7:] = PAD
+    return src, (src != PAD)[:, None, None, :]
+
+
+@needs_onednn
+@pytest.mark.parametrize("design", DESIGNS)
+def test_the_step_gives_model_pys_logits_at_every_position(design):
+    """Teacher-forced through the cache, one token at a time, for beams that reorder and rows
+    that leave: the FastState's logits are the ModelState's to 1e-5 at every step."""
+    model = small(seed=1, **DESIGNS[design])
+    src, src_mask = batch(1)
+    fast = fast_decoder(model, rows=8)
+    assert isinstance(fast, FastDecoder)
+    plain = ModelState(model, src, src_mask, capacity=12)
+    quick = FastState(fast, src, src_mask, capacity=12)
+    banned = torch.tensor([PAD, SOS])
+    ys = torch.full((5, 1), SOS)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(9):
+        a, b = plain.scores(ys, banned), quick.scores(ys, banned)
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (design, step)
+        ys = torch.cat([ys, torch.randint(4, 24, (ys.size(0), 1), generator=generator)], 1)
+        if step == 2:  # beams follow other rows' prefixes
+            rows = torch.tensor([1, 1, 0, 4, 2])
+            ys = ys[rows]
+            plain.follow(rows)
+            quick.follow(rows)
+        if step == 5:  # rows leave the batch
+            rows = torch.tensor([0, 3, 4])
+            ys = ys[rows]
+            plain.keep(rows)
+            quick.keep(rows)
+
+
+@needs_onednn
+@pytest.mark.parametrize("design", DESIGNS)
+def test_greedy_and_beam_search_decode_as_model_py(design):
+    """The searches over the FastDecoder and over the model: the same greedy tokens, the same
+    beam hypotheses (nbest 3) and their scores within 1e-4, the same samples."""
+    for seed in (2, 3):
+        model = small(seed=seed, **DESIGNS[design])
+        fast = decoding_model(model, rows=8)
+        assert isinstance(fast, FastDecoder)
+        src, src_mask = batch(seed)
+        limit = torch.tensor([3, 9, 12, 5, 7])
+        assert greedy_decode(fast, src, src_mask, SOS, EOS, limit, min_len=2) == \
+            greedy_decode(model, src, src_mask, SOS, EOS, limit, min_len=2)
+        for early_stop in (True, False):
+            ours = beam_search(fast, src, src_mask, SOS, EOS, limit, beam=4, nbest=3,
+                               early_stop=early_stop)
+            theirs = beam_search(model, src, src_mask, SOS, EOS, limit, beam=4, nbest=3,
+                                 early_stop=early_stop)
+            assert [[h for h, _ in hyps] for hyps in ours] == \
+                [[h for h, _ in hyps] for hyps in theirs], (design, seed)
+            assert [s for hyps in ours for _, s in hyps] == pytest.approx(
+                [s for hyps in theirs for _, s in hyps], abs=1e-4)
+        sampling = Sampling(n=3, top_k=5)
+        generators = [[sampling.generator([i], j, "cpu") for i in range(5) for j in range(3)]
+                      for _ in range(2)]
+        ours = sample(fast, src, src_mask, SOS, EOS, limit, generators[0], sampling)
+        theirs = sample(model, src, src_mask, SOS, EOS, limit, generators[1], sampling)
+        assert [[ids for ids, _ in s] for s in ours] == [[ids for ids, _ in s] for s in theirs]
+        assert [p for s in ours for _, p in s] == pytest.approx(
+            [p for s in theirs for _, p in s], abs=1e-4)
+
+
+@needs_onednn
+@pytest.mark.parametrize("capacity", [0, 2])
+def test_a_cache_shorter_than_the_output_grows(capacity):
+    """A capacity below the output's length (the searches give enough) still decodes right,
+    beams reordered after it grew."""
+    model = small(seed=4, **DESIGNS["modern"])
+    src, src_mask = batch(4)
+    plain = ModelState(model, src, src_mask, capacity=capacity)
+    quick = FastState(decoding_model(model, rows=8), src, src_mask, capacity=capacity)
+    ys = torch.full((5, 1), SOS)
+    banned = torch.tensor([PAD])
+    for step in range(7):
+        a, b = plain.scores(ys, banned), quick.scores(ys, banned)
+        assert torch.allclose(a, b, atol=1e-5), step
+        ys = torch.cat([ys, a.argmax(-1, keepdim=True)], 1)
+        if step in (3, 4):
+            rows = torch.tensor([4, 0, 0, 2, 1])
+            ys = ys[rows]
+            plain.follow(rows)
+            quick.follow(rows)
+
+
+@needs_onednn
+def test_every_decoder_takes_the_step_where_it_applies(monkeypatch):
+    """translate_ids (translate.py, the Translator, validation, the teachers' translation) and
+    ensembles decode through the FastDecoder on CPU in float32; in training mode, in bf16 and
+    with quantized layers the model's own decoder runs."""
+    model = small(seed=5, **DESIGNS["modern"])
+    steps = []
+    original = FastDecoder.step
+    monkeypatch.setattr(FastDecoder, "step", lambda self, *a: steps.append(1) or
+                        original(self, *a))
+    sources = [[5, 6, 7], [8, 9]]
+    for decode in (lambda: translate_ids(model, sources, SOS, EOS, PAD, seq_len=40),
+                   lambda: translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, beam=3),
+                   lambda: translate_ids(model, sources, SOS, EOS, PAD, seq_len=40,
+                                         sampling=Sampling(n=2)),
+                   lambda: translate_ids(Ensemble([model, model]), [[s, s] for s in sources],
+                                         SOS, EOS, PAD, seq_len=40)):
+        before = len(steps)
+        decode()
+        assert len(steps) > before
+    before = len(steps)
+    translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, fast_step=False)
+    assert len(steps) == before  # the reference: model.py's step
+    assert fast_decoder(model.train(), rows=8) is None
+    model.eval()
+    model.decoder.layers[0].train()  # one module in training: dropout on
+    assert fast_decoder(model, rows=8) is None
+    model.eval()
+    assert fast_decoder(build_transformer(24, 24, 40, 40, d_model=16, N=1, h=2,
+                                          d_ff=32).eval().to(torch.bfloat16), rows=8) is None
+    half = small(seed=5)
+    half.decoder.to(torch.bfloat16)  # the projection stays float32
+    assert fast_decoder(half, rows=8) is None
+    other_norm = small(seed=5)
+    other_norm.decoder.norm = torch.nn.LayerNorm(16)  # a norm the step does not know
+    assert fast_decoder(other_norm, rows=8) is None
+
+    class Subclass(type(model)):
+        pass
+    subclassed = small(seed=5)
+    subclassed.__class__ = Subclass  # it may compute otherwise
+    assert fast_decoder(subclassed, rows=8) is None
+    from torch.ao.quantization import quantize_dynamic
+    quantized = quantize_dynamic(small(seed=5), {torch.nn.Linear}, dtype=torch.qint8)
+    assert fast_decoder(quantized, rows=8) is None
+    assert decoding_model(quantized) is quantized
+    fast = decoding_model(model)
+    assert decoding_model(fast) is fast
+
+
+@needs_onednn
+def test_the_step_shares_the_models_weights():
+    """The FastDecoder's products read the model's own tensors (transposed views), so the
+    laying out costs no copy of the layers (only the scaled embedding table, SwiGLU's joined
+    matrices and the cross-attention's stacked keys and values)."""
+    model = small(seed=6)
+    fast = decoding_model(model, rows=8)
+    layer, block = fast.layers[0], model.decoder.layers[0]
+    assert layer.w_qkv.data_ptr() == block.self_attention_block.w_qkv.weight.data_ptr()
+    assert layer.w_2.data_ptr() == block.feed_forward_block.linear_2.weight.data_ptr()
+    assert fast.model is model
+
+
+@pytest.mark.parametrize("width", [1000, 1024, 10007])
+def test_row_argmax_is_torchs_argmax(width):
+    """The first of equal maxima, rows all -inf, widths not a multiple of the block."""
+    torch.manual_seed(width)
+    x = torch.randn(37, width)
+    assert torch.equal(row_argmax(x), x.argmax(-1))
+    ties = torch.randint(0, 3, (37, width)).float()  # many equal maxima per row
+    ties[5] = float("-inf")
+    ties[6, -1] = 9.0  # the maximum in the last, shorter block
+    assert torch.equal(row_argmax(ties), ties.argmax(-1))
+
+
+@pytest.mark.parametrize("width, k", [(1000, 1), (4100, 1), (4100, 8), (10007, 8)])
+def test_row_topk_is_torchs_topk(width, k):
+    """The same values, largest first, and the same columns where values differ; with ties,
+    columns that hold those values, none twice; a row of -inf but one value."""
+    torch.manual_seed(width + k)
+    x = torch.randn(29, width)
+    values, columns = row_topk(x, k)
+    expected = x.topk(k, dim=-1)
+    assert torch.equal(values, expected.values) and torch.equal(columns, expected.indices)
+    ties = torch.randint(0, 4, (29, width)).float()
+    ties[3] = float("-inf")
+    ties[3, width // 2] = 1.0
+    ties[4, -1] = 9.0  # the largest value past the last whole block
+    ties[5] = float("-inf")
+    ties[5, -1] = 2.0  # and the only finite one
+    values, columns = row_topk(ties, k)
+    assert torch.equal(values, ties.topk(k, dim=-1).values)
+    assert torch.equal(ties.gather(1, columns), values)
+    finite = [set(c[torch.isfinite(v)].tolist()) for v, c in zip(values, columns)]
+    assert all(len(f) == int(torch.isfinite(v).sum()) for f, v in zip(finite, values))
+    assert columns.max() < width
+    assert columns[4, 0] == width - 1 and columns[5, 0] == width - 1
