@@ -27,8 +27,9 @@ right after the other; the median of the passes printed, with every pass's.
 --profile: instead, where the time of one greedy batch and of one beam batch goes (100
 sentences of middle length), with the fast step and with model.py's, per decoding step: matrix
 products, attention, the cache and the beams' reordering, choosing tokens, norms and other
-operators (each operator's own time in the profiler), the encoder (once a batch), and Python
-and dispatch around them (the unprofiled time less the operators').
+operators (each operator's own time in the profiler, less the profiler's own cost shared evenly
+among them), the encoder (once a batch), and Python and dispatch around them (the unprofiled
+time less the operators').
 """
 
 import copy
@@ -148,25 +149,27 @@ PROFILE_PARTS = {  # the operators of each part (their own time); the rest: norm
 ENCODER = "encoder (once a batch)"
 
 
-def profile_split(events, wall_us: float):
+def profile_split(events, wall_us: float, profiled_us: float):
     """(steps, {part: microseconds}) of a profiled batch: each operator's own time in its part
-    (under the encoder's range: the encoder's), and Python and dispatch as wall_us (the batch
-    unprofiled) less all of the operators' time. Steps: the decoder's embedding lookups."""
+    (under the encoder's range: the encoder's), less the profiler's own cost (profiled_us, the
+    batch's time under the profiler, less wall_us, its time without, shared evenly among the
+    operators), and Python and dispatch as wall_us less the operators' time so counted. Steps:
+    the decoder's embedding lookups."""
     def in_encoder(event):
         while event is not None:
             if event.name == ENCODER:
                 return True
             event = event.cpu_parent
         return False
+    operators = [e for e in events if e.name != ENCODER]
+    cost = max(0.0, profiled_us - wall_us) / max(len(operators), 1)  # the profiler's, each
     split, steps = {}, 0
-    for event in events:
-        if event.name == ENCODER:
-            continue
+    for event in operators:
         encoder = in_encoder(event)
         steps += event.name == "aten::embedding" and not encoder
         part = ENCODER if encoder else next(
             (p for p, names in PROFILE_PARTS.items() if event.name in names), "norms and other")
-        split[part] = split.get(part, 0.0) + event.self_cpu_time_total
+        split[part] = split.get(part, 0.0) + max(0.0, event.self_cpu_time_total - cost)
     split["Python and dispatch"] = max(0.0, wall_us - sum(split.values()))
     return steps, split
 
@@ -201,8 +204,10 @@ def profile(model, ids, common: dict, beam: int):
             seconds.append(time.perf_counter() - started)
         wall = statistics.median(seconds) * 1e6
         with profiler() as prof:
+            started = time.perf_counter()
             run()
-        steps, split = profile_split(prof.events(), wall)
+            profiled = (time.perf_counter() - started) * 1e6
+        steps, split = profile_split(prof.events(), wall, profiled)
         print(f"\n{name}, {len(middle)} sentences ({type(decoder).__name__}): "
               f"{wall / 1e3:.1f} ms unprofiled, {steps} decoding steps, "
               f"{wall / max(steps, 1):.0f} us a step")

@@ -450,3 +450,26 @@ def test_bench_attention_times_the_validations_picture():
     out = t.stdout.decode()
     assert out.startswith("the attention picture a validation (2 decoder layers, d_model 32, 5 "
                           "source and 6 generated tokens") and "median" in out
+
+
+def test_the_decoding_profile_takes_the_profilers_cost_out_of_each_operator():
+    """dev/bench_decode.py's split: operators by part, those under the encoder's range counted
+    there, the profiler's own cost (profiled less unprofiled time) shared evenly among them,
+    steps counted by the decoder's embedding lookups, Python the rest of the unprofiled time."""
+    from types import SimpleNamespace
+
+    from dev.bench_decode import ENCODER, profile_split
+
+    def event(name, us, parent=None):
+        return SimpleNamespace(name=name, self_cpu_time_total=us, cpu_parent=parent)
+    encoder = event(ENCODER, 1.0)
+    events = [encoder, event("aten::mm", 30.0, encoder), event("aten::mm", 50.0),
+              event("aten::embedding", 10.0), event("aten::embedding", 10.0, encoder),
+              event("aten::embedding", 10.0), event("aten::topk", 20.0),
+              event("aten::bmm", 15.0), event("aten::index_select", 12.0)]
+    # 8 operators (the range is not one), 8 us of the profiler's each: 64 of 164 profiled
+    steps, split = profile_split(events, wall_us=100.0, profiled_us=164.0)
+    assert steps == 2
+    assert split == {ENCODER: 22.0 + 2.0, "matrix products": 42.0, "norms and other": 4.0,
+                     "choosing tokens": 12.0, "attention": 7.0, "cache and reordering": 4.0,
+                     "Python and dispatch": 100.0 - 93.0}
