@@ -8,19 +8,20 @@ the files it finished. One stage at a time, in the background:
     python -m dev.distill_pipeline --runs ~/runs --data_dir data/multi30k --status
 
 The stages, each marked done in RUNS/stages/NAME.json with its command(s) and minutes:
-  teacher_sSEED  the README's hour command (--preset multi30k_modern --num_epochs 42, bf16
-                 where the CPU computes it, else fp32 with the same epochs) for each
-                 --teacher_seeds; the first is the hour's model every result is compared with
+  teacher_sSEED  the 42-epoch command of docs/results.md's bf16 table (--preset
+                 multi30k_modern --num_epochs 42, bf16 where the CPU computes it, else fp32
+                 with the same epochs) for each --teacher_seeds; the first is the model every
+                 result is compared with
   teachers       each teacher and the ensembles of the first 2 and of all, their decoding
                  chosen on validation (the best checkpoint, the average of the last 3 or 5
                  epochs; beam 4 or 5), then scored once on test
-  student_MODE_sSEED  the hour's preset and budget trained on the ensemble of all teachers'
+  student_MODE_sSEED  the teachers' preset and epochs trained on the ensemble of all teachers'
                  translations, with the ensemble's chosen averaging and beam: --distill_data
                  distilled and both (half the epochs: the same steps) with the first seed, then
                  the mode validation prefers with the second
   students       each student's decoding chosen on validation, test scored once; paired tests
-                 (compare.py, cased sacreBLEU and chrF; the papers' BLEU) against the hour's
-                 model and against the ensemble of all teachers: RUNS/eval/*.compare
+                 (compare.py, cased sacreBLEU and chrF; the papers' BLEU) against the first
+                 teacher and against the ensemble of all teachers: RUNS/eval/*.compare
 Scores: RUNS/eval/scores.json; every command run: RUNS/eval/commands.sh.
 """
 
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DECODINGS = {"best": ["--preload", "best"], "avg3": ["--average", "3"],
              "avg5": ["--average", "5"]}
 BEAMS = (4, 5)
-EPOCHS = 42  # the README's hour row
+EPOCHS = 42  # the 42-epoch row of docs/results.md's bf16 table
 
 
 def cpu_has_bf16() -> bool:
