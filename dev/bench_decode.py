@@ -13,7 +13,10 @@ One run, one trained model, the same sentences, the same thread count, the same 
              their log-probabilities, translate.py --ensemble), greedy and beam;
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
              float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
-             calls it: greedy one call per batch, beam one call per output-length limit).
+             calls it: greedy one call per batch, beam one call per output-length limit);
+             with several threads, float32 greedy also as that many replicas decoding as many
+             batches at once, one thread each (the engine's inter_threads), as this repo's
+             greedy decodes them.
 For each: seconds (the median of --repeats passes; greedy decoders take turns batch by batch),
 target tokens/s (tokens output, [EOS] counted), sacreBLEU BLEU and chrF,
 and how many outputs are identical to this repo's greedy ones. Then the ratios the decoders are
@@ -52,7 +55,10 @@ from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
     """CTranslate2 exports of `model` in float32 and int8, loaded on the model's device (CPU or
-    CUDA); {} without ctranslate2, or where it cannot load on that device (one line says why)."""
+    CUDA) with `threads` threads a batch; with several threads, the float32 one also as
+    `threads` replicas decoding as many batches at once, one thread each (the engine's
+    inter_threads); {} without ctranslate2, or where it cannot load on that device (one line
+    says why)."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -61,31 +67,38 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
     from nmt.engine import Engine, ExportError, export
     device = next(model.parameters()).device.type
     out = {}
-    for quantization in ("float32", "int8"):
-        path = export(model, config, tok_src, tok_tgt, folder / quantization, quantization)
+    kinds = [("float32", threads, 1), ("int8", threads, 1)]
+    if threads > 1:
+        kinds.insert(1, (f"float32, {threads} batches at once", 1, threads))
+    for name, intra, at_once in kinds:
+        quantization = name.split(",")[0]
+        path = folder / quantization
+        if not path.exists():
+            export(model, config, tok_src, tok_tgt, path, quantization)
         try:
-            engine = Engine(path, tok_src, tok_tgt, device, threads)
+            engine = Engine(path, tok_src, tok_tgt, device, intra, at_once)
             # a CUDA build finds its CUDA libraries at the first translation, not at loading
             engine.translator.translate_batch([[engine.tokens[4]]], max_decoding_length=2)
         except (ExportError, RuntimeError) as e:  # e.g. built for another CUDA release
-            print(f"CTranslate2 {quantization} on {device} cannot run: "
+            print(f"CTranslate2 {name} on {device} cannot run: "
                   f"{str(e).splitlines()[0]}; its rows are left out")
             continue
-        out[quantization] = engine
+        out[name] = engine
     return out
 
 
-def decode_in_turn(runs, ids, batch: int, repeats: int):
+def decode_in_turn(runs, ids, batch: int, repeats: int, at_once: int = 1):
     """Times every decoder on the same sentences, `repeats` passes. Within a pass the greedy
-    decoders take turns batch by batch (the sentences sorted by length, as the decoders batch
-    them), so that a slow moment of this machine falls on all of them alike, this repo's first
-    and the engine's float32 right after it; then each beam search decodes all its sentences
+    decoders take turns every `at_once` batches (the sentences sorted by length, as the
+    decoders batch them: the decoders that decode several batches at once get that many), so
+    that a slow moment of this machine falls on all of them alike, this repo's first and the
+    engine's float32 right after it; then each beam search decodes all its sentences
     in one call (the engine groups them by output-length limit across the whole set, as
     translate.py --ctranslate2 does). Before the timed passes, one untimed batch each (the
     longest: allocations, thread pools). Returns per decoder {sentence: output ids} and the
     seconds of each pass."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    batches = [order[i:i + batch] for i in range(0, len(order), batch)]
+    batches = [order[i:i + batch * at_once] for i in range(0, len(order), batch * at_once)]
     pairs = ["this repo, greedy", "CTranslate2 float32, greedy", *beam_pair(runs)]
     turns = sorted(runs, key=lambda r: pairs.index(r[0]) if r[0] in pairs else len(pairs))
     greedy = [r for r in turns if "beam" not in r[0]]
@@ -305,7 +318,8 @@ def engine_decoders(args, engines_by_name: dict, n: int, common: dict):
     for name, engine in engines_by_name.items():
         runs.append((f"CTranslate2 {name}, greedy",
                      lambda part, e=engine: e.translate_ids(part, **common), range(n)))
-        if name == "float32":
+
+        if name.startswith("float32"):
             runs.append((f"CTranslate2 {name}, beam {args.beam}",
                          lambda part, e=engine: e.translate_ids(
                              part, **common, beam=args.beam, alpha=args.alpha), range(n)))
@@ -318,18 +332,24 @@ def report(runs, outputs, times, references, tok_tgt):
     rows = [(name, [outputs[name][i] for i in sentences], statistics.median(times[name]))
             for name, _, sentences in runs]
     greedy = rows[0][1]
-    print(f"\n{'':40} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
+    print(f"\n{'':48} {'seconds':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} "
           f"{'= greedy':>9}")
     for name, outs, seconds in rows:
         tokens = sum(len(o) + 1 for o in outs)  # with the [EOS]
         same = sum(a == b for a, b in zip(outs, greedy))
         scores = score([detokenize(tok_tgt, o) for o in outs], references[:len(outs)],
                        error_rates=False, n_bootstrap=1)
-        print(f"{name:40} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
+        print(f"{name:48} {seconds:8.2f} {tokens / seconds:9,.0f} {scores['bleu']:6.2f} "
               f"{scores['chrf']:6.2f} {same:5d}/{len(outs)}")
     print()
-    for ours, engine, target in (("this repo, greedy", "CTranslate2 float32, greedy", 1.0),
-                                 (*beam_pair(runs), 1.3)):
+    ours_beam, engine_beam = beam_pair(runs)
+    pairs = [("this repo, greedy", "CTranslate2 float32, greedy", 1.0),
+             (ours_beam, engine_beam, 1.3)]
+    for name in times:  # the engine's replicas decoding batches at once, if timed
+        if name.startswith("CTranslate2 float32, ") and "batches at once" in name:
+            pairs.append((ours_beam if "beam" in name else "this repo, greedy", name,
+                          1.3 if "beam" in name else 1.0))
+    for ours, engine, target in pairs:
         if engine in times:  # each pass: the two one right after the other
             ratios = sorted(b / a for a, b in zip(times[ours], times[engine]))
             each = ", ".join(f"{r:.2f}" for r in ratios)
@@ -366,7 +386,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         exported = engines(model, config, tok_src, tok_tgt, Path(tmp), threads)
         runs += engine_decoders(args, exported, len(ids), common)
-        outputs, times = decode_in_turn(runs, ids, batch, args.repeats)
+        outputs, times = decode_in_turn(runs, ids, batch, args.repeats, threads)
     report(runs, outputs, times, references, tok_tgt)
     if next(model.parameters()).is_cuda:
         report_attention_kernels(runs[:2], ids, batch)

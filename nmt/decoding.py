@@ -12,6 +12,7 @@ fast one-token step (nmt/decoder_step.py), held equal to model.py's by its tests
 import hashlib
 import sys
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -442,9 +443,9 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     model = decoding_model(model, batch_size * (sampling.n if sampling else beam), fast_step)
     key = [ids[0] if ensemble else ids for ids in src_ids]  # the first model's tokens
     order = sorted(range(len(src_ids)), key=lambda i: len(key[i]))  # similar lengths
-    results = [None] * len(src_ids)
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+    def decode(idx):  # the outputs of the sentences idx, one batch
         src, src_mask = source_batches(model, [src_ids[i] for i in idx], seq_len, sos_id,
                                        eos_id, pad_id, device)
         lengths = (first(src) != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
@@ -452,21 +453,60 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
         if sampling:
             generators = [sampling.generator(key[i], j, device) for i in idx
                           for j in range(sampling.n)]
-            outputs = sample(model, src, src_mask, sos_id, eos_id, max_len, generators,
-                             sampling, banned, min_len)
-        elif beam == 1 and nbest == 1:
-            outputs = greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache,
-                                    banned, min_len)
-        else:
-            outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
-                                  nbest, banned, min_len, early_stop)
-            if nbest == 1:
-                outputs = [hyps[0][0] for hyps in outputs]
+            return sample(model, src, src_mask, sos_id, eos_id, max_len, generators,
+                          sampling, banned, min_len)
+        if beam == 1 and nbest == 1:
+            return greedy_decode(model, src, src_mask, sos_id, eos_id, max_len, use_cache,
+                                 banned, min_len)
+        outputs = beam_search(model, src, src_mask, sos_id, eos_id, max_len, beam, alpha,
+                              nbest, banned, min_len, early_stop)
+        return [hyps[0][0] for hyps in outputs] if nbest == 1 else outputs
+
+    results = [None] * len(src_ids)
+    at_once = batches_at_once(model, len(batches), greedy=beam == nbest == 1 or bool(sampling))
+    for idx, outputs in decoded(decode, batches, at_once):
         for i, out in zip(idx, outputs):
             results[i] = out
         if progress is not None:
             progress(len(idx))
     return results
+
+
+def batches_at_once(model, batches: int, greedy: bool) -> int:
+    """How many batches to decode at once, each on one thread: as many as torch's threads
+    (--threads) for greedy decoding and sampling (`greedy`) with the fast step on CPU (its
+    products are too small to share between threads well: two batches at once on one thread
+    each decoded 1.5 times as many sentences a second as one on two threads,
+    docs/performance.md), else 1 (beam search's larger products share well)."""
+    members = model.members if isinstance(model, Ensemble) else [model]
+    if not greedy or not all(isinstance(m, FastDecoder) for m in members):
+        return 1
+    return max(1, min(torch.get_num_threads(), batches))
+
+
+def decoded(decode, batches, at_once: int):
+    """(batch, decode(batch)) for each batch, in order. With at_once > 1, that many batches
+    are decoded at the same time, each on a thread of its own with one intra-op thread (the
+    step's operators release the GIL); the caller's threads are untouched. A stop (an
+    exception where the caller takes a batch) lets the batches under way end and starts no
+    other."""
+    if at_once <= 1:
+        for idx in batches:
+            yield idx, decode(idx)
+        return
+
+    def on_one_thread(idx):
+        torch.set_num_threads(1)  # this worker thread's own setting
+        with torch.no_grad():  # autograd's mode is each thread's own
+            return decode(idx)
+    with ThreadPoolExecutor(at_once) as pool:
+        futures = [pool.submit(on_one_thread, idx) for idx in batches]
+        try:
+            for idx, future in zip(batches, futures):
+                yield idx, future.result()
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 # ---- text in, text out -------------------------------------------------------------------------

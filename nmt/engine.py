@@ -182,18 +182,21 @@ def export(model, config, tokenizer_src, tokenizer_tgt, output, quantization="fl
 
 class Engine:
     """A model exported by export.py, on CTranslate2: `translate_ids` decodes as decoding.py's
-    translate_ids does (the same length rules, the same tokens never generated)."""
+    translate_ids does (the same length rules, the same tokens never generated). `threads`:
+    each batch's (intra-op) threads; `at_once`: batches decoded at the same time, each by a
+    replica of the model (the engine's inter_threads)."""
 
     def __init__(self, folder: Path, tokenizer_src, tokenizer_tgt, device: str = "auto",
-                 threads: int = 0):
+                 threads: int = 0, at_once: int = 1):
         ctranslate2 = import_ctranslate2()
         kind, _, index = device.partition(":")
+        self.at_once = at_once
         if kind not in ("auto", "cpu", "cuda"):
             raise ExportError(f"--device {device}: CTranslate2 runs on cpu or cuda")
         try:
             self.translator = ctranslate2.Translator(
                 str(folder), device=kind, device_index=int(index or 0),
-                intra_threads=threads, inter_threads=1)
+                intra_threads=threads, inter_threads=at_once)
         except (RuntimeError, ValueError) as e:
             raise ExportError(f"--ctranslate2 {folder}: cannot load it "
                              f"({str(e).splitlines()[0]})") from None
@@ -222,13 +225,18 @@ class Engine:
         else:
             groups = [(limit, [n for n, x in enumerate(limits) if x == limit])
                       for limit in sorted(set(limits))]
-        for limit, group in groups:
-            out = self.translator.translate_batch(
+        def call(limit, group):  # queued: the engine's at_once workers take the calls in turn
+            return self.translator.translate_batch(
                 [sources[n] for n in group], beam_size=beam, length_penalty=alpha,
                 num_hypotheses=nbest, max_batch_size=batch_size, max_input_length=0,
                 max_decoding_length=limit, min_decoding_length=min_len,
                 disable_unk=unk_id is not None, suppress_sequences=banned,
-                return_scores=nbest > 1)
+                return_scores=nbest > 1, asynchronous=True)
+        queued = [call(*g) for g in groups[:self.at_once]]  # at most at_once calls ahead
+        for k, (_, group) in enumerate(groups):
+            out = [result.result() for result in queued[k]]
+            if k + self.at_once < len(groups):
+                queued.append(call(*groups[k + self.at_once]))
             for n, r in zip(group, out):
                 hyps = [[self.ids[t] for t in h[:limits[n]]] for h in r.hypotheses]
                 results[n] = list(zip(hyps, r.scores)) if nbest > 1 else hyps[0]

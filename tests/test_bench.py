@@ -126,7 +126,7 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
                  "--beam", "3", "--ensemble_with", "weights/tmodel_01.pt", cwd=home)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
-    rows = {line[:40].strip(): line.split() for line in out.splitlines() if "/5" in line}
+    rows = {line[:48].strip(): line.split() for line in out.splitlines() if "/5" in line}
     assert set(rows) == {"this repo, greedy", "this repo, beam 3", "this repo, beam 3, k finished",
                          "this repo, greedy, model.py's step",
                          "this repo, beam 3, model.py's step",
@@ -146,6 +146,25 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
     assert "this repo, greedy / CTranslate2 float32, greedy, sentences/s: " in out
     assert "this repo, beam 3 / CTranslate2 float32, beam 3, sentences/s: " in out
     assert "target >= 1.0" in out and "target >= 1.3" in out
+
+
+def test_bench_decode_with_two_threads_times_the_engine_decoding_batches_at_once(trained):
+    """With two threads this repo's greedy decodes two batches at once (one thread each), and
+    the engine is timed both ways: two threads a batch, and two replicas one batch each; the
+    ratio is printed against each."""
+    pytest.importorskip("ctranslate2")
+    home, _ = trained
+    t = run_here("dev/bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
+                 "--split", "val", "--sentences", "5", "--repeats", "1", "--threads", "2",
+                 "--batch_size", "2", cwd=home)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    rows = {line[:48].strip(): line.split() for line in out.splitlines() if "/5" in line}
+    assert rows["CTranslate2 float32, 2 batches at once, greedy"][-1] == \
+        rows["CTranslate2 float32, greedy"][-1], out
+    for engine in ("CTranslate2 float32, greedy", "CTranslate2 float32, 2 batches at once, "
+                                                  "greedy"):
+        assert f"this repo, greedy / {engine}, sentences/s: " in out, out
 
 
 def test_bench_decode_profiles_a_greedy_and_a_beam_batch(trained):

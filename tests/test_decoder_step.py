@@ -215,3 +215,67 @@ def test_row_topk_is_torchs_topk(width, k):
     assert all(len(f) == int(torch.isfinite(v).sum()) for f, v in zip(finite, values))
     assert columns.max() < width
     assert columns[4, 0] == width - 1 and columns[5, 0] == width - 1
+
+
+@needs_onednn
+def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
+    """With two threads, greedy decoding and sampling decode two batches at the same time,
+    each on a thread of its own: the same outputs as one batch after the other, the caller's
+    thread count untouched, progress reported batch by batch in order; a stop asked at the
+    first batch starts no other. Beam search and model.py's step decode one batch at a time."""
+    import threading
+
+    from nmt import decoding
+    model = small(seed=7, **DESIGNS["modern"])
+    sources = [[4 + (i * 7 + j) % 20 for j in range(1 + i % 6)] for i in range(23)]
+    threads, calls = set(), []
+    original = FastDecoder.step
+
+    def step(self, *args):
+        threads.add(threading.get_ident())
+        calls.append(1)
+        return original(self, *args)
+    monkeypatch.setattr(FastDecoder, "step", step)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        done = []
+        at_once = translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4,
+                                progress=done.append)
+        assert len(threads) == 2 and threading.get_ident() not in threads
+        assert done == [4, 4, 4, 4, 4, 3] and torch.get_num_threads() == 2
+        threads.clear()
+        sampled = translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4,
+                                sampling=Sampling(n=2, seed=3))
+        sampling_threads = len(threads)
+        threads.clear()
+        translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4, beam=3)
+        assert threads == {threading.get_ident()}
+
+        class Stop(Exception):
+            pass
+
+        def stop(n):
+            raise Stop()
+        calls.clear()
+        with pytest.raises(Stop):
+            translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4,
+                          progress=stop)
+        stopped_steps = len(calls)
+        calls.clear()
+        translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4)
+        assert stopped_steps < len(calls)  # the batches not yet started were not decoded
+        monkeypatch.setattr(decoding, "batches_at_once", lambda *args, **kwargs: 1)
+        threads.clear()
+        assert translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4) == \
+            at_once
+        assert threads == {threading.get_ident()}
+        one_by_one = translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4,
+                                   sampling=Sampling(n=2, seed=3))
+        assert [[ids for ids, _ in s] for s in one_by_one] == \
+            [[ids for ids, _ in s] for s in sampled]  # log P: another thread count's sums
+        assert [p for s in one_by_one for _, p in s] == pytest.approx(
+            [p for s in sampled for _, p in s], abs=1e-4)
+    finally:
+        torch.set_num_threads(previous)
+    assert sampling_threads == 2  # sampling's batches too
