@@ -41,6 +41,7 @@ that made it the best.
 
 import dataclasses
 import hashlib
+import math
 import os
 import pickle
 import re
@@ -379,18 +380,25 @@ def average_checkpoints(paths):
 
 def load_averaged(config: Config, path: Path, average: int, flag: str = "--average"):
     """(state, paths): the state of `path`, or with average > 1 the mean of the newest
-    `average` per-epoch checkpoints up to the step `path` holds (mid-epoch files never take
-    part: they are not the end of an epoch, and they overlap the per-epoch ones). A best
-    checkpoint from a mid-epoch validation (--eval_every) is followed by its epoch's end:
-    that epoch's file, later than it, is left out."""
+    `average` per-epoch checkpoints up to the step `path` holds (mid-epoch files take no
+    part: they are not the end of an epoch, and they overlap the per-epoch ones; but the run's
+    last checkpoint, where its schedule ended mid-epoch (--time_budget, --max_steps), ends the
+    training and counts as an epoch's end). A best checkpoint from a mid-epoch validation
+    (--eval_every) is followed by its epoch's end: that epoch's file, later than it, is left
+    out."""
     if average <= 1:
         return load_checkpoint(path), [path]
     state = load_checkpoint(path, mmap=True)
     last = state.get("next_epoch", state["epoch"] + 1) - 1  # the last epoch `path` finished
-    paths = [p for p, epoch, step in list_checkpoints(config) if step is None and epoch <= last]
+    found = list_checkpoints(config)
+    paths = [p for p, epoch, step in found if step is None and epoch <= last]
     if paths and paths[-1] != path and \
             load_checkpoint(paths[-1], mmap=True)["global_step"] > state["global_step"]:
         paths.pop()  # the end of the best's epoch: trained past it
+    if found and found[-1][2] is not None and found[-1][2] <= state["global_step"]:
+        end = load_checkpoint(found[-1][0], mmap=True)  # the newest, saved mid-epoch
+        if end["global_step"] >= end.get("schedule_steps", math.inf):
+            paths.append(found[-1][0])  # where the schedule ended: the run's end
     paths = paths[-average:]
     if len(paths) < average:
         raise CheckpointError(f"{flag} {average}: only {len(paths)} per-epoch "

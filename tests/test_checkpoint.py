@@ -138,6 +138,24 @@ def test_averaging_uses_per_epoch_checkpoints_only(tmp_path):
         load_averaged(config, tmp_path / "tmodel_00.pt", 2)
 
 
+def test_averaging_counts_a_schedule_that_ended_mid_epoch_as_an_epochs_end(tmp_path):
+    """A --time_budget (or --max_steps) run ends its schedule mid-epoch: that last checkpoint
+    is the end of training and takes part in --average N, from itself (the newest); not from
+    an earlier checkpoint, and not where a stop (Ctrl-C) saved mid-epoch before the end."""
+    config = Config(model_folder=str(tmp_path))
+    for epoch in range(3):  # steps 10, 20, 30
+        save_checkpoint(tiny_state(epoch, schedule_steps=35), tmp_path / f"tmodel_{epoch:02d}.pt")
+    end = tmp_path / "tmodel_03_s0000035.pt"
+    save_checkpoint(tiny_state(3, step=35, schedule_steps=35), end)
+    assert [p.name for p in load_averaged(config, end, 3)[1]] == [
+        "tmodel_01.pt", "tmodel_02.pt", end.name]
+    assert [p.name for p in load_averaged(config, tmp_path / "tmodel_02.pt", 3)[1]] == [
+        "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
+    save_checkpoint(tiny_state(3, step=35, schedule_steps=60), end)  # stopped, not ended
+    assert [p.name for p in load_averaged(config, end, 3)[1]] == [
+        "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
+
+
 def test_averaging_from_a_mid_epoch_best_leaves_out_the_end_of_its_epoch(tmp_path):
     """Issue 41: --preload best --average N averaged up to the best's epoch; a best from a
     mid-epoch validation (--eval_every) is older than its epoch's end, which joined the
