@@ -181,6 +181,32 @@ def test_batches_decoded_at_once_come_back_in_order():
                                                  ([4], [40])]
 
 
+def test_batches_decoded_at_once_leave_torchs_thread_count_to_threads_started_later():
+    """Each worker decodes with one intra-op thread, but torch.set_num_threads also sets the
+    count a thread takes at its first parallel operator: threads started after the batches,
+    and a caller that had not run one yet, have the caller's count, not the workers' 1."""
+    import threading
+
+    def in_a_new_thread(work):
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(work()))
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    def caller():  # a thread whose first parallel operator comes after the batches
+        torch.set_num_threads(2)
+        workers = [n for _, out in decoded(lambda idx: [torch.get_num_threads()],
+                                           [[0], [1], [2]], 2) for n in out]
+        return workers, torch.get_num_threads()
+    previous = torch.get_num_threads()
+    try:
+        assert in_a_new_thread(caller) == ([1, 1, 1], 2)
+        assert in_a_new_thread(torch.get_num_threads) == 2
+    finally:
+        torch.set_num_threads(previous)
+
+
 OPTIONS = {
     "default": {},
     "paper": dict(norm_first=False, shared_vocab=True, tie_embeddings="all"),
