@@ -545,7 +545,8 @@ def test_the_decoders_take_turns_every_at_once_batches_each_pair_one_after_the_o
     assert all(len(outputs[name]) == 10 and len(times[name]) == 1 for name in names)
 
 
-def test_the_engine_is_also_timed_as_replicas_decoding_batches_at_once(tmp_path, monkeypatch):
+def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once(tmp_path,
+                                                                              monkeypatch):
     """engines(): float32 and int8 with `threads` threads a batch; with several threads also
     float32 as that many replicas, one thread each (the same export loaded again)."""
     import sys
