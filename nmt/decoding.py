@@ -487,9 +487,9 @@ def batches_at_once(model, batches: int, greedy: bool) -> int:
 def decoded(decode, batches, at_once: int):
     """(batch, decode(batch)) for each batch, in order. With at_once > 1, that many batches
     are decoded at the same time, each on a thread of its own with one intra-op thread (the
-    step's operators release the GIL); the caller's threads are untouched. A stop (an
-    exception where the caller takes a batch) lets the batches under way end and starts no
-    other."""
+    step's operators release the GIL); the caller's threads are untouched, and so are those
+    of threads started later. A stop (an exception where the caller takes a batch) lets the
+    batches under way end and starts no other."""
     if at_once <= 1:
         for idx in batches:
             yield idx, decode(idx)
@@ -499,14 +499,18 @@ def decoded(decode, batches, at_once: int):
         torch.set_num_threads(1)  # this worker thread's own setting
         with torch.no_grad():  # autograd's mode is each thread's own
             return decode(idx)
-    with ThreadPoolExecutor(at_once) as pool:
-        futures = [pool.submit(on_one_thread, idx) for idx in batches]
-        try:
-            for idx, future in zip(batches, futures):
-                yield idx, future.result()
-        finally:
-            for future in futures:
-                future.cancel()
+    threads = torch.get_num_threads()  # the caller's
+    try:
+        with ThreadPoolExecutor(at_once) as pool:
+            futures = [pool.submit(on_one_thread, idx) for idx in batches]
+            try:
+                for idx, future in zip(batches, futures):
+                    yield idx, future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+    finally:  # set_num_threads also sets the count a thread takes at its first operator
+        torch.set_num_threads(threads)
 
 
 # ---- text in, text out -------------------------------------------------------------------------

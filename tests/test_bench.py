@@ -148,23 +148,35 @@ def test_bench_decode_side_by_side_on_a_subset(trained):
     assert "target >= 1.0" in out and "target >= 1.3" in out
 
 
-def test_bench_decode_with_two_threads_times_the_engine_decoding_batches_at_once(trained):
-    """With two threads this repo's greedy decodes two batches at once (one thread each), and
-    the engine is timed both ways: two threads a batch, and two replicas one batch each; the
-    ratio is printed against each."""
+def test_bench_decode_with_two_threads_times_the_engine_decoding_batches_at_once(trained,
+                                                                                monkeypatch):
+    """With two threads this repo's greedy decodes two batches at once (one thread each), the
+    greedy decoders take turns every two batches, and the engine is timed both ways: two
+    threads a batch, and two replicas one batch each (greedy and beam search); the ratios are
+    printed against each."""
     pytest.importorskip("ctranslate2")
+    import dev.bench_decode as bench
     home, _ = trained
+    real, taken = bench.decode_in_turn, []
+    monkeypatch.setattr(bench, "decode_in_turn", lambda runs, ids, batch, repeats, at_once=1:
+                        taken.append(at_once) or real(runs, ids, batch, repeats, at_once))
     t = run_here("dev/bench_decode.py", "--preload", "01", "--data_dir_test", "corpus",
                  "--split", "val", "--sentences", "5", "--repeats", "1", "--threads", "2",
                  "--batch_size", "2", cwd=home)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert taken == [2]
     rows = {line[:48].strip(): line.split() for line in out.splitlines() if "/5" in line}
     assert rows["CTranslate2 float32, 2 batches at once, greedy"][-1] == \
         rows["CTranslate2 float32, greedy"][-1], out
     for engine in ("CTranslate2 float32, greedy", "CTranslate2 float32, 2 batches at once, "
                                                   "greedy"):
         assert f"this repo, greedy / {engine}, sentences/s: " in out, out
+    # beam search too: the replicas decode two output-length groups at once
+    assert rows["CTranslate2 float32, 2 batches at once, beam 4"][-3:] == \
+        rows["CTranslate2 float32, beam 4"][-3:], out
+    assert "this repo, beam 4 / CTranslate2 float32, 2 batches at once, beam 4, sentences/s: " \
+        in out, out
 
 
 def test_bench_decode_profiles_a_greedy_and_a_beam_batch(trained):
@@ -492,3 +504,74 @@ def test_the_decoding_profile_takes_the_profilers_cost_out_of_each_operator():
     assert split == {ENCODER: 22.0 + 2.0, "matrix products": 42.0, "norms and other": 4.0,
                      "choosing tokens": 12.0, "attention": 7.0, "cache and reordering": 4.0,
                      "Python and dispatch": 100.0 - 93.0}
+
+
+def test_the_decoding_profile_never_counts_a_negative_time():
+    """profile_split: a profiled run faster than the unprofiled one (noise) takes no cost out
+    and adds none; an operator cheaper than its share of the profiler's cost counts 0."""
+    from types import SimpleNamespace
+
+    from dev.bench_decode import profile_split
+    events = [SimpleNamespace(name=name, self_cpu_time_total=us, cpu_parent=None)
+              for name, us in (("aten::mm", 30.0), ("aten::topk", 2.0))]
+    assert profile_split(events, wall_us=100.0, profiled_us=90.0)[1] == {
+        "matrix products": 30.0, "choosing tokens": 2.0, "Python and dispatch": 68.0}
+    assert profile_split(events, wall_us=100.0, profiled_us=120.0)[1] == {  # 10 us each
+        "matrix products": 20.0, "choosing tokens": 0.0, "Python and dispatch": 80.0}
+
+
+def test_the_decoders_take_turns_every_at_once_batches_each_pair_one_after_the_other():
+    """decode_in_turn: one untimed call each, then the greedy decoders take turns on every
+    `at_once` batches (this repo's greedy decodes that many at once), this repo's first and the
+    engine's float32 right after it; then each beam search on all its sentences, this repo's
+    and the engine's float32 one right after the other."""
+    from dev.bench_decode import MODEL_STEP, decode_in_turn
+    calls = []
+
+    def run(name):
+        return lambda part: calls.append((name, len(part))) or [[4]] * len(part)
+    names = ["CTranslate2 int8, greedy", "this repo, beam 3", f"this repo, greedy, {MODEL_STEP}",
+             "this repo, beam 3, k finished", "CTranslate2 float32, beam 3",
+             "CTranslate2 float32, greedy", "this repo, greedy"]  # ours as this_repos_decoders
+    ids = [[5] * (1 + i % 7) for i in range(10)]
+    outputs, times = decode_in_turn([(name, run(name), range(10)) for name in names], ids,
+                                    batch=2, repeats=1, at_once=2)
+    assert sorted(name for name, _ in calls[:len(names)]) == sorted(names)  # untimed
+    greedy = ["this repo, greedy", "CTranslate2 float32, greedy", "CTranslate2 int8, greedy",
+              f"this repo, greedy, {MODEL_STEP}"]
+    assert calls[len(names):] == [(name, n) for n in (4, 4, 2) for name in greedy] + [
+        ("this repo, beam 3", 10), ("CTranslate2 float32, beam 3", 10),
+        ("this repo, beam 3, k finished", 10)]
+    assert all(len(outputs[name]) == 10 and len(times[name]) == 1 for name in names)
+
+
+def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once(tmp_path,
+                                                                              monkeypatch):
+    """engines(): float32 and int8 with `threads` threads a batch; with several threads also
+    float32 as that many replicas, one thread each (the same export loaded again)."""
+    import sys
+    from types import SimpleNamespace
+
+    import nmt.engine
+    from dev.bench_decode import engines
+    monkeypatch.setitem(sys.modules, "ctranslate2", SimpleNamespace())  # installed
+    exported, loaded = [], {}
+
+    def export(model, config, tok_src, tok_tgt, path, quantization):
+        exported.append(quantization)
+        path.mkdir(parents=True)
+
+    class Engine:
+        def __init__(self, path, tok_src, tok_tgt, device, threads, at_once):
+            loaded[path.name, threads, at_once] = device
+            self.tokens = ["x"] * 5
+            self.translator = SimpleNamespace(translate_batch=lambda *a, **k: None)
+    monkeypatch.setattr(nmt.engine, "export", export)
+    monkeypatch.setattr(nmt.engine, "Engine", Engine)
+    model = torch.nn.Linear(2, 2)
+    assert list(engines(model, None, None, None, tmp_path / "a", threads=2)) == [
+        "float32", "float32, 2 batches at once", "int8"]
+    assert exported == ["float32", "int8"]
+    assert loaded == {("float32", 2, 1): "cpu", ("float32", 1, 2): "cpu", ("int8", 2, 1): "cpu"}
+    assert list(engines(model, None, None, None, tmp_path / "b", threads=1)) == [
+        "float32", "int8"]

@@ -279,3 +279,170 @@ def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
     finally:
         torch.set_num_threads(previous)
     assert sampling_threads == 2  # sampling's batches too
+
+
+def teacher_forced_logits(state, steps=5, rows=5):
+    """The logits of `steps` teacher-forced steps of a state (the same tokens for any state)."""
+    generator = torch.Generator().manual_seed(0)
+    ys, banned, out = torch.full((rows, 1), SOS), torch.tensor([PAD, SOS]), []
+    for _ in range(steps):
+        out.append(state.scores(ys, banned))
+        ys = torch.cat([ys, torch.randint(4, 24, (rows, 1), generator=generator)], 1)
+    return out
+
+
+@needs_onednn
+@pytest.mark.parametrize("design", ["pre-norm", "paper", "modern"])
+def test_the_step_computes_each_norm_with_its_gain_bias_and_eps(design):
+    """A trained model's norms are not the initial ones (gain 1, bias 0): gains, biases and an
+    eps that matters (0.1), in layer norm and RMSNorm, pre- and post-norm, the final norm too:
+    the FastState's logits are still the ModelState's."""
+    model = small(seed=8, **DESIGNS[design])
+    with torch.no_grad():
+        for module in model.decoder.modules():
+            if hasattr(module, "eps") and hasattr(module, "alpha"):
+                module.alpha.uniform_(0.5, 1.5)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.normal_(0.0, 0.5)
+                module.eps = 0.1
+    src, src_mask = batch(8)
+    fast = fast_decoder(model, rows=8)
+    assert isinstance(fast, FastDecoder)
+    plain = teacher_forced_logits(ModelState(model, src, src_mask, capacity=8))
+    quick = teacher_forced_logits(FastState(fast, src, src_mask, capacity=8))
+    for step, (a, b) in enumerate(zip(plain, quick)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (design, step)
+
+
+@needs_onednn
+def test_a_layer_the_step_cannot_read_leaves_the_model_to_its_own_decoder(monkeypatch):
+    """The step reads nn.Linear weights, model.py's norms, and a packed projection that
+    matches the unpacked one. A linear layer of another class (it may compute otherwise), a
+    residual connection without a norm, or a packed product that does not match: no
+    FastDecoder, and the searches decode with the model's own decoder."""
+    class Shifted(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 1.0
+    sources = [[5, 6, 7], [8, 9, 10, 11]]
+    shifted = small(seed=9)
+    old = shifted.decoder.layers[0].feed_forward_block.linear_2
+    new = Shifted(old.in_features, old.out_features)
+    new.load_state_dict(old.state_dict())
+    shifted.decoder.layers[0].feed_forward_block.linear_2 = new
+    shifted.eval()
+    assert fast_decoder(shifted, rows=8) is None
+    expected = translate_ids(shifted, sources, SOS, EOS, PAD, seq_len=40, fast_step=False)
+    assert translate_ids(shifted, sources, SOS, EOS, PAD, seq_len=40) == expected
+    no_norm = small(seed=9)
+    no_norm.decoder.layers[1].residual_connections[2].norm = torch.nn.Identity()
+    no_norm.eval()
+    assert fast_decoder(no_norm, rows=8) is None
+    expected = translate_ids(no_norm, sources, SOS, EOS, PAD, seq_len=40, fast_step=False)
+    assert translate_ids(no_norm, sources, SOS, EOS, PAD, seq_len=40) == expected
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight",
+                        lambda weight, rows: reorder(weight * 2, rows))  # packs a wrong copy
+    assert fast_decoder(small(seed=9), rows=8) is None
+
+
+@needs_onednn
+def test_without_the_cache_the_searches_re_decode_with_model_py(monkeypatch):
+    """use_cache=False (the write-ups' decoder, bench_decode.py --single): model.py's decoder
+    re-reads the whole prefix every step, also when given the FastDecoder; the same tokens."""
+    model = small(seed=10, **DESIGNS["modern"])
+    fast = decoding_model(model, rows=8)
+    steps = []
+    original = FastDecoder.step
+    monkeypatch.setattr(FastDecoder, "step", lambda self, *a: steps.append(1) or
+                        original(self, *a))
+    src, src_mask = batch(10)
+    limit = torch.tensor([3, 9, 12, 5, 7])
+    expected = greedy_decode(model, src, src_mask, SOS, EOS, limit)
+    assert greedy_decode(fast, src, src_mask, SOS, EOS, limit, use_cache=False) == expected
+    sources = [[5, 6, 7], [8, 9]]
+    assert translate_ids(fast, sources, SOS, EOS, PAD, seq_len=40, use_cache=False) == \
+        translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, fast_step=False)
+    assert steps == []
+
+
+@needs_onednn
+def test_fast_step_false_is_model_pys_step_for_a_laid_out_model_and_an_ensemble(monkeypatch):
+    """fast_step=False (the reference bench_decode.py times) runs model.py's step whatever it
+    is given: a model already laid out (its FastDecoder), and an ensemble's every member."""
+    model = small(seed=11)
+    fast = decoding_model(model, rows=8)
+    assert decoding_model(fast, fast_step=False) is model
+    members = decoding_model(Ensemble([model, fast]), rows=8, fast_step=False).members
+    assert list(members) == [model, model]
+    steps = []
+    original = FastDecoder.step
+    monkeypatch.setattr(FastDecoder, "step", lambda self, *a: steps.append(1) or
+                        original(self, *a))
+    sources = [[5, 6, 7], [8, 9]]
+    translate_ids(fast, sources, SOS, EOS, PAD, seq_len=40, fast_step=False)
+    translate_ids(Ensemble([model, model]), [[s, s] for s in sources], SOS, EOS, PAD,
+                  seq_len=40, fast_step=False)
+    assert steps == []
+
+
+@needs_onednn
+def test_beams_reorder_between_two_caches():
+    """follow() moves the decoded positions into the spare cache and swaps the two, so beam
+    search's steps allocate no cache after the first reordering."""
+    model = small(seed=12, **DESIGNS["modern"])
+    src, src_mask = batch(12)
+    state = FastState(decoding_model(model, rows=8), src, src_mask, capacity=10)
+    banned, ys, caches = torch.tensor([PAD, SOS]), torch.full((5, 1), SOS), []
+    rows = torch.tensor([1, 0, 3, 2, 4])
+    for _ in range(6):
+        logits = state.scores(ys, banned)
+        ys = torch.cat([ys[rows], logits.argmax(-1, keepdim=True)[rows]], 1)
+        state.follow(rows)
+        caches.append(state.cache)  # held: a freed cache's memory is not handed out again
+    assert len({cache.data_ptr() for cache in caches}) == 2
+
+
+@needs_onednn
+def test_only_the_fast_steps_greedy_and_sampling_decode_batches_at_once(monkeypatch):
+    """With two threads: each worker decoding a batch has one intra-op thread; sampling
+    decodes at once whatever beam and nbest say (it ignores them); model.py's step, and an
+    ensemble with a member the step does not apply to, decode one batch at a time on the
+    caller's thread."""
+    import threading
+
+    from nmt import decoding
+    model = small(seed=13)
+    sources = [[4 + (i * 5 + j) % 20 for j in range(1 + i % 4)] for i in range(12)]
+    seen = []  # (thread, its intra-op threads) of every step
+    fast_step, model_step = FastDecoder.step, decoding.ModelState.scores
+    monkeypatch.setattr(FastDecoder, "step", lambda self, *a: seen.append(
+        (threading.get_ident(), torch.get_num_threads())) or fast_step(self, *a))
+    monkeypatch.setattr(decoding.ModelState, "scores", lambda self, *a: seen.append(
+        (threading.get_ident(), torch.get_num_threads())) or model_step(self, *a))
+
+    class Subclass(type(model)):  # no fast step for it
+        pass
+    other = small(seed=14)
+    other.__class__ = Subclass
+    caller = threading.get_ident()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=3)
+        assert len({t for t, _ in seen}) == 2 and caller not in {t for t, _ in seen}
+        assert {n for _, n in seen} == {1}
+        seen.clear()
+        translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=6, beam=3,
+                      nbest=2, sampling=Sampling(n=2))
+        assert len({t for t, _ in seen}) == 2 and caller not in {t for t, _ in seen}
+        for decode in (lambda: translate_ids(model, sources, SOS, EOS, PAD, seq_len=40,
+                                             batch_size=3, fast_step=False),
+                       lambda: translate_ids(Ensemble([model, other]),
+                                             [[s, s] for s in sources], SOS, EOS, PAD,
+                                             seq_len=40, batch_size=3)):
+            seen.clear()
+            decode()
+            assert seen and {t for t, _ in seen} == {caller}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from conftest import small, tiny_model
 
 from model import build_transformer, causal_mask
-from nmt.decoding import beam_search, clean, greedy_decode, output_limits, translate_ids
+from nmt.decoding import (beam_search, clean, decoded, greedy_decode, output_limits,
+                          translate_ids)
 from tokenizer import EOS, PAD, SOS, UNK
 
 
@@ -166,6 +167,46 @@ def test_decoding_reports_progress_and_stops_at_the_next_batch_when_asked():
     assert done == [4]  # one batch, then it stopped
 
 
+def test_batches_decoded_at_once_come_back_in_order():
+    """decoded(): batches decoded two at a time come back in the order given (progress goes
+    batch by batch), even when a later one is done first."""
+    import time
+
+    def decode(idx):
+        if idx == [0]:
+            time.sleep(0.2)  # the first batch ends last
+        return [10 * i for i in idx]
+    batches = [[0], [1, 2], [3], [4]]
+    assert list(decoded(decode, batches, 2)) == [([0], [0]), ([1, 2], [10, 20]), ([3], [30]),
+                                                 ([4], [40])]
+
+
+def test_batches_decoded_at_once_leave_torchs_thread_count_to_threads_started_later():
+    """Each worker decodes with one intra-op thread, but torch.set_num_threads also sets the
+    count a thread takes at its first parallel operator: threads started after the batches,
+    and a caller that had not run one yet, have the caller's count, not the workers' 1."""
+    import threading
+
+    def in_a_new_thread(work):
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(work()))
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    def caller():  # a thread whose first parallel operator comes after the batches
+        torch.set_num_threads(2)
+        workers = [n for _, out in decoded(lambda idx: [torch.get_num_threads()],
+                                           [[0], [1], [2]], 2) for n in out]
+        return workers, torch.get_num_threads()
+    previous = torch.get_num_threads()
+    try:
+        assert in_a_new_thread(caller) == ([1, 1, 1], 2)
+        assert in_a_new_thread(torch.get_num_threads) == 2
+    finally:
+        torch.set_num_threads(previous)
+
+
 OPTIONS = {
     "default": {},
     "paper": dict(norm_first=False, shared_vocab=True, tie_embeddings="all"),
@@ -267,6 +308,20 @@ def test_beam_search_without_the_early_stop_finds_the_exhaustive_searchs_best(mi
         assert min_len <= len(out) <= 3 and score <= expected[1] + 1e-4
         if min_len == 0 and alpha >= 1:
             assert out == [6] and score < expected[1] - 0.02  # the early stop's miss
+
+
+def test_a_beam_wider_than_the_live_tokens_returns_only_real_hypotheses():
+    """Four tokens may follow (4, 5, 6, [EOS]) and the beam holds 6: the candidates past the
+    live ones score -inf, some of them [EOS]; none is a finished hypothesis: the 6 best are 6
+    distinct outputs, each with a finite score."""
+    torch.manual_seed(25)
+    model = build_transformer(7, 7, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=0.0).eval()
+    src = torch.tensor([[SOS, 4, 5, 6, EOS]])
+    src_mask = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    [hyps] = beam_search(model, src, src_mask, SOS, EOS, 3, beam=6, nbest=6, alpha=0.0,
+                         banned=(UNK, PAD, SOS), early_stop=False)
+    outs = [out for out, _ in hyps]
+    assert len(set(map(tuple, outs))) == 6 and all(s > float("-inf") for _, s in hyps), hyps
 
 
 # ---- ensembles and sampling (issue 42) ----------------------------------------------------------

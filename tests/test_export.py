@@ -105,6 +105,46 @@ def test_exporting_leaves_the_model_untouched(corpus, tmp_path):
         assert torch.equal(v, before[k]), k
 
 
+def test_the_engine_decodes_batches_at_once_as_one_after_the_other(corpus, tmp_path):
+    """Engine(at_once=2): two replicas of the model (the engine's inter_threads), each call
+    queued while the one before it decodes, at most two calls ahead of the one read; the same
+    outputs, in the same places, as one call after the other (greedy: a call a batch; beam
+    search: a call an output-length limit)."""
+    from types import SimpleNamespace
+
+    from nmt.engine import Engine
+    config = Config(data_dir=str(corpus / "c"), model_folder=str(corpus / "default"),
+                    lang_tgt="it", d_model=32, N=2, h=4, d_ff=64, seq_len=40, vocab_size=300)
+    model, data, sources = random_model(config)
+    export(model, config, data.tokenizer_src, data.tokenizer_tgt, tmp_path / "ct2")
+
+    class Window:  # the calls made, and how many were made when each call's results are read
+        def __init__(self, translator):
+            self.translator, self.made, self.read = translator, 0, []
+
+        def translate_batch(self, batch, **options):
+            call, self.made = self.made, self.made + 1
+            results = self.translator.translate_batch(batch, **options)
+            return [SimpleNamespace(result=lambda r=r, c=call: self.read.append(
+                (c, self.made)) or r.result()) for r in results]
+    ours = translate_ids(model, sources, SOS, EOS, PAD, 40, unk_id=UNK, batch_size=8)
+    outputs = {}
+    for at_once in (1, 2):
+        engine = Engine(tmp_path / "ct2", data.tokenizer_src, data.tokenizer_tgt, "cpu", 1,
+                        at_once)
+        assert engine.translator.num_translators == at_once
+        for beam in (1, 2):
+            engine.translator = window = Window(engine.translator)
+            outputs[at_once, beam] = engine.translate_ids(sources, SOS, EOS, PAD, 40, beam=beam,
+                                                          batch_size=8, unk_id=UNK)
+            calls = window.made
+            assert calls >= 3 and {c for c, _ in window.read} == set(range(calls))
+            assert all(made == min(c + at_once, calls) for c, made in window.read), window.read
+            engine.translator = window.translator
+    assert outputs[1, 1] == outputs[2, 1] == ours
+    assert outputs[1, 2] == outputs[2, 2]
+
+
 def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
     """Issue 17: train, export, translate with CTranslate2 as the README says."""
     pytest.importorskip("ctranslate2")
