@@ -175,12 +175,14 @@ def start(model, src, src_mask, capacity: int, use_cache: bool = True):
 
 # ---- the searches -------------------------------------------------------------------------------
 
-def output_limits(src_lengths, max_len_a: float, max_len_b: int, seq_len: int):
+def output_limits(src_lengths, max_len_a: float, max_len_b: int, seq_len: int,
+                  min_len: int = 1):
     """The most output tokens ([EOS] not counted) of each sentence: fairseq's
-    max_len_a · source length + max_len_b, and never more than seq_len allows ([SOS] and
-    [EOS] included, as in training). src_lengths: (batch,) real source tokens."""
+    max_len_a · source length + max_len_b, never fewer than min_len (the fewest a translation
+    has: a shorter limit would both require and bar [EOS]), never more than seq_len allows
+    ([SOS] and [EOS] included, as in training). src_lengths: (batch,) real source tokens."""
     limit = (max_len_a * src_lengths.double() + max_len_b).floor().long()  # (batch,)
-    return limit.clamp(min=1, max=seq_len - 2)
+    return limit.clamp(min=min(max(min_len, 1), seq_len - 2), max=seq_len - 2)
 
 
 def restrict(logp, step: int, limit, min_len: int, eos_id: int):
@@ -449,7 +451,7 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
         src, src_mask = source_batches(model, [src_ids[i] for i in idx], seq_len, sos_id,
                                        eos_id, pad_id, device)
         lengths = (first(src) != pad_id).sum(dim=1) - 2  # (batch,) real source tokens
-        max_len = output_limits(lengths, max_len_a, max_len_b, seq_len)  # (batch,)
+        max_len = output_limits(lengths, max_len_a, max_len_b, seq_len, min_len)  # (batch,)
         if sampling:
             generators = [sampling.generator(key[i], j, device) for i in idx
                           for j in range(sampling.n)]

@@ -214,7 +214,7 @@ class Engine:
         sentences go in groups of equal limits."""
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]
         limits = output_limits(torch.tensor([len(s) for s in sources]), max_len_a, max_len_b,
-                               seq_len).tolist()
+                               seq_len, min_len).tolist()
         banned = [[SPECIAL_TOKENS[i]] for i in (pad_id, sos_id)]
         results = [None] * len(sources)
         greedy = beam == 1 and nbest == 1

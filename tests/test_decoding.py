@@ -147,6 +147,21 @@ def test_output_length_limits_and_no_empty_translation():
         assert [len(o) for o in out] == [5, 9], out  # floor(1.5 · 2 + 2), floor(1.5 · 5 + 2)
 
 
+def test_a_limit_below_min_len_is_raised_to_it():
+    """An empty source with max_len_a · 0 + max_len_b below min_len: the limit is min_len, so
+    [EOS] is not both required and barred (beam search crashed, greedy emitted a token from a
+    row of -inf); every decoder outputs exactly min_len tokens there."""
+    assert output_limits(torch.tensor([0, 3]), 2.0, 0, seq_len=32, min_len=2).tolist() == [2, 6]
+    assert output_limits(torch.tensor([0]), 2.0, 0, seq_len=4, min_len=5).tolist() == [2]
+    model = tiny_model(vocab=20, seed=0)
+    with torch.no_grad():  # [EOS] is the model's first choice: only the rules lengthen
+        model.projection_layer.proj.bias[EOS] = 100.0
+    for beam in (1, 3):
+        out = translate_ids(model, [[], [5]], SOS, EOS, PAD, 32, beam=beam, max_len_a=2,
+                            max_len_b=0, min_len=2)
+        assert [len(o) for o in out] == [2, 2], (beam, out)
+
+
 def test_decoding_reports_progress_and_stops_at_the_next_batch_when_asked():
     """Issue 17: validation decoding showed no progress and ignored the first Ctrl-C."""
     model = tiny_model(vocab=20, seed=0)
