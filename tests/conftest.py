@@ -109,6 +109,31 @@ def run_script(script: str, *args, cwd: Path, input: bytes = None, timeout: int 
                           input=input, capture_output=True, timeout=timeout, env=env)
 
 
+OLD_CHECKPOINT = ROOT / "tests" / "data" / "checkpoint_2026_11"
+
+
+def old_checkpoint_state() -> dict:
+    """The checkpoint train.py wrote in 2026-11, before the machinery moved into nmt/ (a tiny
+    model on number words), as it was: its keys and values, the weights kept in state.json as
+    raw bytes (the repo ships no .pt file)."""
+    import base64
+    import json
+    state = json.loads((OLD_CHECKPOINT / "state.json").read_text(encoding="utf-8"))
+    state["model_state_dict"] = {
+        name: torch.frombuffer(bytearray(base64.b64decode(t["data"])),
+                               dtype=getattr(torch, t["dtype"])).reshape(t["shape"])
+        for name, t in state["model_state_dict"].items()}
+    return state
+
+
+def old_checkpoint(folder: Path) -> Path:
+    """That checkpoint as train.py left it: folder/tmodel_best.pt and its tokenizers."""
+    import shutil
+    shutil.copytree(OLD_CHECKPOINT, folder, ignore=shutil.ignore_patterns("state.json"))
+    torch.save(old_checkpoint_state(), folder / "tmodel_best.pt")
+    return folder / "tmodel_best.pt"
+
+
 def run_here(script: str, *args, cwd: Path, input: bytes = None):
     """What run_script returns, with the script's main run in this process, as its
     `__main__` block would (run_main: a user's error is one line and exit 2): no interpreter

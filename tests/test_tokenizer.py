@@ -105,12 +105,12 @@ def test_the_fingerprint_does_not_depend_on_how_the_merges_are_written():
     assert merge_pairs(["Ġ t", "h e"]) == merge_pairs([["Ġ", "t"], ["h", "e"]]) == \
         [["Ġ", "t"], ["h", "e"]]
     assert merge_pairs(None) is None
+    from conftest import old_checkpoint_state
     data = Path(__file__).parent / "data" / "checkpoint_2026_11"
     tok = Tokenizer.from_file(str(data / "tokenizer_en.json"))
     merges = json.loads(tok.to_str())["model"]["merges"]
     assert merge_pairs([" ".join(m) for m in merges]) == merge_pairs(merges)
-    import torch
-    state = torch.load(data / "tmodel_best.pt", weights_only=True)
+    state = old_checkpoint_state()
     assert state["tokenizers"][0] == tokenizer_fingerprint(tok)  # recorded in 2026-11
 
 
@@ -121,7 +121,7 @@ def test_a_checkpoint_recording_the_fingerprint_of_merges_as_strings_still_loads
     Either form is accepted; another tokenizer still is not."""
     from pathlib import Path
 
-    import torch
+    from conftest import old_checkpoint_state
     from tokenizers import Tokenizer
 
     from nmt.checkpoint import CheckpointError, check_tokenizers
@@ -130,7 +130,7 @@ def test_a_checkpoint_recording_the_fingerprint_of_merges_as_strings_still_loads
     src = Tokenizer.from_file(str(data / "tokenizer_en.json"))
     tgt = Tokenizer.from_file(str(data / "tokenizer_it.json"))
     assert tokenizer_fingerprints(src) == ("d711b1fca901f1b7", "e90c2c529e5d9a07")
-    state = torch.load(data / "tmodel_best.pt", weights_only=True)
+    state = old_checkpoint_state()
     state["tokenizers"] = [tokenizer_fingerprints(src)[1], tokenizer_fingerprints(tgt)[1]]
     check_tokenizers(state, data / "tmodel_best.pt", src, tgt)  # as written under < 0.20
     state["tokenizers"][0] = tokenizer_fingerprints(tgt)[1]  # the target's: another tokenizer

@@ -361,15 +361,12 @@ def test_a_checkpoint_written_before_the_layouts_move_translates_as_it_did(tmp_p
     """tests/data/checkpoint_2026_11 was written by train.py before the machinery moved into
     nmt/ (a tiny model on number words, 1 epoch): it still loads, and beam search gives the
     translation recorded then, byte for byte."""
-    import shutil
-
-    from conftest import ROOT
-    data = ROOT / "tests" / "data" / "checkpoint_2026_11"
-    shutil.copytree(data, tmp_path / "w")  # translate.py writes nothing, but a test never risks it
+    from conftest import OLD_CHECKPOINT, old_checkpoint
+    old_checkpoint(tmp_path / "w")
     t = run_here("translate.py", "--model_folder", "w", "--preload", "best", "--beam", "2",
                  "three four five .", cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()
-    assert t.stdout == (data / "expected_beam2.txt").read_bytes()
+    assert t.stdout == (OLD_CHECKPOINT / "expected_beam2.txt").read_bytes()
 
 
 def test_an_ensemble_refuses_models_of_opposite_directions(trained, monkeypatch):
