@@ -14,6 +14,8 @@ One run, one trained model, the same sentences, the same thread count, the same 
   CTranslate2 (if installed): the model exported by export.py (into a temporary folder) in
              float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
              calls it: greedy one call per batch, beam one call per output-length limit);
+             each engine in a process of its own, as a user runs it (torch's OpenMP threads
+             and the engine's slow each other down in one process);
              with several threads, float32 greedy also as that many replicas decoding as many
              batches at once, one thread each (the engine's inter_threads), as this repo's
              greedy decodes them.
@@ -36,6 +38,7 @@ time less the operators').
 """
 
 import copy
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -54,17 +57,17 @@ from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 
 def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
-    """CTranslate2 exports of `model` in float32 and int8, loaded on the model's device (CPU or
-    CUDA) with `threads` threads a batch; with several threads, the float32 one also as
-    `threads` replicas decoding as many batches at once, one thread each (the engine's
-    inter_threads); {} without ctranslate2, or where it cannot load on that device (one line
-    says why)."""
+    """CTranslate2 exports of `model` in float32 and int8, each loaded in a process of its own
+    (EngineProcess) on the model's device (CPU or CUDA) with `threads` threads a batch; with
+    several threads, the float32 one also as `threads` replicas decoding as many batches at
+    once, one thread each (the engine's inter_threads); {} without ctranslate2, or where it
+    cannot load on that device (one line says why)."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
         print("ctranslate2 is not installed: its rows are left out (pip install ctranslate2)")
         return {}
-    from nmt.engine import Engine, ExportError, export
+    from nmt.engine import ExportError, export
     device = next(model.parameters()).device.type
     out = {}
     kinds = [("float32", threads, 1), ("int8", threads, 1)]
@@ -76,15 +79,77 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
         if not path.exists():
             export(model, config, tok_src, tok_tgt, path, quantization)
         try:
-            engine = Engine(path, tok_src, tok_tgt, device, intra, at_once)
-            # a CUDA build finds its CUDA libraries at the first translation, not at loading
-            engine.translator.translate_batch([[engine.tokens[4]]], max_decoding_length=2)
+            out[name] = EngineProcess(path, tok_src, tok_tgt, device, intra, at_once)
         except (ExportError, RuntimeError) as e:  # e.g. built for another CUDA release
-            print(f"CTranslate2 {name} on {device} cannot run: "
-                  f"{str(e).splitlines()[0]}; its rows are left out")
-            continue
-        out[name] = engine
+            print(f"CTranslate2 {name} on {device} cannot run: {e}; its rows are left out")
     return out
+
+
+class EngineProcess:
+    """A CTranslate2 engine (nmt.engine.Engine) in a process of its own, decoding the sentences
+    this process sends it, as a user runs the engine. Not in this process: CTranslate2 and
+    torch each bring an OpenMP runtime of their own, and once both have run parallel regions in
+    one process, each runtime's threads stop spinning between regions and every region waits
+    for its threads to wake (on 2 cores of an AMD EPYC with AVX512-BF16, the engine's greedy on
+    two threads a batch took 2.85 s there against 1.14 s alone, and this repo's beam search 1.45
+    times as long after one call of the engine; dev/LOG.md). Raises RuntimeError (its first
+    line) where the engine cannot load or run on `device`."""
+
+    def __init__(self, path: Path, tok_src, tok_tgt, device: str, threads: int, at_once: int):
+        context = multiprocessing.get_context("spawn")
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=serve_engine, daemon=True, args=(
+            child, str(path), tok_src.to_str(), tok_tgt.to_str(), device, threads, at_once))
+        self.process.start()
+        child.close()
+        self.answer()  # loaded and run once (a CUDA build finds its libraries only then)
+
+    def translate_ids(self, src_ids, **options):
+        """As nmt.engine.Engine.translate_ids (no progress callback)."""
+        self.connection.send((src_ids, options))
+        return self.answer()
+
+    def answer(self):
+        try:
+            kind, value = self.connection.recv()
+        except EOFError:
+            raise RuntimeError("the engine's process ended") from None
+        if kind == "error":
+            raise RuntimeError(value)
+        return value
+
+    def close(self):
+        if self.process.is_alive():
+            self.connection.send(None)
+        self.process.join(timeout=30)
+
+
+def serve_engine(connection, path: str, src: str, tgt: str, device: str, threads: int,
+                 at_once: int):
+    """An EngineProcess's own loop: loads the engine ("ready", or "error" and the end), then
+    answers each (ids, options) with ("done", its translations) or ("error", the first line of
+    what went wrong), until None."""
+    from tokenizers import Tokenizer
+
+    from nmt.engine import Engine
+    torch.set_num_threads(1)  # no parallel region of torch's beside the engine's
+
+    def attempt(work, *args, **options):
+        try:
+            return "done", work(*args, **options)
+        except Exception as e:  # noqa: BLE001 (said in the parent, one line)
+            return "error", (str(e) or type(e).__name__).splitlines()[0]
+
+    def load():
+        engine = Engine(Path(path), Tokenizer.from_str(src), Tokenizer.from_str(tgt), device,
+                        threads, at_once)
+        engine.translator.translate_batch([[engine.tokens[4]]], max_decoding_length=2)
+        return engine
+    kind, engine = attempt(load)
+    connection.send((kind, None if kind == "done" else engine))
+    while kind == "done" and (request := connection.recv()) is not None:
+        ids, options = request
+        connection.send(attempt(engine.translate_ids, ids, **options))
 
 
 def decode_in_turn(runs, ids, batch: int, repeats: int, at_once: int = 1):
@@ -386,7 +451,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         exported = engines(model, config, tok_src, tok_tgt, Path(tmp), threads)
         runs += engine_decoders(args, exported, len(ids), common)
-        outputs, times = decode_in_turn(runs, ids, batch, args.repeats, threads)
+        try:
+            outputs, times = decode_in_turn(runs, ids, batch, args.repeats, threads)
+        finally:
+            for engine in exported.values():
+                engine.close()
     report(runs, outputs, times, references, tok_tgt)
     if next(model.parameters()).is_cuda:
         report_attention_kernels(runs[:2], ids, batch)

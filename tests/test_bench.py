@@ -548,12 +548,13 @@ def test_the_decoders_take_turns_every_at_once_batches_each_pair_one_after_the_o
 def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once(tmp_path,
                                                                               monkeypatch):
     """engines(): float32 and int8 with `threads` threads a batch; with several threads also
-    float32 as that many replicas, one thread each (the same export loaded again)."""
+    float32 as that many replicas, one thread each (the same export loaded again); each in an
+    EngineProcess, and one that cannot load is left out with one line."""
     import sys
     from types import SimpleNamespace
 
+    import dev.bench_decode as bench
     import nmt.engine
-    from dev.bench_decode import engines
     monkeypatch.setitem(sys.modules, "ctranslate2", SimpleNamespace())  # installed
     exported, loaded = [], {}
 
@@ -561,17 +562,53 @@ def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once
         exported.append(quantization)
         path.mkdir(parents=True)
 
-    class Engine:
+    class EngineProcess:
         def __init__(self, path, tok_src, tok_tgt, device, threads, at_once):
             loaded[path.name, threads, at_once] = device
-            self.tokens = ["x"] * 5
-            self.translator = SimpleNamespace(translate_batch=lambda *a, **k: None)
+            if path.name == "int8" and threads == 1:
+                raise RuntimeError("no int8 here")
     monkeypatch.setattr(nmt.engine, "export", export)
-    monkeypatch.setattr(nmt.engine, "Engine", Engine)
+    monkeypatch.setattr(bench, "EngineProcess", EngineProcess)
     model = torch.nn.Linear(2, 2)
-    assert list(engines(model, None, None, None, tmp_path / "a", threads=2)) == [
+    assert list(bench.engines(model, None, None, None, tmp_path / "a", threads=2)) == [
         "float32", "float32, 2 batches at once", "int8"]
     assert exported == ["float32", "int8"]
     assert loaded == {("float32", 2, 1): "cpu", ("float32", 1, 2): "cpu", ("int8", 2, 1): "cpu"}
-    assert list(engines(model, None, None, None, tmp_path / "b", threads=1)) == [
-        "float32", "int8"]
+    assert list(bench.engines(model, None, None, None, tmp_path / "b", threads=1)) == [
+        "float32"]
+
+
+def test_the_benchmarks_engine_decodes_in_a_process_of_its_own(trained, tmp_path):
+    """EngineProcess: the engine loaded and run in another process (torch's OpenMP threads and
+    the engine's slow each other in one), its outputs those of the engine in this process;
+    an engine that cannot load raises one line, and the process ends."""
+    pytest.importorskip("ctranslate2")
+    import os
+
+    from dev.bench_decode import EngineProcess
+    from nmt.engine import Engine, export
+    from nmt.trained_model import load_translator
+    from tokenizer import EOS, PAD, SOS, UNK
+    home, _ = trained
+    config = Config(model_folder=str(home / "weights"))
+    model, config, tok_src, tok_tgt = load_translator(config, {"model_folder"})
+    export(model, config, tok_src, tok_tgt, tmp_path / "ct2", "float32")
+    ids = [e.ids for e in tok_src.encode_batch(["a b c", "d e", "a", "b c d e f"])]
+    options = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len, unk_id=UNK,
+                   batch_size=2)
+    here = Engine(tmp_path / "ct2", tok_src, tok_tgt, "cpu", 1, 1)
+    there = EngineProcess(tmp_path / "ct2", tok_src, tok_tgt, "cpu", 1, 1)
+    try:
+        assert there.process.pid != os.getpid() and there.process.is_alive()
+        for beam in (1, 2):
+            assert there.translate_ids(ids, **options, beam=beam) == \
+                here.translate_ids(ids, **options, beam=beam)
+        with pytest.raises(RuntimeError, match="takes no argument|unexpected keyword"):
+            there.translate_ids(ids, **options, no_such_option=1)  # an error there: one line
+        assert there.translate_ids(ids[:1], **options) == here.translate_ids(ids[:1], **options)
+    finally:
+        there.close()
+    assert not there.process.is_alive()
+    with pytest.raises(RuntimeError, match="cannot load") as error:
+        EngineProcess(tmp_path / "missing", tok_src, tok_tgt, "cpu", 1, 1)
+    assert "\n" not in str(error.value)
