@@ -465,7 +465,7 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
         return [hyps[0][0] for hyps in outputs] if nbest == 1 else outputs
 
     results = [None] * len(src_ids)
-    at_once = batches_at_once(model, len(batches), greedy=beam == nbest == 1 or bool(sampling))
+    at_once = batches_at_once(model, len(batches))
     for idx, outputs in decoded(decode, batches, at_once):
         for i, out in zip(idx, outputs):
             results[i] = out
@@ -474,14 +474,14 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     return results
 
 
-def batches_at_once(model, batches: int, greedy: bool) -> int:
+def batches_at_once(model, batches: int) -> int:
     """How many batches to decode at once, each on one thread: as many as torch's threads
-    (--threads) for greedy decoding and sampling (`greedy`) with the fast step on CPU (its
-    products are too small to share between threads well: two batches at once on one thread
-    each decoded 1.5 times as many sentences a second as one on two threads,
-    docs/performance.md), else 1 (beam search's larger products share well)."""
+    (--threads) with the fast step on CPU (its products are too small to share between threads
+    well: on 2 cores of an AMD EPYC with AVX512-BF16, two batches at once on one thread each
+    decoded 1.5 times as many sentences a second as one batch on two threads with greedy
+    decoding, 1.06 to 1.2 times with beam search; docs/performance.md), else 1."""
     members = model.members if isinstance(model, Ensemble) else [model]
-    if not greedy or not all(isinstance(m, FastDecoder) for m in members):
+    if not all(isinstance(m, FastDecoder) for m in members):
         return 1
     return max(1, min(torch.get_num_threads(), batches))
 

@@ -219,10 +219,10 @@ def test_row_topk_is_torchs_topk(width, k):
 
 @needs_onednn
 def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
-    """With two threads, greedy decoding and sampling decode two batches at the same time,
-    each on a thread of its own: the same outputs as one batch after the other, the caller's
-    thread count untouched, progress reported batch by batch in order; a stop asked at the
-    first batch starts no other. Beam search and model.py's step decode one batch at a time."""
+    """With two threads, greedy decoding, sampling and beam search decode two batches at the
+    same time, each on a thread of its own: the same outputs as one batch after the other, the
+    caller's thread count untouched, progress reported batch by batch in order; a stop asked
+    at the first batch starts no other."""
     import threading
 
     from nmt import decoding
@@ -249,8 +249,9 @@ def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
                                 sampling=Sampling(n=2, seed=3))
         sampling_threads = len(threads)
         threads.clear()
-        translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4, beam=3)
-        assert threads == {threading.get_ident()}
+        beams = translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4, beam=3,
+                              nbest=2)
+        beam_threads = len(threads)
 
         class Stop(Exception):
             pass
@@ -276,9 +277,16 @@ def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
             [[ids for ids, _ in s] for s in sampled]  # log P: another thread count's sums
         assert [p for s in one_by_one for _, p in s] == pytest.approx(
             [p for s in sampled for _, p in s], abs=1e-4)
+        one_by_one = translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4,
+                                   beam=3, nbest=2)
+        assert [[ids for ids, _ in s] for s in one_by_one] == [[ids for ids, _ in s]
+                                                               for s in beams]
+        assert [p for s in one_by_one for _, p in s] == pytest.approx(
+            [p for s in beams for _, p in s], abs=1e-4)
+        assert threads == {threading.get_ident()}
     finally:
         torch.set_num_threads(previous)
-    assert sampling_threads == 2  # sampling's batches too
+    assert sampling_threads == 2 and beam_threads == 2  # sampling's and beam's batches too
 
 
 def teacher_forced_logits(state, steps=5, rows=5):
@@ -403,9 +411,9 @@ def test_beams_reorder_between_two_caches():
 
 
 @needs_onednn
-def test_only_the_fast_steps_greedy_and_sampling_decode_batches_at_once(monkeypatch):
-    """With two threads: each worker decoding a batch has one intra-op thread; sampling
-    decodes at once whatever beam and nbest say (it ignores them); model.py's step, and an
+def test_only_the_fast_steps_searches_decode_batches_at_once(monkeypatch):
+    """With two threads: each worker decoding a batch has one intra-op thread, whatever the
+    search (sampling ignores beam and nbest); model.py's step, and an
     ensemble with a member the step does not apply to, decode one batch at a time on the
     caller's thread."""
     import threading
