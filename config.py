@@ -146,8 +146,8 @@ class Config:
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
                      group="run", translate=True)
     threads: int = _f(0, "CPU threads of training or translating (0: torch's default, the cores "
-                         "available; greedy decoding and sampling decode that many batches at "
-                         "once, one thread each); give each run its share when two share a "
+                         "available; decoding on CPU takes that many batches at once, one "
+                         "thread each); give each run its share when two share a "
                          "machine",
                       group="run", translate=True)
     # ---- decoding (validation, test scoring, translate.py, export.py) -----------------------
