@@ -11,7 +11,8 @@ laid out once per file: each layer is about twenty operations on 2-d tensors (ro
   queries and keys with the step's rotation matrix; the step's keys and values written in place
   into a cache made once per batch at its length limit; the scale inside the score product;
 - the cross-attention's keys and values of every layer projected once per batch in one
-  product, the source mask an additive bias folded into the score product;
+  product, kept once per sentence (a sentence's beams attend them in one product), the source
+  mask an additive bias folded into the score product;
 - W_O and the feed-forward's last matrix as one product that adds the residual (torch.addmm);
   SwiGLU's gate and value matrices as one product;
 - the output projection prepacked once into oneDNN's layout (`PackedLinear`);
@@ -139,13 +140,15 @@ class FastDecoder(nn.Module):
         # -> (layers, 2, batch, kv_heads, src_len, d_k) -> (layers, 2, batch·kv_heads, src_len, d_k)
         return kv.permute(2, 3, 0, 4, 1, 5).reshape(len(self.layers), 2, -1, src_len, self.d_k)
 
-    def step(self, tokens, position: int, cache, cross, bias):
+    def step(self, tokens, position: int, cache, cross, bias, per: int = 1):
         """The logits (rows, vocab) of the next token after `tokens` (rows,), the last token of
         each row, at `position` (0 for [SOS]). cache: (layers, 2, rows · kv_heads, capacity, d_k)
         keys and values of the earlier positions, this one's written in; cross: as
-        cross_keys_values; bias: (rows · kv_heads, 1, src_len), 0 or -inf at padding."""
+        cross_keys_values, of the rows' sentences; bias: (sentences · kv_heads, 1, src_len), 0 or
+        -inf at padding; per: the rows of each sentence, one after the other (a sentence's beams:
+        their queries attend its keys and values in one product)."""
         rows, d, h, kv, d_k = tokens.size(0), self.d, self.h, self.kv, self.d_k
-        group = h // kv
+        group, sentences = h // kv, tokens.size(0) // per
         x = F.embedding(tokens, self.embedding)  # (rows, d)
         if self.positions is not None:
             x = x + self.positions[position]
@@ -172,11 +175,14 @@ class FastDecoder(nn.Module):
             x = self._residual(x, out.view(rows, d), layer.w_o, None, layer.norms[0])
             # cross-attention over the encoder output
             h_ = layer.norms[1](x) if self.norm_first else x
-            q = torch.mm(h_, layer.w_q_cross).view(rows * kv, group, d_k)  # (rows·kv, group, d_k)
+            q = torch.mm(h_, layer.w_q_cross).view(sentences, per, kv, group, d_k)
+            # a sentence's queries of each key/value head together: (sentences·kv, per·group, d_k)
+            q = q.transpose(1, 2).reshape(sentences * kv, per * group, d_k)
             scores = torch.baddbmm(bias, q, cross[i, 0].transpose(1, 2),
-                                   alpha=self.scale)  # (rows·kv, group, src_len)
-            out = torch.bmm(scores.softmax(dim=-1), cross[i, 1])  # (rows·kv, group, d_k)
-            x = self._residual(x, out.view(rows, d), layer.w_o_cross, None, layer.norms[1])
+                                   alpha=self.scale)  # (sentences·kv, per·group, src_len)
+            out = torch.bmm(scores.softmax(dim=-1), cross[i, 1])  # (sentences·kv, per·group, d_k)
+            out = out.view(sentences, kv, per, group, d_k).transpose(1, 2)  # rows back in order
+            x = self._residual(x, out.reshape(rows, d), layer.w_o_cross, None, layer.norms[1])
             # feed-forward
             h_ = layer.norms[2](x) if self.norm_first else x
             if layer.swiglu:  # (rows, 2 hidden) -> (rows, hidden) each
@@ -224,9 +230,10 @@ def fast_decoder(model, rows: int):
 
 class FastState:
     """A FastDecoder's part of a search over a batch, as nmt.decoding.ModelState: the encoder
-    output's cross-attention keys and values, the source mask as a bias, and the self-attention
-    cache (made at the first step, room for `capacity` positions), row for row with the
-    search's hypotheses."""
+    output's cross-attention keys and values and the source mask as a bias, once per sentence
+    while each sentence's rows (its beams) are together in order (`per` of them), else once per
+    row; and the self-attention cache (made at the first step, room for `capacity` positions),
+    row for row with the search's hypotheses."""
     normalized = False  # scores() gives logits
 
     @torch.no_grad()
@@ -239,6 +246,7 @@ class FastState:
         bias = bias.masked_fill_(~src_mask, float("-inf"))  # (batch, 1, 1, src_len)
         # one row per key/value head, as the cross-attention's: (batch·kv, 1, src_len)
         self.bias = bias.expand(-1, decoder.kv, -1, -1).reshape(-1, 1, src_len)
+        self.per = 1  # rows of each sentence of self.cross, one after the other
         self.cache, self.length = None, 0  # (L, 2, rows·kv, capacity, d_k), positions in it
         self.spare = None  # a second cache, written by follow() and swapped in
 
@@ -247,12 +255,14 @@ class FastState:
         """The next token's logits after each row's prefix ys (rows, step), `banned` tokens at
         -inf: (rows, vocab)."""
         if self.cache is None:
-            c = self.cross  # (L, 2, rows·kv, src_len, d_k)
-            self.cache = c.new_empty(c.size(0), 2, c.size(2), self.capacity, c.size(4))
+            c = self.cross  # (L, 2, sentences·kv, src_len, d_k)
+            self.cache = c.new_empty(c.size(0), 2, ys.size(0) * self.decoder.kv,
+                                     self.capacity, c.size(4))
         elif self.length == self.cache.size(3):  # past the capacity (never, by the searches)
             self.cache = torch.cat([self.cache, torch.zeros_like(self.cache)], dim=3)  # twice
             self.spare = None
-        logits = self.decoder.step(ys[:, -1], self.length, self.cache, self.cross, self.bias)
+        logits = self.decoder.step(ys[:, -1], self.length, self.cache, self.cross, self.bias,
+                                   self.per)
         self.length += 1
         return logits.index_fill_(1, banned, float("-inf"))
 
@@ -261,17 +271,30 @@ class FastState:
         kv = self.decoder.kv
         return (rows.unsqueeze(1) * kv + torch.arange(kv)).flatten()  # (rows·kv,)
 
+    @torch.no_grad()
     def repeat(self, k: int):
-        """Each row k times in a row (beam search's beams, sampling's samples)."""
-        batch = self.bias.size(0) // self.decoder.kv
-        self.keep(torch.arange(batch).repeat_interleave(k))
+        """Each row k times in a row (beam search's beams, sampling's samples): the sentences'
+        keys and values stay, shared by k times as many rows."""
+        self.per *= k
+        if self.cache is not None:
+            self.spare = None
+            self.follow(torch.arange(self.cache.size(2) // self.decoder.kv).repeat_interleave(k))
 
     @torch.no_grad()
     def keep(self, rows):
-        """Only these rows, in this order (finished sentences leave the batch)."""
-        index = self._rows(rows)  # (rows·kv,)
-        self.cross = self.cross.index_select(2, index)  # (L, 2, rows·kv, src_len, d_k)
-        self.bias = self.bias.index_select(0, index)  # (rows·kv, 1, src_len)
+        """Only these rows, in this order (finished sentences leave the batch). Rows that come
+        in groups of `per` of one sentence each (beam search's) keep sharing their sentences'
+        keys and values; any other choice (sampling's finished samples) gives each row its own
+        copy from then on."""
+        per, sentences = self.per, rows // self.per  # (rows,) the sentence of each row
+        groups = sentences.view(-1, per) if per > 1 and rows.numel() % per == 0 else None
+        if groups is not None and bool((groups == groups[:, :1]).all()):
+            sentences = groups[:, 0]  # (sentences kept,)
+        else:
+            self.per = 1
+        index = self._rows(sentences)  # (sentences kept · kv,) or (rows · kv,)
+        self.cross = self.cross.index_select(2, index)  # (L, 2, ·, src_len, d_k)
+        self.bias = self.bias.index_select(0, index)  # (·, 1, src_len)
         self.spare = None
         self.follow(rows)
 

@@ -65,6 +65,55 @@ def test_the_step_gives_model_pys_logits_at_every_position(design):
 
 
 @needs_onednn
+@pytest.mark.parametrize("design", ["modern", "paper", "rope, post-norm, one key/value head"])
+def test_a_sentences_beams_share_its_keys_and_values(design):
+    """After repeat(k) a sentence's k rows attend its one copy of the cross-attention's keys
+    and values (one product per sentence): the logits are model.py's to 1e-5 as beams follow
+    each other within their sentences and whole sentences leave or swap places, and the copy
+    stays one per sentence; rows chosen otherwise (samples of two sentences) get their own
+    copies, logits still model.py's; a repeat after a first step repeats the cache too."""
+    model = small(seed=6, **DESIGNS[design])
+    src, src_mask = batch(6)
+    kv = model.decoder.layers[0].self_attention_block.n_kv_heads
+    plain = ModelState(model, src, src_mask, capacity=12)
+    quick = FastState(fast_decoder(model, rows=8), src, src_mask, capacity=12)
+    banned = torch.tensor([PAD, SOS])
+    generator = torch.Generator().manual_seed(1)
+    ys = torch.full((5, 1), SOS)
+
+    def step(ys):
+        a, b = plain.scores(ys, banned), quick.scores(ys, banned)
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+        return torch.cat([ys, torch.randint(4, 24, (ys.size(0), 1), generator=generator)], 1)
+
+    def move(how, rows, ys):
+        getattr(plain, how)(rows)
+        getattr(quick, how)(rows)
+        return ys[rows]
+    late = FastState(quick.decoder, src, src_mask, capacity=12)  # repeats after a step
+    late.scores(ys, banned)
+    late.repeat(3)
+    plain.repeat(3)
+    quick.repeat(3)
+    ys = step(ys.repeat_interleave(3, dim=0))  # (15 rows: 5 sentences x 3)
+    assert torch.allclose(late.scores(ys, banned), quick.scores(ys, banned), atol=1e-5)
+    plain.scores(ys, banned)
+    ys = torch.cat([ys, torch.randint(4, 24, (15, 1), generator=generator)], 1)
+    assert quick.cross.size(2) == 5 * kv and quick.per == 3
+    ys = step(move("follow", torch.tensor([2, 2, 0, 3, 5, 4, 6, 6, 6, 11, 9, 10, 12, 14, 13]),
+                   ys))
+    ys = step(move("keep", torch.tensor([3, 4, 5, 9, 10, 11]), ys))  # sentences 1 and 3 stay
+    assert quick.cross.size(2) == 2 * kv and quick.per == 3
+    assert torch.equal(quick.bias, FastState(quick.decoder, src, src_mask, 1).bias.view(
+        5, kv, 1, -1)[[1, 3]].reshape(2 * kv, 1, -1))  # each sentence's own source mask
+    ys = step(move("keep", torch.tensor([5, 3, 4, 0, 0, 2]), ys))  # sentences swap places
+    assert quick.cross.size(2) == 2 * kv and quick.per == 3
+    ys = step(move("keep", torch.tensor([1, 2, 3]), ys))  # rows of two sentences in a group
+    assert quick.cross.size(2) == 3 * kv and quick.per == 1
+    step(move("follow", torch.tensor([2, 1, 0]), ys))
+
+
+@needs_onednn
 @pytest.mark.parametrize("design", DESIGNS)
 def test_greedy_and_beam_search_decode_as_model_py(design):
     """The searches over the FastDecoder and over the model: the same greedy tokens, the same
