@@ -155,8 +155,11 @@ def test_bench_decode_with_two_threads_times_the_engine_decoding_batches_at_once
     threads a batch, and two replicas one batch each (greedy and beam search); the ratios are
     printed against each."""
     pytest.importorskip("ctranslate2")
+    import multiprocessing
+
     import dev.bench_decode as bench
     home, _ = trained
+    before = set(multiprocessing.active_children())
     real, taken = bench.decode_in_turn, []
     monkeypatch.setattr(bench, "decode_in_turn", lambda runs, ids, batch, repeats, at_once=1:
                         taken.append(at_once) or real(runs, ids, batch, repeats, at_once))
@@ -166,6 +169,7 @@ def test_bench_decode_with_two_threads_times_the_engine_decoding_batches_at_once
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert taken == [2]
+    assert set(multiprocessing.active_children()) <= before  # its 3 engines' processes ended
     rows = {line[:48].strip(): line.split() for line in out.splitlines() if "/5" in line}
     assert rows["CTranslate2 float32, 2 batches at once, greedy"][-1] == \
         rows["CTranslate2 float32, greedy"][-1], out
@@ -546,7 +550,8 @@ def test_the_decoders_take_turns_every_at_once_batches_each_pair_one_after_the_o
 
 
 def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once(tmp_path,
-                                                                              monkeypatch):
+                                                                              monkeypatch,
+                                                                              capsys):
     """engines(): float32 and int8 with `threads` threads a batch; with several threads also
     float32 as that many replicas, one thread each (the same export loaded again); each in an
     EngineProcess, and one that cannot load is left out with one line."""
@@ -576,6 +581,8 @@ def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once
     assert loaded == {("float32", 2, 1): "cpu", ("float32", 1, 2): "cpu", ("int8", 2, 1): "cpu"}
     assert list(bench.engines(model, None, None, None, tmp_path / "b", threads=1)) == [
         "float32"]
+    assert capsys.readouterr().out == \
+        "CTranslate2 int8 on cpu cannot run: no int8 here; its rows are left out\n"
 
 
 def test_the_benchmarks_engine_decodes_in_a_process_of_its_own(trained, tmp_path):
@@ -583,7 +590,9 @@ def test_the_benchmarks_engine_decodes_in_a_process_of_its_own(trained, tmp_path
     the engine's slow each other in one), its outputs those of the engine in this process;
     an engine that cannot load raises one line, and the process ends."""
     pytest.importorskip("ctranslate2")
+    import multiprocessing
     import os
+    import time
 
     from dev.bench_decode import EngineProcess
     from nmt.engine import Engine, export
@@ -608,7 +617,63 @@ def test_the_benchmarks_engine_decodes_in_a_process_of_its_own(trained, tmp_path
         assert there.translate_ids(ids[:1], **options) == here.translate_ids(ids[:1], **options)
     finally:
         there.close()
-    assert not there.process.is_alive()
+    assert not there.process.is_alive() and there.process.exitcode == 0  # ended as asked
+    before = set(multiprocessing.active_children())
     with pytest.raises(RuntimeError, match="cannot load") as error:
         EngineProcess(tmp_path / "missing", tok_src, tok_tgt, "cpu", 1, 1)
     assert "\n" not in str(error.value)
+    deadline = time.monotonic() + 30  # its process ends by itself, the error still held here
+    while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(multiprocessing.active_children()) - before
+
+
+def test_the_benchmarks_engine_process_that_dies_is_said_and_never_waited_for(trained, tmp_path,
+                                                                            monkeypatch):
+    """An EngineProcess whose process dies (killed, a crash) while loading raises one line
+    instead of waiting for an answer that never comes; one that dies after loading closes
+    without an error; and one never closed (the benchmark stopped by an error while the engines
+    load) does not keep Python from exiting."""
+    pytest.importorskip("ctranslate2")
+    import subprocess
+    import sys
+    import threading
+    from multiprocessing.context import SpawnProcess
+
+    from dev.bench_decode import EngineProcess
+    from nmt.engine import export
+    from nmt.trained_model import load_translator
+    home, _ = trained
+    config = Config(model_folder=str(home / "weights"))
+    model, config, tok_src, tok_tgt = load_translator(config, {"model_folder"})
+    export(model, config, tok_src, tok_tgt, tmp_path / "ct2", "float32")
+    there = EngineProcess(tmp_path / "ct2", tok_src, tok_tgt, "cpu", 1, 1)
+    there.process.kill()
+    there.process.join()
+    there.close()  # nothing to say to a process that has ended
+
+    start = SpawnProcess.start
+    monkeypatch.setattr(SpawnProcess, "start", lambda self: start(self) or self.kill())
+    raised = []
+
+    def load():
+        try:
+            EngineProcess(tmp_path / "ct2", tok_src, tok_tgt, "cpu", 1, 1)
+        except Exception as e:  # noqa: BLE001 (looked at below)
+            raised.append(e)
+    waiting = threading.Thread(target=load, daemon=True)
+    waiting.start()
+    waiting.join(timeout=60)
+    assert not waiting.is_alive(), "waited for a dead engine's process"
+    assert [type(e) for e in raised] == [RuntimeError] and \
+        str(raised[0]) == "the engine's process ended"
+    monkeypatch.undo()
+
+    left_open = ("import sys; from pathlib import Path; from tokenizers import Tokenizer; "
+                 "from dev.bench_decode import EngineProcess; "
+                 f"tokens = Tokenizer.from_file({str(home / 'weights' / 'tokenizer_en.json')!r}); "
+                 f"engine = EngineProcess(Path({str(tmp_path / 'ct2')!r}), tokens, tokens, "
+                 "'cpu', 1, 1); sys.exit(2)")
+    ended = subprocess.run([sys.executable, "-c", left_open], cwd=ROOT, timeout=120,
+                           capture_output=True)
+    assert ended.returncode == 2, ended.stderr.decode()[-2000:]
