@@ -462,7 +462,7 @@ def test_beams_reorder_between_two_caches():
 @needs_onednn
 def test_only_the_fast_steps_searches_decode_batches_at_once(monkeypatch):
     """With two threads: each worker decoding a batch has one intra-op thread, whatever the
-    search (sampling ignores beam and nbest); model.py's step, and an
+    search (sampling ignores beam and nbest); a single batch, model.py's step, and an
     ensemble with a member the step does not apply to, decode one batch at a time on the
     caller's thread."""
     import threading
@@ -492,6 +492,9 @@ def test_only_the_fast_steps_searches_decode_batches_at_once(monkeypatch):
         translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=6, beam=3,
                       nbest=2, sampling=Sampling(n=2))
         assert len({t for t, _ in seen}) == 2 and caller not in {t for t, _ in seen}
+        seen.clear()  # one batch: on the caller's thread, with both threads
+        translate_ids(model, sources[:3], SOS, EOS, PAD, seq_len=40, batch_size=3, beam=3)
+        assert seen and set(seen) == {(caller, 2)}
         for decode in (lambda: translate_ids(model, sources, SOS, EOS, PAD, seq_len=40,
                                              batch_size=3, fast_step=False),
                        lambda: translate_ids(Ensemble([model, other]),
