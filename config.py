@@ -146,8 +146,9 @@ class Config:
     device: str = _f("auto", "auto, cpu, cuda, cuda:N or mps; auto picks cuda, then mps, then cpu",
                      group="run", translate=True)
     threads: int = _f(0, "CPU threads of training or translating (0: torch's default, the cores "
-                         "available; decoding on CPU takes that many batches at once, one "
-                         "thread each); give each run its share when two share a "
+                         "available; this repo's decoding in float32 on CPU takes that many "
+                         "batches at once, one thread each, and the --ctranslate2 engine that "
+                         "many threads a batch); give each run its share when two share a "
                          "machine",
                       group="run", translate=True)
     # ---- decoding (validation, test scoring, translate.py, export.py) -----------------------

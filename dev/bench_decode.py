@@ -15,7 +15,8 @@ One run, one trained model, the same sentences, the same thread count, the same 
              float32, greedy and beam; and in int8, greedy (as translate.py --ctranslate2
              calls it: greedy one call per batch, beam one call per output-length limit);
              each engine in a process of its own, as a user runs it (torch's OpenMP threads
-             and the engine's slow each other down in one process);
+             and the engine's slow each other down in one process; the ids and the outputs
+             go through a pipe, within the engine's times);
              with several threads, float32 greedy also as that many replicas decoding as many
              batches at once, one thread each (the engine's inter_threads), as this repo's
              greedy decodes them.
@@ -37,8 +38,10 @@ among them), the encoder (once a batch), and Python and dispatch around them (th
 time less the operators').
 """
 
+import contextlib
 import copy
 import multiprocessing
+import signal
 import statistics
 import tempfile
 import time
@@ -73,15 +76,20 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
     kinds = [("float32", threads, 1), ("int8", threads, 1)]
     if threads > 1:
         kinds.insert(1, (f"float32, {threads} batches at once", 1, threads))
-    for name, intra, at_once in kinds:
-        quantization = name.split(",")[0]
-        path = folder / quantization
-        if not path.exists():
-            export(model, config, tok_src, tok_tgt, path, quantization)
-        try:
-            out[name] = EngineProcess(path, tok_src, tok_tgt, device, intra, at_once)
-        except (ExportError, RuntimeError) as e:  # e.g. built for another CUDA release
-            print(f"CTranslate2 {name} on {device} cannot run: {e}; its rows are left out")
+    try:
+        for name, intra, at_once in kinds:
+            quantization = name.split(",")[0]
+            path = folder / quantization
+            if not path.exists():
+                export(model, config, tok_src, tok_tgt, path, quantization)
+            try:
+                out[name] = EngineProcess(path, tok_src, tok_tgt, device, intra, at_once)
+            except (ExportError, RuntimeError) as e:  # e.g. built for another CUDA release
+                print(f"CTranslate2 {name} on {device} cannot run: {e}; its rows are left out")
+    except BaseException:  # an export failed, or Ctrl-C: end the processes started
+        for engine in out.values():
+            engine.close()
+        raise
     return out
 
 
@@ -102,33 +110,47 @@ class EngineProcess:
             child, str(path), tok_src.to_str(), tok_tgt.to_str(), device, threads, at_once))
         self.process.start()
         child.close()
-        self.answer()  # loaded and run once (a CUDA build finds its libraries only then)
+        try:
+            self.answer()  # loaded and run once (a CUDA build finds its libraries only then)
+        except BaseException:
+            self.close()
+            raise
 
     def translate_ids(self, src_ids, **options):
         """As nmt.engine.Engine.translate_ids (no progress callback)."""
-        self.connection.send((src_ids, options))
+        try:
+            self.connection.send((src_ids, options))
+        except OSError:  # the process has ended
+            raise RuntimeError("the engine's process ended") from None
         return self.answer()
 
     def answer(self):
         try:
             kind, value = self.connection.recv()
-        except EOFError:
+        except (EOFError, OSError):
             raise RuntimeError("the engine's process ended") from None
         if kind == "error":
             raise RuntimeError(value)
         return value
 
     def close(self):
-        if self.process.is_alive():
+        """Ends the process (asked to; stopped after 30 s if it does not)."""
+        with contextlib.suppress(OSError):  # it may have ended already
             self.connection.send(None)
         self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.connection.close()
 
 
 def serve_engine(connection, path: str, src: str, tgt: str, device: str, threads: int,
                  at_once: int):
     """An EngineProcess's own loop: loads the engine ("ready", or "error" and the end), then
     answers each (ids, options) with ("done", its translations) or ("error", the first line of
-    what went wrong), until None."""
+    what went wrong), until None or the other end closes. Ctrl-C is the parent's to handle
+    (the whole process group gets it): ignored here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from tokenizers import Tokenizer
 
     from nmt.engine import Engine
@@ -145,11 +167,12 @@ def serve_engine(connection, path: str, src: str, tgt: str, device: str, threads
                         threads, at_once)
         engine.translator.translate_batch([[engine.tokens[4]]], max_decoding_length=2)
         return engine
-    kind, engine = attempt(load)
-    connection.send((kind, None if kind == "done" else engine))
-    while kind == "done" and (request := connection.recv()) is not None:
-        ids, options = request
-        connection.send(attempt(engine.translate_ids, ids, **options))
+    with contextlib.suppress(EOFError, OSError):  # the parent went away
+        kind, engine = attempt(load)
+        connection.send((kind, None if kind == "done" else engine))
+        while kind == "done" and (request := connection.recv()) is not None:
+            ids, options = request
+            connection.send(attempt(engine.translate_ids, ids, **options))
 
 
 def decode_in_turn(runs, ids, batch: int, repeats: int, at_once: int = 1):
@@ -450,8 +473,8 @@ def main(argv=None):
     runs += ensemble_decoders(args, config, given, sources, ids, common)
     with tempfile.TemporaryDirectory() as tmp:
         exported = engines(model, config, tok_src, tok_tgt, Path(tmp), threads)
-        runs += engine_decoders(args, exported, len(ids), common)
         try:
+            runs += engine_decoders(args, exported, len(ids), common)
             outputs, times = decode_in_turn(runs, ids, batch, args.repeats, threads)
         finally:
             for engine in exported.values():

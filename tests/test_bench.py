@@ -587,11 +587,13 @@ def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once
 
 def test_the_benchmarks_engine_decodes_in_a_process_of_its_own(trained, tmp_path):
     """EngineProcess: the engine loaded and run in another process (torch's OpenMP threads and
-    the engine's slow each other in one), its outputs those of the engine in this process;
+    the engine's slow each other in one), its outputs those of the engine in this process, a
+    Ctrl-C there ignored (the benchmark's own process says it, in one line);
     an engine that cannot load raises one line, and the process ends."""
     pytest.importorskip("ctranslate2")
     import multiprocessing
     import os
+    import signal
     import time
 
     from dev.bench_decode import EngineProcess
@@ -609,6 +611,7 @@ def test_the_benchmarks_engine_decodes_in_a_process_of_its_own(trained, tmp_path
     there = EngineProcess(tmp_path / "ct2", tok_src, tok_tgt, "cpu", 1, 1)
     try:
         assert there.process.pid != os.getpid() and there.process.is_alive()
+        os.kill(there.process.pid, signal.SIGINT)  # Ctrl-C is the benchmark's to handle
         for beam in (1, 2):
             assert there.translate_ids(ids, **options, beam=beam) == \
                 here.translate_ids(ids, **options, beam=beam)
@@ -650,6 +653,8 @@ def test_the_benchmarks_engine_process_that_dies_is_said_and_never_waited_for(tr
     there = EngineProcess(tmp_path / "ct2", tok_src, tok_tgt, "cpu", 1, 1)
     there.process.kill()
     there.process.join()
+    with pytest.raises(RuntimeError, match="^the engine's process ended$"):
+        there.translate_ids([[5]], sos_id=1, eos_id=2, pad_id=0, seq_len=20)
     there.close()  # nothing to say to a process that has ended
 
     start = SpawnProcess.start
