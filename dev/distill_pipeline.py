@@ -39,6 +39,7 @@ from pathlib import Path
 import compare
 from config import Config
 from nmt.checkpoint import load_checkpoint, resolve_preload
+from nmt.cli import run_main
 from nmt.metrics import papers_bleu, score
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,5 +246,11 @@ def main(argv=None):
     pipeline.status() if args.status else pipeline.stages()
 
 
+def cli(argv=None):
+    """main() as the command line runs it: Ctrl-C (or a SIGTERM) ends in one line, exit 130."""
+    run_main("python -m dev.distill_pipeline", lambda: main(argv),
+             "stopped; run the same command again to go on where it stopped")
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -114,3 +114,19 @@ def test_a_stopped_pipeline_goes_on_where_it_stopped(pipeline, stop, monkeypatch
     for args_done in done_training:  # a finished training stage is not started again
         assert args_done not in [a for s, a in again if s == "train.py"]
     assert (runs / "stages/students.json").exists()
+
+
+def test_ctrl_c_stops_the_pipeline_in_one_line(pipeline, monkeypatch, capsys):
+    """Ctrl-C (here, in a stage) ends `python -m dev.distill_pipeline` with one line saying how
+    to go on, and exit 130; no traceback."""
+    module, args, calls, stop_at, runs, _ = pipeline
+
+    def interrupted(self, script, *a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(module.Pipeline, "run", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        module.cli(args)
+    assert stop.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("python -m dev.distill_pipeline: stopped; run the same command again "
+                       "to go on where it stopped") and "Traceback" not in "".join(err)
