@@ -76,18 +76,23 @@ def engines(model, config, tok_src, tok_tgt, folder: Path, threads: int):
     kinds = [("float32", threads, 1), ("int8", threads, 1)]
     if threads > 1:
         kinds.insert(1, (f"float32, {threads} batches at once", 1, threads))
+    started = {}  # each engine's process, loading while the next one starts
     try:
         for name, intra, at_once in kinds:
             quantization = name.split(",")[0]
             path = folder / quantization
             if not path.exists():
                 export(model, config, tok_src, tok_tgt, path, quantization)
+            started[name] = EngineProcess(path, tok_src, tok_tgt, device, intra, at_once,
+                                          wait=False)
+        for name, engine in started.items():
             try:
-                out[name] = EngineProcess(path, tok_src, tok_tgt, device, intra, at_once)
+                engine.ready()
+                out[name] = engine
             except (ExportError, RuntimeError) as e:  # e.g. built for another CUDA release
                 print(f"CTranslate2 {name} on {device} cannot run: {e}; its rows are left out")
     except BaseException:  # an export failed, or Ctrl-C: end the processes started
-        for engine in out.values():
+        for engine in started.values():
             engine.close()
         raise
     return out
@@ -103,15 +108,22 @@ class EngineProcess:
     times as long after one call of the engine; dev/LOG.md). Raises RuntimeError (its first
     line) where the engine cannot load or run on `device`."""
 
-    def __init__(self, path: Path, tok_src, tok_tgt, device: str, threads: int, at_once: int):
+    def __init__(self, path: Path, tok_src, tok_tgt, device: str, threads: int, at_once: int,
+                 wait: bool = True):
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
         self.process = context.Process(target=serve_engine, daemon=True, args=(
             child, str(path), tok_src.to_str(), tok_tgt.to_str(), device, threads, at_once))
         self.process.start()
         child.close()
+        if wait:
+            self.ready()
+
+    def ready(self):
+        """Waits until the engine has loaded and run once (a CUDA build finds its libraries
+        only then): several processes started with wait=False load side by side."""
         try:
-            self.answer()  # loaded and run once (a CUDA build finds its libraries only then)
+            self.answer()
         except BaseException:
             self.close()
             raise

@@ -568,9 +568,13 @@ def test_bench_decode_also_times_the_engine_as_replicas_decoding_batches_at_once
         path.mkdir(parents=True)
 
     class EngineProcess:
-        def __init__(self, path, tok_src, tok_tgt, device, threads, at_once):
+        def __init__(self, path, tok_src, tok_tgt, device, threads, at_once, wait):
+            assert not wait  # each loads while the next one starts
             loaded[path.name, threads, at_once] = device
-            if path.name == "int8" and threads == 1:
+            self.failed = path.name == "int8" and threads == 1
+
+        def ready(self):
+            if self.failed:
                 raise RuntimeError("no int8 here")
     monkeypatch.setattr(nmt.engine, "export", export)
     monkeypatch.setattr(bench, "EngineProcess", EngineProcess)
