@@ -72,7 +72,7 @@ def scores_section(results: dict) -> list:
 def training_section(card: dict) -> list:
     config, history = card["config"], card["history"]
     best = max(history, key=lambda h: (h["bleu"], -h["loss"])) if history else None
-    lines = [f"- {card['steps']} optimizer steps in {card['epochs']} epoch(s), "
+    lines = [f"- {card['steps']} optimizer steps in {card['epochs']:g} epoch(s), "
              f"{card['seconds'] / 60:.1f} minutes of training (validations included)",
              f"- device: {card['device']}, precision {card['precision']}; torch "
              f"{torch.__version__}, Python {platform.python_version()}",
@@ -165,7 +165,8 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
         "corpus": data.corpus["source"], "sizes": sizes, "distilled": data.corpus.get("distilled"),
         "vocab": (data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()),
         "parameters": sum(p.numel() for p in run.model.parameters()),
-        "steps": progress.step, "epochs": progress.epoch + (progress.batch > 0),
+        "steps": progress.step,  # epochs: a schedule ended mid-epoch counts its part (44.4)
+        "epochs": round(progress.epoch + progress.batch / run.batches_per_epoch, 1),
         "seconds": progress.provenance()["seconds"], "precision": run.precision,
         "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",
         "history": progress.history, "results": results, "samples": samples})

@@ -193,6 +193,10 @@ def test_resuming_on_another_corpus_is_refused_before_anything_is_prepared(tmp_p
     make_corpus(tmp_path / "b", seed=2, n=60, val=4)
     code, out, err = train_here("--data_dir", "a", *TINY, "--max_steps", "2")
     assert code == 0, err
+    # the model card counts the part of the epoch run (not a whole epoch)
+    batch, of = map(int, out.split("in epoch 0 after batch ")[1].split(" (step")[0].split(" of "))
+    card = (tmp_path / "weights" / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert 0 < batch < of and f"- 2 optimizer steps in {round(batch / of, 1):g} epoch(s)" in card
     prepared = (tmp_path / "weights" / "prepared" / "meta.json").read_text()
     code, out, err = train_here("--data_dir", "b")
     assert code == 2 and err.count("\n") == 1, err
