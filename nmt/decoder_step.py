@@ -277,7 +277,6 @@ class FastState:
         keys and values stay, shared by k times as many rows."""
         self.per *= k
         if self.cache is not None:
-            self.spare = None
             self.follow(torch.arange(self.cache.size(2) // self.decoder.kv).repeat_interleave(k))
 
     @torch.no_grad()
