@@ -194,7 +194,9 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -
     learning rate, logging) over `steps` optimizer steps after one untimed step, in a throw-away
     folder; with `host_only`, the mean seconds a step of that loop takes with the device's work
     (train_step's model and optimizer_step's Adam) replaced by the batches' copy to the device:
-    what the host adds to each step."""
+    what the host adds to each step. The loop is timed as train.py runs it: the device is waited
+    for after the untimed step and after the last, never between (a wait each step would add the
+    host's work to the device's instead of overlapping it)."""
     with tempfile.TemporaryDirectory() as tmp:
         loop_config = dataclasses.replace(config, preload="none", model_folder=tmp,
                                           experiment_name=f"{tmp}/runs", max_steps=steps + 1,
@@ -202,7 +204,7 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -
         for key, tok in zip(tokenizer_keys(config), (data.tokenizer_src, data.tokenizer_tgt)):
             tok.save(str(tokenizer_path(loop_config, key)))  # reuse the tokenizers
         run, progress = train.set_up(loop_config, set())
-        stamps, tokens = [time.perf_counter()], []
+        stamps, tokens = [(time.perf_counter(), 0)], []
         step, update = train.train_step, train.optimizer_step
 
         def timed_step(model, group, *args, **kwargs):
@@ -213,24 +215,30 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -
                 [b[k].to(run.device, non_blocking=True) for k in b]
             return torch.zeros((), device=run.device), 0
 
+        def mark():  # (the time, the steps done) once the device has done them
+            sync(run.device)
+            stamps.append((time.perf_counter(), len(tokens)))
+
         def timed_update(*args):
             if not host_only:
                 update(*args)
-            sync(run.device)
-            stamps.append(time.perf_counter())
+            if host_only or len(tokens) in (1, steps + 1):  # the untimed step, the last one
+                mark()
         train.train_step, train.optimizer_step = timed_step, timed_update
         try:
             with contextlib.redirect_stdout(io.StringIO()), \
                     contextlib.redirect_stderr(io.StringIO()):  # its bar and its stop line
                 train.train_epoch(run, progress)
+            if stamps[-1][1] < len(tokens):  # the epoch ended first
+                mark()
         finally:
             train.train_step, train.optimizer_step = step, update
             run.writer.close()
             run.lock.release()
-    seconds = np.diff(stamps)[1:]  # the first step untimed
+    (start, first), (end, last) = stamps[1], stamps[-1]  # from the end of the untimed step
     if host_only:
-        return float(seconds.mean())
-    return sum(tokens[1:len(seconds) + 1]) / float(seconds.sum())
+        return (end - start) / (last - first)
+    return sum(tokens[first:last]) / (end - start)
 
 
 # Words in the names of torch's fused attention: its operators (scaled_dot_product_*, *_flash_*,
