@@ -468,6 +468,45 @@ def test_the_loops_timing_runs_train_py_s_own_epoch(tmp_path, monkeypatch):
     assert len(waits) == 2
 
 
+def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, monkeypatch):
+    """The loop's figure on a fake clock on which step k takes k seconds: the real tokens of the
+    timed steps (2 to steps + 1) over the time from the end of step 1 to the end of the last;
+    with host_only, those steps' mean seconds; when the epoch ends first, up to its end."""
+    import types
+
+    import dev.bench
+    from conftest import TINY, make_corpus
+
+    from config import parse_config
+    from dataset import get_ds
+    from dev.bench import time_train_loop
+    make_corpus(tmp_path / "c", n=120, val=4)
+    config, _ = parse_config(["--data_dir", str(tmp_path / "c"), *TINY,
+                              "--model_folder", str(tmp_path / "w")])
+    data = get_ds(config)
+    clock, counts, real = [0.0], [], dev.bench.real_tokens
+
+    def counted(batch):  # one batch a step: step k's clock moves k seconds
+        counts.append(real(batch))
+        clock[0] += len(counts)
+        return counts[-1]
+    monkeypatch.setattr(dev.bench, "real_tokens", counted)
+    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def ended(k):  # the clock at the end of step k
+        return k * (k + 1) / 2
+    for host_only in (False, True):
+        counts.clear()
+        figure = time_train_loop(config, data, 3, host_only=host_only)
+        assert len(counts) == 4  # the untimed step and 3 timed
+        timed = ended(4) - ended(1)
+        assert figure == pytest.approx(timed / 3 if host_only else sum(counts[1:]) / timed)
+    counts.clear()  # more steps than the epoch has: timed to the epoch's end
+    figure = time_train_loop(config, data, 1000)
+    assert 2 < len(counts) < 1001
+    assert figure == pytest.approx(sum(counts[1:]) / (ended(len(counts)) - ended(1)))
+
+
 def test_bench_attention_times_the_validations_picture():
     """dev/bench_attention.py, the command docs/training.md gives for the TensorBoard picture's
     cost: it runs log_attention itself and prints its median."""
