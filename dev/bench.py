@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 import model
-from config import Config, add_config_arguments, config_from_args
+from config import Config, UserError, add_config_arguments, config_from_args
 from dataset import Collator, get_ds, real_tokens
 from nmt.batching import TokenBatchSampler
 from dev.timing import PEAK_BF16, model_flops, sync
@@ -235,6 +235,9 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -
             train.train_step, train.optimizer_step = step, update
             run.writer.close()
             run.lock.release()
+    if len(tokens) < 2:  # (a division by zero below)
+        raise UserError(f"train.py's loop: the epoch has {len(tokens)} step, none to time after "
+                        f"the untimed one (a larger corpus or a smaller --max_tokens)")
     (start, first), (end, last) = stamps[1], stamps[-1]  # from the end of the untimed step
     if host_only:
         return (end - start) / (last - first)

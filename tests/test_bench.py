@@ -477,7 +477,7 @@ def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, mo
     import dev.bench
     from conftest import TINY, make_corpus
 
-    from config import parse_config
+    from config import UserError, parse_config
     from dataset import get_ds
     from dev.bench import time_train_loop
     make_corpus(tmp_path / "c", n=120, val=4)
@@ -505,6 +505,11 @@ def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, mo
     figure = time_train_loop(config, data, 1000)
     assert 2 < len(counts) < 1001
     assert figure == pytest.approx(sum(counts[1:]) / (ended(len(counts)) - ended(1)))
+    make_corpus(tmp_path / "one", n=4, val=4)  # an epoch of one step: nothing to time
+    config, _ = parse_config(["--data_dir", str(tmp_path / "one"), *TINY, "--max_tokens", "2000",
+                              "--model_folder", str(tmp_path / "w1")])
+    with pytest.raises(UserError, match="the epoch has 1 step, none to time"):
+        time_train_loop(config, get_ds(config), 3)
 
 
 def test_bench_attention_times_the_validations_picture():
