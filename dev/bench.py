@@ -239,6 +239,9 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -
         raise UserError(f"train.py's loop: the epoch has {len(tokens)} step, none to time after "
                         f"the untimed one (a larger corpus or a smaller --max_tokens)")
     (start, first), (end, last) = stamps[1], stamps[-1]  # from the end of the untimed step
+    if last - first < steps:  # (the figure is over fewer steps than asked: say so)
+        print(f"train.py's loop: its epoch ended after {last} steps: {last - first} timed, "
+              f"not {steps}")
     if host_only:
         return (end - start) / (last - first)
     return sum(tokens[first:last]) / (end - start)

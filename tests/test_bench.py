@@ -468,7 +468,8 @@ def test_the_loops_timing_runs_train_py_s_own_epoch(tmp_path, monkeypatch):
     assert len(waits) == 2
 
 
-def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, monkeypatch):
+def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, monkeypatch,
+                                                                     capsys):
     """The loop's figure on a fake clock on which step k takes k seconds: the real tokens of the
     timed steps (2 to steps + 1) over the time from the end of step 1 to the end of the last;
     with host_only, those steps' mean seconds; when the epoch ends first, up to its end."""
@@ -501,10 +502,13 @@ def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, mo
         assert len(counts) == 4  # the untimed step and 3 timed
         timed = ended(4) - ended(1)
         assert figure == pytest.approx(timed / 3 if host_only else sum(counts[1:]) / timed)
-    counts.clear()  # more steps than the epoch has: timed to the epoch's end
+    assert "epoch ended" not in capsys.readouterr().out
+    counts.clear()  # more steps than the epoch has: timed to the epoch's end, and said
     figure = time_train_loop(config, data, 1000)
     assert 2 < len(counts) < 1001
     assert figure == pytest.approx(sum(counts[1:]) / (ended(len(counts)) - ended(1)))
+    assert (f"its epoch ended after {len(counts)} steps: {len(counts) - 1} timed, not 1000"
+            in capsys.readouterr().out)
     make_corpus(tmp_path / "one", n=4, val=4)  # an epoch of one step: nothing to time
     config, _ = parse_config(["--data_dir", str(tmp_path / "one"), *TINY, "--max_tokens", "2000",
                               "--model_folder", str(tmp_path / "w1")])
