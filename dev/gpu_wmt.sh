@@ -8,10 +8,10 @@
 #
 #   bash dev/gpu_wmt.sh [LOG] [SECONDS] [PART]   # from the repo root; Multi30k in data/multi30k
 #
-# PART 3 (the default) is issue 62's call (6.5 minutes on an H100 on 2026-11-27; give it SECONDS
+# PART 3 (the default) is issue 62's call (6.4 minutes on an H100 on 2026-11-27; give it SECONDS
 # 570): the base and big models at WMT lengths and 25,000 tokens, eager, compiled under fixed
 # shapes, and compiled with CUDA graphs, each against nn.Transformer in the same mode (MFU, peak
-# memory), train.py's loop over 200 steps against the bare step, and the host time a step of the
+# memory), train.py's loop over an epoch (up to 200 steps) against the bare step, and the host time a step of the
 # loop adds (the device's work removed). PART 1 and 2 are issue 58's two calls: the first list;
 # the loss's block size in the whole step, train.py's own tokens/s, and the compiled base model.
 # It needs requirements.txt's packages on the GPU's machine (`datasets` among them).
