@@ -94,14 +94,17 @@ def distilled_text(config: Config, distilled: dict) -> str:
     """The Data section's sentence on sequence-level knowledge distillation, or nothing."""
     if not distilled:
         return ""
-    teachers = ", ".join(f"`{t['teacher']}` ({Path(t['checkpoint']).name})"
-                         for t in distilled["teachers"])
+
+    def weights(t):  # the teacher as named, and the checkpoint(s) it translated with
+        files = t.get("averaged") or [Path(t["checkpoint"]).name]
+        what = files[0] if len(files) == 1 else f"the average of {', '.join(files)}"
+        return f"`{t['teacher']}`" + ("" if Path(t["teacher"]).name == what else f" ({what})")
+    teachers = ", ".join(weights(t) for t in distilled["teachers"])
     return (f" Sequence-level knowledge distillation: the training targets are the "
             f"translations of {distilled['sentences']:,} training sources by "
             f"{'the ensemble of ' if len(distilled['teachers']) > 1 else ''}{teachers} (beam "
-            f"{distilled['beam']}, each the average of its newest {distilled['average']} "
-            f"checkpoint(s)), " + ("in place of the references." if config.distill_data ==
-                                   "distilled" else "beside the corpus's own references."))
+            f"{distilled['beam']}), " + ("in place of the references." if config.distill_data ==
+                                         "distilled" else "beside the corpus's own references."))
 
 
 def card_text(card: dict) -> str:

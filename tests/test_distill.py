@@ -547,3 +547,25 @@ def test_teachers_with_other_target_vocabularies_are_refused_before_anything_is_
     with pytest.raises(CheckpointError, match="has another target tokenizer than"):
         distill.plan_translation(config)
     assert not (tmp_path / "w").exists()
+
+
+def test_the_model_card_names_each_teachers_weights():
+    """The card's distillation sentence names each teacher as given and the checkpoint(s) it
+    translated with: a checkpoint file as itself, a folder with its averaged files; no 'average of
+    its newest 1 checkpoint(s)' for a lone checkpoint."""
+    from config import Config
+    from nmt.model_card import distilled_text
+    distilled = {"sentences": 29000, "beam": 5, "average": 2, "teachers": [
+        {"teacher": "runs/t1/tmodel_best.pt", "checkpoint": "runs/t1/tmodel_best.pt",
+         "averaged": ["tmodel_best.pt"]},
+        {"teacher": "runs/t2", "checkpoint": "runs/t2/tmodel_09.pt",
+         "averaged": ["tmodel_08.pt", "tmodel_09.pt"]}]}
+    text = distilled_text(Config(distill_data="both"), distilled)
+    assert ("translations of 29,000 training sources by the ensemble of "
+            "`runs/t1/tmodel_best.pt`, `runs/t2` (the average of tmodel_08.pt, tmodel_09.pt) "
+            "(beam 5), beside the corpus's own references.") in text
+    one = dict(distilled, teachers=[{"teacher": "runs/t3", "checkpoint": "runs/t3/tmodel_04.pt",
+                                     "averaged": ["tmodel_04.pt"]}])
+    text = distilled_text(Config(distill_data="distilled"), one)
+    assert "sources by `runs/t3` (tmodel_04.pt) (beam 5), in place of the references." in text
+    assert distilled_text(Config(), {}) == ""
