@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -50,10 +49,10 @@ from nmt.resume import (Progress, after_smaller_batches, check_corpus, check_res
                         copy_tokenizers, coverage_note, init_state, nothing_to_do,
                         restore_progress, restore_rng, restore_training, resume_state, rng_states,
                         set_aside_later, write_history)
-from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, gather_to_main, get_device,
-                         is_out_of_memory, main_first, max_over_ranks, note_precision,
-                         out_of_memory, say_device, setup_device, start_distributed,
-                         stop_distributed, sum_over_ranks, use_threads)
+from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, data_parallel,
+                         gather_to_main, get_device, is_out_of_memory, main_first,
+                         max_over_ranks, note_precision, out_of_memory, say_device, setup_device,
+                         start_distributed, stop_distributed, sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
                           catch_stop_signals, ignore_sigint, launcher, resume_command,
                           stop_message)
@@ -247,9 +246,7 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
         load_model_weights(model, init[1], init[0])
     step_model = model
     if world > 1:  # averages the gradients over the ranks during backward
-        step_model = DistributedDataParallel(  # no buffer changes (the positional tables):
-            model, device_ids=[device.index] if device.type == "cuda" else None,  # none sent
-            broadcast_buffers=False, gradient_as_bucket_view=True)  # nor gradients copied
+        step_model = data_parallel(model, device)
     if config.compile:
         step_model = compiled(step_model, config, device, shapes)
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \

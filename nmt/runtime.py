@@ -3,6 +3,7 @@ processes of a data-parallel (torchrun) run. Used by train.py, translate.py and 
 
 import ctypes
 import datetime
+import inspect
 import os
 import platform
 import sys
@@ -11,6 +12,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from config import Config, UserError, is_main
 from nmt.cli import ReportedElsewhere
@@ -255,6 +257,17 @@ def start_distributed(device_name: str = "auto"):
         _flags_group = (dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT) if gpu
                         else dist.group.WORLD)
     return dist.get_rank(), dist.get_world_size()
+
+
+def data_parallel(model, device: torch.device):
+    """The model wrapped to average its gradients over the ranks during backward (DDP): no
+    buffer synchronized (the positional tables are the same on every rank), gradients not
+    copied into buckets. torch 2.13 renames broadcast_buffers to forward_sync_buffers."""
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        **{"forward_sync_buffers" if renamed else "broadcast_buffers": False})
 
 
 def rank_and_world():
