@@ -165,24 +165,32 @@ def test_the_probe_measures_bf16_against_fp32_at_the_models_shapes(monkeypatch):
 def test_data_parallel_keeps_buffers_unsent_without_a_deprecation_warning(tmp_path):
     """train.py's DDP wrapper (nmt.runtime.data_parallel) in a one-process Gloo group: no buffer
     synchronized in forward, gradients as bucket views, and none of torch 2.13's FutureWarning
-    for the renamed broadcast_buffers (a torchrun user saw it once per rank)."""
-    import warnings
+    for the renamed broadcast_buffers (a torchrun user saw it once per rank). In a process of
+    its own: a Gloo group torn down in a pytest worker can hang it."""
+    import subprocess
+    import sys
 
-    import torch.distributed as dist
-
-    from nmt.runtime import data_parallel
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
-                            world_size=1)
-    try:
-        model = torch.nn.Linear(4, 2)
-        model.register_buffer("table", torch.arange(3.0))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # any warning fails the test
-            wrapped = data_parallel(model, torch.device("cpu"))
-        assert wrapped.gradient_as_bucket_view
-        sync = getattr(wrapped, "forward_sync_buffers", None)
-        assert (sync if sync is not None else wrapped.broadcast_buffers) is False
-        wrapped(torch.ones(1, 4)).sum().backward()
-        assert model.weight.grad is not None
-    finally:
-        dist.destroy_process_group()
+    from conftest import ROOT
+    code = f"""
+import warnings
+import torch
+import torch.distributed as dist
+from nmt.runtime import data_parallel
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=0,
+                        world_size=1)
+model = torch.nn.Linear(4, 2)
+model.register_buffer("table", torch.arange(3.0))
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # any warning fails
+    wrapped = data_parallel(model, torch.device("cpu"))
+sync = getattr(wrapped, "forward_sync_buffers", None)
+wrapped(torch.ones(1, 4)).sum().backward()
+print(wrapped.gradient_as_bucket_view, sync if sync is not None else wrapped.broadcast_buffers,
+      model.weight.grad is not None)
+del wrapped
+dist.destroy_process_group()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().split() == ["True", "False", "True"]
