@@ -47,8 +47,10 @@ def run_main(prog: str, main, aborted: str = "aborted"):
             return main()
         except UserError as e:
             fail(prog, str(e))
-        except ReportedElsewhere:
-            sys.exit(2)
+        except ReportedElsewhere:  # at once: rank 0 gone, this rank's process group is
+            sys.stdout.flush()  # broken, and tearing it down at exit could abort the
+            sys.stderr.flush()  # process (std::terminate, exit -6) before torchrun
+            os._exit(2)  # reports rank 0's exit 2
     except KeyboardInterrupt as interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
         if is_main():

@@ -238,6 +238,30 @@ def rank_pid(launcher: int, rank: int, deadline: float):
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_a_rank_told_of_rank_0s_error_exits_2_at_once_without_a_word():
+    """A rank whose rank 0 met a user's error (ReportedElsewhere) exits 2 straight away,
+    writing nothing more and skipping the interpreter's teardown: with rank 0 gone its Gloo
+    group is broken, and tearing it down at exit aborted the process (std::terminate, -6)
+    once in a loaded test run, so torchrun reported that rank's -6 instead of rank 0's 2."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    code = """
+import atexit, sys
+from nmt.cli import ReportedElsewhere, run_main
+atexit.register(lambda: sys.stderr.write("teardown ran"))
+def main():
+    print("before", flush=True)
+    raise ReportedElsewhere()
+run_main("train.py", main)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout.decode() == "before\n"
+    assert proc.stderr.decode() == "", proc.stderr.decode()
+
+
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once(tmp_path):
     with long_two_rank_run(tmp_path) as proc:
         stop_one_rank(proc, tmp_path)
