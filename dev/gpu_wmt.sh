@@ -11,10 +11,11 @@
 # PART 3 (the default) is issue 62's call (6.4 minutes on an H100 on 2026-11-27; give it SECONDS
 # 570): the base and big models at WMT lengths and 25,000 tokens, eager, compiled under fixed
 # shapes, and compiled with CUDA graphs, each against nn.Transformer in the same mode (MFU, peak
-# memory), train.py's loop over an epoch (up to 200 steps) against the bare step, and the host time a step of the
-# loop adds (the device's work removed). PART 1 and 2 are issue 58's two calls: the first list;
-# the loss's block size in the whole step, train.py's own tokens/s, and the compiled base model.
-# It needs requirements.txt's packages on the GPU's machine (`datasets` among them).
+# memory), train.py's loop over an epoch (up to 200 steps) against the bare step, and the host
+# time a step of the loop adds (the device's work removed). PART 1 and 2 are issue 58's two
+# calls: the first list; the loss's block size in the whole step, train.py's own tokens/s, and
+# the compiled base model. It needs requirements.txt's packages on the GPU's machine, and says
+# so before any step where one is missing (a lent machine's image had no `datasets`).
 #
 #   DRY=1 bash dev/gpu_wmt.sh LOG 600 3       # the rehearsal: every command line checked, no run
 #   TINY=1 bash dev/gpu_wmt.sh LOG 900 3      # every step for real at a toy size, on the CPU
@@ -55,9 +56,14 @@ if [ "${TINY:-0}" = 1 ]; then  # the same steps at a toy size on the CPU (no CUD
 fi
 DRYRUN=""
 [ "${DRY:-0}" = 1 ] && DRYRUN="--dry_run"
+if ! missing=$(python3 -c "import datasets, tokenizers, sacrebleu, tqdm, tensorboard" 2>&1); then
+    echo "=== stopped before any step: ${missing##*$'\n'} (pip install -r requirements.txt)" \
+        | tee -a "$log"
+    exit 1
+fi
 if [ "$part" = 3 ]; then
 step 15 "the machine" bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())'; nproc"
-step 100 "base, WMT lengths, 25,000 tokens, eager; train.py's loop, 200 steps; its host time" \
+step 100 "base, WMT lengths, 25,000 tokens, eager; train.py's loop, up to 200 steps; its host time" \
     python3 -m dev.bench $BASE $WMT --max_tokens 25000 --train_steps 200 --host_steps 50 \
     --profile_steps 2 $DRYRUN
 # one shape per compiled step: each shape is one compilation of each model (80-100 s a model on

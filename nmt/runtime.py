@@ -260,9 +260,10 @@ def start_distributed(device_name: str = "auto"):
 
 
 def data_parallel(model, device: torch.device):
-    """The model wrapped to average its gradients over the ranks during backward (DDP): no
-    buffer synchronized (the positional tables are the same on every rank), gradients not
-    copied into buckets. torch 2.13 renames broadcast_buffers to forward_sync_buffers."""
+    """The model wrapped to average its gradients over the ranks during backward (DDP): buffers
+    not synchronized at each forward (the positional tables are the same on every rank),
+    gradients kept as views of the buckets, not copied. torch 2.13 renames broadcast_buffers to
+    forward_sync_buffers (and syncs the buffers once at the start, which changes nothing here)."""
     renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
     return DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,

@@ -387,6 +387,24 @@ def test_the_gpu_scripts_call_is_rehearsed_command_by_command(tmp_path):
     assert "=== done at" in out
 
 
+def test_the_gpu_scripts_call_stops_before_any_step_where_a_package_is_missing(tmp_path):
+    """A lent GPU's image without `datasets` failed every step of the call, one by one, each
+    with a traceback: the script now says what is missing in one line before any step."""
+    import os
+    import subprocess
+
+    from conftest import ROOT
+    (tmp_path / "datasets.py").write_text(  # an image without it
+        "raise ModuleNotFoundError(\"No module named 'datasets'\")\n")
+    log = tmp_path / "gpu.log"
+    proc = subprocess.run(["bash", str(ROOT / "dev" / "gpu_wmt.sh"), str(log), "600", "3"],
+                          cwd=ROOT, env=dict(os.environ, DRY="1", PYTHONPATH=str(tmp_path)),
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 1
+    assert log.read_text() == ("=== stopped before any step: ModuleNotFoundError: No module "
+                               "named 'datasets' (pip install -r requirements.txt)\n")
+
+
 def test_wmt_lengths_fall_into_16_shapes_with_little_added_padding(tmp_path):
     """Issue 62's target on the CPU: an epoch of token batches at WMT14-like lengths (the
     synthetic corpus dev.bench times) in at most 16 fixed shapes, with at most 10% more tokens
