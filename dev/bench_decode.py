@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from config import add_locating_arguments, checkpoint_config
+from config import DECODE_BATCH_SIZE, add_locating_arguments, checkpoint_config
 from corpus import read_lines
 from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import decoding_model, translate_ids
@@ -470,7 +470,7 @@ def main(argv=None):
     if args.sentences:
         sources, references = sources[:args.sentences], references[:args.sentences]
     ids = [e.ids for e in tok_src.encode_batch(sources)]
-    batch = args.batch_size or 100
+    batch = args.batch_size or DECODE_BATCH_SIZE  # translate.py's
     common = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len, unk_id=UNK,
                   batch_size=batch, max_len_a=config.max_len_a, max_len_b=config.max_len_b,
                   min_len=config.min_len)

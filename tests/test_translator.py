@@ -7,18 +7,20 @@ from conftest import run_here, tiny_model
 
 
 def test_the_sentences_decoded_at_once_are_one_setting_everywhere():
-    """The default of --batch_size (translate.py), of Translator.translate and of the decoders
-    is config.DECODE_BATCH_SIZE, one value: its --help, the API's and the decoders' defaults,
-    all take it."""
+    """The default of --batch_size (translate.py), of Translator.translate, of the decoders and of
+    the CTranslate2 engine's is config.DECODE_BATCH_SIZE, one value: its --help, the API's and
+    the decoders' defaults, all take it."""
     import argparse
     import inspect
 
     from config import DECODE_BATCH_SIZE, add_locating_arguments
     from nmt import decoding
+    from nmt.engine import Engine
     from nmt.translator import Translator, check_settings
     for function, name in ((Translator.translate, "batch_size"), (check_settings, "batch_size"),
                            (decoding.translate_ids, "batch_size"),
-                           (decoding.decoding_model, "rows")):
+                           (decoding.decoding_model, "rows"),
+                           (Engine.translate_ids, "batch_size")):
         assert inspect.signature(function).parameters[name].default == DECODE_BATCH_SIZE
     parser = argparse.ArgumentParser()
     add_locating_arguments(parser)
