@@ -339,9 +339,16 @@ class Config:
 
 
 # Sentences decoded at once by translate.py, the Python API and the decoders, unless
-# --batch_size (translate.py's) says otherwise: 128, where greedy decoding took a seventh less
-# time than at 64 and beam search no more (the outputs identical; dev/LOG.md).
-DECODE_BATCH_SIZE = 128
+# --batch_size (translate.py's) says otherwise: greedy decoding took a seventh less time at 128
+# than at 64; beam search, whose rows are several a sentence, no less (an ensemble's a fifth
+# more). The outputs are the same at any size (dev/LOG.md).
+GREEDY_BATCH_SIZE, DECODE_BATCH_SIZE = 128, 64
+
+
+def decode_batch_size(beam: int = 1, nbest: int = 1, sampling=None) -> int:
+    """The sentences decoded at once by default: GREEDY_BATCH_SIZE for greedy decoding (beam 1,
+    one output, no sampling), DECODE_BATCH_SIZE for beam search and sampling."""
+    return GREEDY_BATCH_SIZE if beam == 1 and nbest == 1 and not sampling else DECODE_BATCH_SIZE
 
 
 # ---- presets: several flags at once; flags given beside --preset win ----------------------------
@@ -523,7 +530,8 @@ def add_locating_arguments(parser, own=()):
                        - {"batch_size"}}
     add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, skip=own, helps={
         **from_checkpoint,
-        "batch_size": f"sentences translated at once (default: {DECODE_BATCH_SIZE})",
+        "batch_size": f"sentences translated at once (default: {GREEDY_BATCH_SIZE} greedy, "
+                      f"{DECODE_BATCH_SIZE} with beam search or sampling)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
         "preload": "checkpoint in --model_folder: latest, best or an epoch (default: best "
                    "where there is one, else latest; with --average N, latest)"})

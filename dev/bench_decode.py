@@ -3,7 +3,8 @@
     python -m dev.bench_decode --model_folder weights --threads 2     # Multi30k test_2016_flickr
 
 One run, one trained model, the same sentences, the same thread count, the same length rules
-(the checkpoint's --max_len_a/--max_len_b/--min_len):
+(the checkpoint's --max_len_a/--max_len_b/--min_len), the same batches (translate.py's:
+--batch_size, else each search's default):
   this repo: batched greedy and beam search with the key/value cache (fp32) over the fast
              step (nmt/decoder_step.py, as translate.py decodes) and over model.py's decoder
              (the reference), beam search with its early stop (OpenNMT's, the default) and
@@ -30,12 +31,12 @@ right after the other; the median of the passes printed, with every pass's.
 
     python -m dev.bench_decode --model_folder weights --threads 2 --profile
 
---profile: instead, where the time of one greedy batch and of one beam batch goes (100
-sentences of middle length), with the fast step and with model.py's, per decoding step: matrix
-products, attention, the cache and the beams' reordering, choosing tokens, norms and other
-operators (each operator's own time in the profiler, less the profiler's own cost shared evenly
-among them), the encoder (once a batch), and Python and dispatch around them (the unprofiled
-time less the operators').
+--profile: instead, where the time of one greedy batch and of one beam batch goes (the
+--batch_size, else 100, sentences of middle length), with the fast step and with model.py's,
+per decoding step: matrix products, attention, the cache and the beams' reordering, choosing
+tokens, norms and other operators (each operator's own time in the profiler, less the
+profiler's own cost shared evenly among them), the encoder (once a batch), and Python and
+dispatch around them (the unprofiled time less the operators').
 """
 
 import contextlib
@@ -50,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from config import DECODE_BATCH_SIZE, add_locating_arguments, checkpoint_config
+from config import add_locating_arguments, checkpoint_config, decode_batch_size
 from corpus import read_lines
 from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import decoding_model, translate_ids
@@ -367,8 +368,9 @@ def ensemble_decoders(args, config, given, sources, ids, common: dict):
         args.average)
     encoded = [[e.ids for e in tok.encode_batch(sources)] for tok in tokenizers]
     per_model = {tuple(ids[i]): [e[i] for e in encoded] for i in range(len(ids))}
-    packed = decoding_model(ensemble, common["batch_size"])
-    packed_beam = decoding_model(ensemble, common["batch_size"] * args.beam)
+    packed = decoding_model(ensemble, common["batch_size"] or decode_batch_size())
+    packed_beam = decoding_model(
+        ensemble, (common["batch_size"] or decode_batch_size(args.beam)) * args.beam)
     name = f"this repo, ensemble of {len(ensemble.members)}"
     return [(f"{name}, greedy", lambda part: translate_ids(
                 packed, [per_model[tuple(i)] for i in part], **common), range(len(ids))),
@@ -385,8 +387,9 @@ def this_repos_decoders(args, model, n: int, common: dict):
     decoders: the fast step's (laid out once, as the engine lays out its weights when it
     loads; translate_ids lays it out once a call: once a file for translate.py), and the same
     searches over model.py's decoder step."""
-    packed = decoding_model(model, common["batch_size"])
-    packed_beam = decoding_model(model, common["batch_size"] * args.beam)
+    packed = decoding_model(model, common["batch_size"] or decode_batch_size())
+    packed_beam = decoding_model(
+        model, (common["batch_size"] or decode_batch_size(args.beam)) * args.beam)
     everything = range(n)
     runs = [("this repo, greedy", lambda part: translate_ids(packed, part, **common),
              everything),
@@ -470,17 +473,18 @@ def main(argv=None):
     if args.sentences:
         sources, references = sources[:args.sentences], references[:args.sentences]
     ids = [e.ids for e in tok_src.encode_batch(sources)]
-    batch = args.batch_size or DECODE_BATCH_SIZE  # translate.py's
+    # translate.py's batches: --batch_size, else each search's default (greedy's, beam's)
+    batch, beam_batch = (args.batch_size or decode_batch_size(b) for b in (1, args.beam))
     common = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len, unk_id=UNK,
-                  batch_size=batch, max_len_a=config.max_len_a, max_len_b=config.max_len_b,
-                  min_len=config.min_len)
+                  batch_size=args.batch_size, max_len_a=config.max_len_a,
+                  max_len_b=config.max_len_b, min_len=config.min_len)
     print(f"{len(sources)} sentences of {folder / args.split}.{config.lang_src}; "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters (d_model "
           f"{config.d_model}, N {config.depth()}); {threads} thread"
-          f"{'s' * (threads != 1)}; batches of {batch}; "
+          f"{'s' * (threads != 1)}; batches of {batch} (greedy), {beam_batch} (beam); "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
     if args.profile:
-        return profile(model, ids, common, args.beam)
+        return profile(model, ids, {**common, "batch_size": args.batch_size or 100}, args.beam)
     runs = this_repos_decoders(args, model, len(ids), common)
     runs += ensemble_decoders(args, config, given, sources, ids, common)
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from config import DECODE_BATCH_SIZE, Config
+from config import DECODE_BATCH_SIZE, Config, decode_batch_size
 from dataset import source_batch
 from model import Transformer, causal_mask
 from nmt.decoder_step import FastDecoder, FastState, fast_decoder, row_argmax, row_topk
@@ -422,7 +422,7 @@ def source_batches(model, ids, seq_len: int, sos_id: int, eos_id: int, pad_id: i
 @torch.no_grad()
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
                   seq_len: int, beam: int = 1, alpha: float = 0.6,
-                  batch_size: int = DECODE_BATCH_SIZE,
+                  batch_size: int = None,
                   nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
                   use_cache: bool = True, unk_id: int = None, progress=None,
                   early_stop: bool = True, sampling: Sampling = None, fast_step: bool = True):
@@ -432,14 +432,16 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     Each sentence outputs at most max_len_a · its length + max_len_b tokens (capped by
     seq_len; an ensemble counts its first model's source tokens) and at least min_len (1:
     never an empty translation). [PAD], [SOS] and `unk_id` are never generated. Sources longer
-    than seq_len allows are cut (translate.py warns first). `progress`: called with the number
-    of sentences of each batch done (a progress bar; it may raise to stop). Returns per
+    than seq_len allows are cut (translate.py warns first). `batch_size`: sentences decoded at
+    once (None: config.decode_batch_size's default for the search). `progress`: called with the
+    number of sentences of each batch done (a progress bar; it may raise to stop). Returns per
     sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score), or
     with `sampling` its n samples as (ids, log P). fast_step=False: model.py's decoder step
     instead of the FastDecoder's (the reference; dev/bench_decode.py times both)."""
     device = next(model.parameters()).device
     banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
     ensemble = isinstance(model, Ensemble)
+    batch_size = batch_size or decode_batch_size(beam, nbest, sampling)
     if sampling:
         batch_size = max(1, batch_size // sampling.n)  # rows: sentences x samples
     model = decoding_model(model, batch_size * (sampling.n if sampling else beam), fast_step)
@@ -554,7 +556,7 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
     decode = getattr(model, "translate_ids", None) or partial(translate_ids, model,
                                                               sampling=sampling)
     outputs = decode([ids[n] for n in todo], SOS, EOS, PAD, config.seq_len, beam=beam,
-                     alpha=alpha, nbest=nbest, batch_size=batch_size or DECODE_BATCH_SIZE,
+                     alpha=alpha, nbest=nbest, batch_size=batch_size,
                      unk_id=UNK, **decoding_limits(config), progress=progress)
     listed = nbest > 1 or sampling is not None  # (translation, score) lists
     results = [[("", 0.0)] * (sampling.n if sampling else 1) if listed else ""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from config import DECODE_BATCH_SIZE, TRANSLATE_FIELDS, Config, UserError
+from config import TRANSLATE_FIELDS, Config, UserError, decode_batch_size
 from nmt.checkpoint import merge_config
 from nmt.decoding import output_limits
 from nmt.trained_model import with_tokenizers
@@ -204,7 +204,7 @@ class Engine:
         self.ids = tokenizer_tgt.get_vocab()  # token -> id
 
     def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=0.6,
-                      batch_size=DECODE_BATCH_SIZE, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
+                      batch_size=None, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
                       unk_id=None, progress=None):
         """As nmt.decoding.translate_ids. The engine takes one maximum length a call. Greedy: one
         call per batch of similar lengths (as nmt.decoding.translate_ids makes them) under the
@@ -212,6 +212,7 @@ class Engine:
         prefixes of longer ones: the same tokens; one call for all sentences would decode every
         one that never ends to the longest limit of all). Beam search is not prefix-consistent:
         sentences go in groups of equal limits."""
+        batch_size = batch_size or decode_batch_size(beam, nbest)
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]
         limits = output_limits(torch.tensor([len(s) for s in sources]), max_len_a, max_len_b,
                                seq_len, min_len).tolist()

@@ -9,7 +9,7 @@ its flag have the same name).
 
 from pathlib import Path
 
-from config import DECODE_BATCH_SIZE, Config, UserError, not_positive
+from config import Config, UserError, not_positive
 from nmt.attention_map import attention_blocks, check_layer_and_head
 from nmt.decoding import clean, translate
 from nmt.trained_model import load_translator
@@ -19,8 +19,7 @@ class InputError(UserError):
     """A bad sentence, setting, input or output file."""
 
 
-def check_settings(beam: int = 1, nbest: int = 1, average: int = 1,
-                   batch_size: int = DECODE_BATCH_SIZE):
+def check_settings(beam: int = 1, nbest: int = 1, average: int = 1, batch_size: int = None):
     """The search and loading settings in their ranges (an InputError line naming the one that
     is not): translate.py checks its flags with it before any model is loaded."""
     problem = not_positive(beam=beam, nbest=nbest, average=average, batch_size=batch_size)
@@ -87,7 +86,7 @@ class Translator:
         return translator
 
     def translate(self, sentences, beam: int = 1, alpha: float = 0.6, nbest: int = 1,
-                  batch_size: int = DECODE_BATCH_SIZE, sampling=None):
+                  batch_size: int = None, sampling=None):
         """Translations of a list of sentences (a list of strings), or of one sentence (a
         string, refused if empty); `beam` 1 is greedy; with nbest > 1, each an n-best list of
         (translation, score) pairs, best first (score: the length-penalized log-probability

@@ -182,6 +182,28 @@ def test_decoding_reports_progress_and_stops_at_the_next_batch_when_asked():
     assert done == [4]  # one batch, then it stopped
 
 
+def test_each_search_decodes_its_default_batches():
+    """Without batch_size, greedy decoding takes config.GREEDY_BATCH_SIZE sentences at once and
+    beam search and sampling config.DECODE_BATCH_SIZE (sampling's divided among its samples):
+    the batches progress reports."""
+    from config import DECODE_BATCH_SIZE, GREEDY_BATCH_SIZE
+    from nmt.decoding import Sampling
+    model = tiny_model(vocab=20, seed=0)
+    n = GREEDY_BATCH_SIZE + DECODE_BATCH_SIZE + 3
+    sources = [[5 + i % 10] * (1 + i % 3) for i in range(n)]
+
+    def batches(**options):
+        done = []
+        translate_ids(model, sources, SOS, EOS, PAD, 32, max_len_b=2, progress=done.append,
+                      **options)
+        return done
+    assert batches() == [GREEDY_BATCH_SIZE, DECODE_BATCH_SIZE + 3]
+    rest = n - 3 * DECODE_BATCH_SIZE
+    assert batches(beam=2) == [DECODE_BATCH_SIZE] * 3 + [rest]
+    half = DECODE_BATCH_SIZE // 2
+    assert batches(sampling=Sampling(n=2, seed=1)) == [half] * (n // half) + [n % half]
+
+
 def test_batches_decoded_at_once_come_back_in_order():
     """decoded(): batches decoded two at a time come back in the order given (progress goes
     batch by batch), even when a later one is done first."""

@@ -8,23 +8,28 @@ from conftest import run_here, tiny_model
 
 def test_the_sentences_decoded_at_once_are_one_setting_everywhere():
     """The default of --batch_size (translate.py), of Translator.translate, of the decoders and of
-    the CTranslate2 engine's is config.DECODE_BATCH_SIZE, one value: its --help, the API's and
-    the decoders' defaults, all take it."""
+    the CTranslate2 engine's is config.decode_batch_size's, one rule (greedy's batches larger
+    than beam search's and sampling's): the API's and the decoders' defaults leave it to the
+    rule, and --help names both sizes."""
     import argparse
     import inspect
 
-    from config import DECODE_BATCH_SIZE, add_locating_arguments
+    from config import DECODE_BATCH_SIZE, GREEDY_BATCH_SIZE, add_locating_arguments, \
+        decode_batch_size
     from nmt import decoding
     from nmt.engine import Engine
     from nmt.translator import Translator, check_settings
-    for function, name in ((Translator.translate, "batch_size"), (check_settings, "batch_size"),
-                           (decoding.translate_ids, "batch_size"),
-                           (decoding.decoding_model, "rows"),
-                           (Engine.translate_ids, "batch_size")):
-        assert inspect.signature(function).parameters[name].default == DECODE_BATCH_SIZE
+    for function in (Translator.translate, check_settings, decoding.translate_ids,
+                     Engine.translate_ids):
+        assert inspect.signature(function).parameters["batch_size"].default is None
+    assert GREEDY_BATCH_SIZE > DECODE_BATCH_SIZE
+    assert decode_batch_size() == decode_batch_size(1, 1) == GREEDY_BATCH_SIZE
+    assert decode_batch_size(4) == decode_batch_size(1, 2) == DECODE_BATCH_SIZE
+    assert decode_batch_size(1, 1, sampling=object()) == DECODE_BATCH_SIZE
     parser = argparse.ArgumentParser()
     add_locating_arguments(parser)
-    assert f"sentences translated at once (default: {DECODE_BATCH_SIZE})" in \
+    assert (f"sentences translated at once (default: {GREEDY_BATCH_SIZE} greedy, "
+            f"{DECODE_BATCH_SIZE} with beam search or sampling)") in \
         " ".join(parser.format_help().split())
 
 
