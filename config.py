@@ -16,6 +16,19 @@ from dataclasses import dataclass, field
 
 LR_AT_512 = 1e-3  # the default peak learning rate at d_model 512 (Config.peak_lr)
 
+# Sentences decoded at once by translate.py, the Python API and the decoders, unless
+# --batch_size (translate.py's) says otherwise: greedy decoding took a seventh less time at 128
+# than at 64; beam search, whose rows are several a sentence, no less (an ensemble's a fifth
+# more). The outputs are the same at any size (dev/LOG.md).
+GREEDY_BATCH_SIZE, DECODE_BATCH_SIZE = 128, 64
+
+
+def decode_batch_size(beam: int = 1, nbest: int = 1, sampling=None) -> int:
+    """The sentences decoded at once by default: GREEDY_BATCH_SIZE for greedy decoding (beam 1,
+    one output, no sampling), DECODE_BATCH_SIZE for beam search, and for sampling its rows
+    (sentences times samples)."""
+    return GREEDY_BATCH_SIZE if beam == 1 and nbest == 1 and not sampling else DECODE_BATCH_SIZE
+
 
 def _f(default, help, choices=None, group="train", translate=False):
     """A dataclass field with its --help text and its group:
@@ -104,7 +117,10 @@ class Config:
                                    "table (vocab_size is then the joint size)", group="model")
     # ---- optimisation -----------------------------------------------------------------------
     batch_size: int = _f(8, "sentences per batch (used when max_tokens is 0; giving --batch_size "
-                            "alone switches to sentence batches)", translate=True)
+                            "alone switches to sentence batches); translate.py: sentences "
+                            f"translated at once, with --sample N sentences times N (default: "
+                            f"{GREEDY_BATCH_SIZE} greedy, {DECODE_BATCH_SIZE} with beam search "
+                            "or sampling)", translate=True)
     max_tokens: int = _f(4096, "padded tokens per batch (per process under torchrun), "
                                "length-bucketed (0 = use batch_size)")
     num_epochs: int = _f(20, "epochs to train")
@@ -338,19 +354,6 @@ class Config:
         return cls(**d)
 
 
-# Sentences decoded at once by translate.py, the Python API and the decoders, unless
-# --batch_size (translate.py's) says otherwise: greedy decoding took a seventh less time at 128
-# than at 64; beam search, whose rows are several a sentence, no less (an ensemble's a fifth
-# more). The outputs are the same at any size (dev/LOG.md).
-GREEDY_BATCH_SIZE, DECODE_BATCH_SIZE = 128, 64
-
-
-def decode_batch_size(beam: int = 1, nbest: int = 1, sampling=None) -> int:
-    """The sentences decoded at once by default: GREEDY_BATCH_SIZE for greedy decoding (beam 1,
-    one output, no sampling), DECODE_BATCH_SIZE for beam search and sampling."""
-    return GREEDY_BATCH_SIZE if beam == 1 and nbest == 1 and not sampling else DECODE_BATCH_SIZE
-
-
 # ---- presets: several flags at once; flags given beside --preset win ----------------------------
 
 ARCHITECTURE = dict(norm_first=True, norm="layer", ffn="relu", pos="sinusoidal", n_kv_heads=0)
@@ -530,8 +533,9 @@ def add_locating_arguments(parser, own=()):
                        - {"batch_size"}}
     add_config_arguments(parser, visible=TRANSLATE_FIELDS | model_fields, skip=own, helps={
         **from_checkpoint,
-        "batch_size": f"sentences translated at once (default: {GREEDY_BATCH_SIZE} greedy, "
-                      f"{DECODE_BATCH_SIZE} with beam search or sampling)",
+        "batch_size": f"sentences translated at once, with --sample N sentences times N "
+                      f"(default: {GREEDY_BATCH_SIZE} greedy, {DECODE_BATCH_SIZE} with beam "
+                      f"search or sampling)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
         "preload": "checkpoint in --model_folder: latest, best or an epoch (default: best "
                    "where there is one, else latest; with --average N, latest)"})

@@ -473,8 +473,10 @@ def main(argv=None):
     if args.sentences:
         sources, references = sources[:args.sentences], references[:args.sentences]
     ids = [e.ids for e in tok_src.encode_batch(sources)]
-    # translate.py's batches: --batch_size, else each search's default (greedy's, beam's)
-    batch, beam_batch = (args.batch_size or decode_batch_size(b) for b in (1, args.beam))
+    # translate.py's batches: --batch_size, else each search's default (greedy's, beam's);
+    # --profile: one batch of --batch_size, else 100, sentences for both
+    batch, beam_batch = (args.batch_size or (100 if args.profile else decode_batch_size(b))
+                         for b in (1, args.beam))
     common = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=config.seq_len, unk_id=UNK,
                   batch_size=args.batch_size, max_len_a=config.max_len_a,
                   max_len_b=config.max_len_b, min_len=config.min_len)
@@ -484,7 +486,7 @@ def main(argv=None):
           f"{'s' * (threads != 1)}; batches of {batch} (greedy), {beam_batch} (beam); "
           f"output at most {config.max_len_a:g} x source + {config.max_len_b} tokens")
     if args.profile:
-        return profile(model, ids, {**common, "batch_size": args.batch_size or 100}, args.beam)
+        return profile(model, ids, {**common, "batch_size": batch}, args.beam)
     runs = this_repos_decoders(args, model, len(ids), common)
     runs += ensemble_decoders(args, config, given, sources, ids, common)
     with tempfile.TemporaryDirectory() as tmp:
@@ -497,17 +499,18 @@ def main(argv=None):
                 engine.close()
     report(runs, outputs, times, references, tok_tgt)
     if next(model.parameters()).is_cuda:
-        report_attention_kernels(runs[:2], ids, batch)
+        report_attention_kernels(runs[:2], ids, (batch, beam_batch))
 
 
-def report_attention_kernels(runs, ids, batch: int):
+def report_attention_kernels(runs, ids, batches):
     """The attention kernels of one batch (the longest sentences) of greedy and beam decoding
-    with the key/value cache, read from the profiler."""
+    with the key/value cache (runs: those two; batches: their sizes), read from the profiler."""
     from dev.bench import attention_kernels
-    longest = sorted(ids, key=len)[-batch:]
-    for name, run, _ in runs:
+    for (name, run, _), batch in zip(runs, batches):
+        longest = sorted(ids, key=len)[-batch:]
         print(f"attention kernels of one batch of {len(longest)} sentences, {name}:")
-        for kernel, count in sorted(attention_kernels(lambda run=run: run(longest)).items()):
+        kernels = attention_kernels(lambda run=run, longest=longest: run(longest))
+        for kernel, count in sorted(kernels.items()):
             print(f"  {count:5d} x {kernel}")
 
 

@@ -446,7 +446,9 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
         batch_size = max(1, batch_size // sampling.n)  # rows: sentences x samples
     model = decoding_model(model, batch_size * (sampling.n if sampling else beam), fast_step)
     key = [ids[0] if ensemble else ids for ids in src_ids]  # the first model's tokens
-    order = sorted(range(len(src_ids)), key=lambda i: len(key[i]))  # similar lengths
+    # similar lengths, the longest batch first and the one left over the shortest, so that
+    # batches decoded at once (decoded()) end together
+    order = sorted(range(len(src_ids)), key=lambda i: len(key[i]), reverse=True)
     batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
     def decode(idx):  # the outputs of the sentences idx, one batch

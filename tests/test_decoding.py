@@ -197,11 +197,35 @@ def test_each_search_decodes_its_default_batches():
         translate_ids(model, sources, SOS, EOS, PAD, 32, max_len_b=2, progress=done.append,
                       **options)
         return done
-    assert batches() == [GREEDY_BATCH_SIZE, DECODE_BATCH_SIZE + 3]
-    rest = n - 3 * DECODE_BATCH_SIZE
-    assert batches(beam=2) == [DECODE_BATCH_SIZE] * 3 + [rest]
-    half = DECODE_BATCH_SIZE // 2
-    assert batches(sampling=Sampling(n=2, seed=1)) == [half] * (n // half) + [n % half]
+    def sizes(size):  # n sentences in batches of `size`, the one left over last
+        return [min(size, n - start) for start in range(0, n, size)]
+    assert batches() == sizes(GREEDY_BATCH_SIZE)
+    assert batches(beam=2) == batches(nbest=2) == sizes(DECODE_BATCH_SIZE)
+    assert batches(sampling=Sampling(n=2, seed=1)) == sizes(DECODE_BATCH_SIZE // 2)
+
+
+def test_the_longest_batch_is_decoded_first_and_the_one_left_over_is_the_shortest(
+        monkeypatch):
+    """Batches of similar lengths, the longest first and the one left over (fewer sentences)
+    of the shortest: decoded several at once, the threads then end together (the longest last
+    and the left-over one of the longest kept one thread busy alone at the end)."""
+    import nmt.decoding
+    model = tiny_model(vocab=20, seed=0)
+    sources = [[5] * (1 + i) for i in range(10)]  # lengths 1 to 10, in order
+    real, seen = nmt.decoding.source_batches, []
+
+    def recording(model, sentences, *args):
+        seen.append(sorted(len(s) for s in sentences))
+        return real(model, sentences, *args)
+    monkeypatch.setattr(nmt.decoding, "source_batches", recording)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one batch at a time: the calls in the batches' order
+    try:
+        out = translate_ids(model, sources, SOS, EOS, PAD, 32, batch_size=4)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [[7, 8, 9, 10], [3, 4, 5, 6], [1, 2]]
+    assert out == translate_ids(model, sources[::-1], SOS, EOS, PAD, 32, batch_size=3)[::-1]
 
 
 def test_batches_decoded_at_once_come_back_in_order():

@@ -145,6 +145,31 @@ def test_the_engine_decodes_batches_at_once_as_one_after_the_other(corpus, tmp_p
     assert outputs[1, 2] == outputs[2, 2]
 
 
+def test_the_engine_takes_each_searchs_default_batch():
+    """Without batch_size, the engine's calls get config.decode_batch_size's batches (greedy's,
+    beam search's) as their max_batch_size, as this repo's decoders take them; a given
+    batch_size wins. (The engine's translator is a stand-in that records its calls.)"""
+    from types import SimpleNamespace
+
+    from config import DECODE_BATCH_SIZE, GREEDY_BATCH_SIZE
+    from nmt.engine import Engine
+    sizes = []
+
+    def translate_batch(batch, max_batch_size, **options):
+        sizes.append(max_batch_size)
+        done = SimpleNamespace(hypotheses=[["w"]], scores=[0.0])
+        return [SimpleNamespace(result=lambda: done) for _ in batch]
+    engine = Engine.__new__(Engine)  # no model loaded
+    engine.tokens, engine.ids, engine.at_once = ["w"] * 8, {"w": 5}, 1
+    engine.translator = SimpleNamespace(translate_batch=translate_batch)
+    for options, size in (({}, GREEDY_BATCH_SIZE), ({"beam": 2}, DECODE_BATCH_SIZE),
+                          ({"nbest": 2}, DECODE_BATCH_SIZE),
+                          ({"batch_size": 3}, 3), ({"beam": 2, "batch_size": 3}, 3)):
+        sizes.clear()
+        out = engine.translate_ids([[5, 6], [7]], SOS, EOS, PAD, 40, **options)
+        assert len(out) == 2 and set(sizes) == {size}, (options, sizes)
+
+
 def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
     """Issue 17: train, export, translate with CTranslate2 as the README says."""
     pytest.importorskip("ctranslate2")

@@ -424,10 +424,11 @@ def test_batch_size_sets_the_sentences_decoded_at_once(trained, monkeypatch):
     import nmt.decoding
     home, _ = trained
     default = run_here("translate.py", "--input", "corpus/val.en", cwd=home)
-    real, batches = nmt.decoding.translate_ids, []
+    real, batches, given = nmt.decoding.translate_ids, [], []
 
     def counting(model, src_ids, *args, **kwargs):  # the sentences of each decoded batch
         kwargs["progress"] = lambda n: batches[-1].append(n)
+        given.append(kwargs.get("batch_size"))
         return real(model, src_ids, *args, **kwargs)
     monkeypatch.setattr(nmt.decoding, "translate_ids", counting)
     for n in ("1", "3"):
@@ -437,6 +438,11 @@ def test_batch_size_sets_the_sentences_decoded_at_once(trained, monkeypatch):
         assert t.stdout == default.stdout and len(t.stdout.decode().splitlines()) == 8
     # issue 63, 14: the flag is used (the outputs above are equal by design, so cannot tell)
     assert batches == [[1] * 8, [3, 3, 2]]
+    # without it the decoders choose by the search (config.decode_batch_size): none is imposed
+    for search in ([], ["--beam", "2"]):
+        batches.append([])
+        run_here("translate.py", *search, "--input", "corpus/val.en", cwd=home)
+    assert given == [1, 3, None, None]
 
 
 def test_an_ensemble_reads_the_sentence_with_each_members_own_source_tokenizer(trained,

@@ -28,8 +28,8 @@ def test_the_sentences_decoded_at_once_are_one_setting_everywhere():
     assert decode_batch_size(1, 1, sampling=object()) == DECODE_BATCH_SIZE
     parser = argparse.ArgumentParser()
     add_locating_arguments(parser)
-    assert (f"sentences translated at once (default: {GREEDY_BATCH_SIZE} greedy, "
-            f"{DECODE_BATCH_SIZE} with beam search or sampling)") in \
+    assert (f"sentences translated at once, with --sample N sentences times N (default: "
+            f"{GREEDY_BATCH_SIZE} greedy, {DECODE_BATCH_SIZE} with beam search or sampling)") in \
         " ".join(parser.format_help().split())
 
 
