@@ -117,10 +117,9 @@ class Config:
                                    "table (vocab_size is then the joint size)", group="model")
     # ---- optimisation -----------------------------------------------------------------------
     batch_size: int = _f(8, "sentences per batch (used when max_tokens is 0; giving --batch_size "
-                            "alone switches to sentence batches); translate.py: sentences "
-                            f"translated at once, with --sample N sentences times N (default: "
-                            f"{GREEDY_BATCH_SIZE} greedy, {DECODE_BATCH_SIZE} with beam search "
-                            "or sampling)", translate=True)
+                            "alone switches to sentence batches); in translate.py the sentences "
+                            f"decoded at once, {GREEDY_BATCH_SIZE} greedy and "
+                            f"{DECODE_BATCH_SIZE} with beam search unless given", translate=True)
     max_tokens: int = _f(4096, "padded tokens per batch (per process under torchrun), "
                                "length-bucketed (0 = use batch_size)")
     num_epochs: int = _f(20, "epochs to train")

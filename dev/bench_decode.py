@@ -190,15 +190,15 @@ def serve_engine(connection, path: str, src: str, tgt: str, device: str, threads
 
 def decode_in_turn(runs, ids, batch: int, repeats: int, at_once: int = 1):
     """Times every decoder on the same sentences, `repeats` passes. Within a pass the greedy
-    decoders take turns every `at_once` batches (the sentences sorted by length, as the
-    decoders batch them: the decoders that decode several batches at once get that many), so
-    that a slow moment of this machine falls on all of them alike, this repo's first and the
-    engine's float32 right after it; then each beam search decodes all its sentences
-    in one call (the engine groups them by output-length limit across the whole set, as
+    decoders take turns every `at_once` batches (the sentences sorted by length, longest
+    first, as the decoders batch them: the decoders that decode several batches at once get
+    that many), so that a slow moment of this machine falls on all of them alike, this repo's
+    first and the engine's float32 right after it; then each beam search decodes all its
+    sentences in one call (the engine groups them by output-length limit across the whole set, as
     translate.py --ctranslate2 does). Before the timed passes, one untimed batch each (the
     longest: allocations, thread pools). Returns per decoder {sentence: output ids} and the
     seconds of each pass."""
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
     batches = [order[i:i + batch * at_once] for i in range(0, len(order), batch * at_once)]
     pairs = ["this repo, greedy", "CTranslate2 float32, greedy", *beam_pair(runs)]
     turns = sorted(runs, key=lambda r: pairs.index(r[0]) if r[0] in pairs else len(pairs))
@@ -212,7 +212,7 @@ def decode_in_turn(runs, ids, batch: int, repeats: int, at_once: int = 1):
         times[name][r] += time.perf_counter() - started
 
     for _, run, sentences in turns:
-        run([ids[i] for i in batches[-1] if i in sentences] or [ids[0]])  # untimed
+        run([ids[i] for i in batches[0] if i in sentences] or [ids[0]])  # untimed
     for r in range(repeats):
         for part in batches:
             for name, run, sentences in greedy:

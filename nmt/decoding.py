@@ -482,8 +482,8 @@ def batches_at_once(model, batches: int) -> int:
     """How many batches to decode at once, each on one thread: as many as torch's threads
     (--threads) with the fast step on CPU (its products are too small to share between threads
     well: on 2 cores of an AMD EPYC with AVX512-BF16, two batches at once on one thread each
-    decoded 1.5 times as many sentences a second as one batch on two threads with greedy
-    decoding, 1.06 to 1.2 times with beam search; docs/performance.md), else 1."""
+    decoded 1.2 times as many sentences a second as one batch on two threads with greedy
+    decoding, 1.14 times with beam search; docs/performance.md), else 1."""
     members = model.members if isinstance(model, Ensemble) else [model]
     if not all(isinstance(m, FastDecoder) for m in members):
         return 1

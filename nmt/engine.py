@@ -220,7 +220,8 @@ class Engine:
         results = [None] * len(sources)
         greedy = beam == 1 and nbest == 1
         if greedy:
-            order = sorted(range(len(limits)), key=lambda n: limits[n])  # by source length
+            # by source length, longest first (the engine's replicas end together)
+            order = sorted(range(len(limits)), key=lambda n: limits[n], reverse=True)
             groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
             groups = [(max(limits[n] for n in group), group) for group in groups]
         else:
