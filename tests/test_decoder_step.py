@@ -7,7 +7,9 @@ import torch
 from conftest import small
 
 from model import build_transformer
-from nmt.decoder_step import FastDecoder, FastState, fast_decoder, row_argmax, row_topk
+import nmt.decoder_step
+from nmt.decoder_step import (FastDecoder, FastState, NativeLayers, fast_decoder, row_argmax,
+                              row_topk)
 from nmt.decoding import (Ensemble, ModelState, beam_search, decoding_model, greedy_decode,
                           sample, translate_ids, Sampling)
 from tokenizer import EOS, PAD, SOS
@@ -22,7 +24,16 @@ DESIGNS = {
     "rope, post-norm, one key/value head": dict(pos="rope", norm_first=False, n_kv_heads=1),
     "sinusoidal with grouped-query attention": dict(n_kv_heads=2, ffn="swiglu"),
     "a shallow decoder": dict(N_dec=1, norm="rms"),
+    "modern, the operators' step": dict(norm="rms", ffn="swiglu", pos="rope", n_kv_heads=2,
+                                        tie_embeddings="decoder"),
 }
+C_STEP = "modern"  # the design the C step computes: its operators' step tested apart
+
+
+def laid_out_as(design, monkeypatch):
+    """For "the operators' step", FastDecoder without its C step (nmt/decoder_step.c)."""
+    if design == "modern, the operators' step":
+        monkeypatch.setattr(NativeLayers, "applies", staticmethod(lambda model: False))
 
 
 def batch(seed=0, rows=5, vocab=24):
@@ -36,9 +47,10 @@ def batch(seed=0, rows=5, vocab=24):
 
 @needs_onednn
 @pytest.mark.parametrize("design", DESIGNS)
-def test_the_step_gives_model_pys_logits_at_every_position(design):
+def test_the_step_gives_model_pys_logits_at_every_position(design, monkeypatch):
     """Teacher-forced through the cache, one token at a time, for beams that reorder and rows
     that leave: the FastState's logits are the ModelState's to 1e-5 at every step."""
+    laid_out_as(design, monkeypatch)
     model = small(seed=1, **DESIGNS[design])
     src, src_mask = batch(1)
     fast = fast_decoder(model, rows=8)
@@ -115,9 +127,10 @@ def test_a_sentences_beams_share_its_keys_and_values(design):
 
 @needs_onednn
 @pytest.mark.parametrize("design", DESIGNS)
-def test_greedy_and_beam_search_decode_as_model_py(design):
+def test_greedy_and_beam_search_decode_as_model_py(design, monkeypatch):
     """The searches over the FastDecoder and over the model: the same greedy tokens, the same
     beam hypotheses (nbest 3) and their scores within 1e-4, the same samples."""
+    laid_out_as(design, monkeypatch)
     for seed in (2, 3):
         model = small(seed=seed, **DESIGNS[design])
         fast = decoding_model(model, rows=8)
@@ -228,6 +241,27 @@ def test_the_step_shares_the_models_weights():
     assert layer.w_qkv.data_ptr() == block.self_attention_block.w_qkv.weight.data_ptr()
     assert layer.w_2.data_ptr() == block.feed_forward_block.linear_2.weight.data_ptr()
     assert fast.model is model
+
+
+@needs_onednn
+def test_the_modern_design_steps_in_one_c_call_where_a_compiler_is(monkeypatch):
+    """nmt/decoder_step.c computes the modern design's layers where this machine compiles it
+    (the tests above then hold it to model.py's decoder); the other designs, and a machine
+    without a C compiler, step through the operators, to the same tokens."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    for design in DESIGNS:
+        fast = fast_decoder(small(seed=4, **DESIGNS[design]), rows=8)
+        assert (fast.native is not None) == (DESIGNS[design] == DESIGNS[C_STEP]), design
+    model = small(seed=4, **DESIGNS[C_STEP])
+    src, src_mask = batch(4)
+    limit = torch.tensor([3, 9, 12, 5, 7])
+    native = greedy_decode(fast_decoder(model, rows=8), src, src_mask, SOS, EOS, limit)
+    monkeypatch.setenv("CC", "/no/such/compiler")
+    monkeypatch.setattr(nmt.decoder_step, "_COMPILED", None)  # tried afresh
+    fast = fast_decoder(model, rows=8)
+    assert fast.native is None and nmt.decoder_step._COMPILED is False
+    assert greedy_decode(fast, src, src_mask, SOS, EOS, limit) == native
 
 
 @pytest.mark.parametrize("width", [1000, 1024, 10007])
