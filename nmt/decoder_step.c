@@ -1,10 +1,10 @@
-/* The decoder's layers for one token step in one native call: the modern design (pre-norm
- * RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases), float32 on CPU.
- * nmt/decoder_step.py compiles it on first use and calls `layers` from FastDecoder.step; the
- * matrix products go to the sgemm_ torch itself links (set_sgemm), everything around them is
- * here, so that a step costs one call instead of some hundred operators. It computes what
- * FastDecoder's operators compute, in the same order within each sum where it can;
- * tests/test_decoder_step.py holds it to model.py's decoder. */
+/* The modern design's layers (pre-norm RMSNorm, rotary positions, grouped-query attention,
+ * SwiGLU, no biases) in one native call each, float32 on CPU: the decoder's for one token step
+ * (`layers`, from FastDecoder.step) and the encoder's for a batch (`encoder_layers`, once a
+ * batch). nmt/decoder_step.py compiles it on first use; the matrix products go to the sgemm_
+ * torch itself links (set_sgemm), everything around them is here, so that a step costs one
+ * call instead of some hundred operators. It computes what model.py computes, the sums in
+ * their own order; tests/test_decoder_step.py holds it to model.py's encoder and decoder. */
 #include <math.h>
 #include <string.h>
 
@@ -17,9 +17,10 @@ void set_sgemm(void *function) { sgemm = (sgemm_t)function; }
 
 /* e^x in float32 to about 1 ulp (Cephes' expf: 2^n e^r, |r| <= ln 2 / 2, a polynomial for
  * e^r), written so that the compiler vectorizes the loops that call it (libm's expf is a call
- * per number); 0 below -87.3 (and for -inf), as expf to within 1e-38, and capped at 88.7. */
+ * per number); 0 below -87.3 (and for -inf), as expf to within 1e-38, and e^88.3 above 88.3
+ * (where expf overflows at 88.7). */
 static inline float exp_approx(float x) {
-    float c = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+    float c = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
     float n = __builtin_rintf(c * 1.44269504088896341f);
     float r = c - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -53,12 +54,13 @@ static void rms_norm(const float *x, const float *w, float *y, int rows, int d, 
     }
 }
 
-/* o (dk) = softmax(scale q.k_t + bias_t) . v_t over n keys and values (n, dk); s: n scratch */
-static void attend(const float *q, const float *k, const float *v, const float *bias, int n,
-                   int dk, float scale, float *s, float *o) {
+/* o (dk) = softmax(scale q.k_t + bias_t) . v_t over n keys and values, `stride` numbers apart
+ * (dk where they are rows of their own); s: n scratch */
+static void attend(const float *q, const float *k, const float *v, long stride,
+                   const float *bias, int n, int dk, float scale, float *s, float *o) {
     float top = -INFINITY, sum = 0.0f;
     for (int t = 0; t < n; t++) {
-        const float *kt = k + (long)t * dk;
+        const float *kt = k + t * stride;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int i = 0; i < dk; i++) dot += q[i] * kt[i];
@@ -73,10 +75,39 @@ static void attend(const float *q, const float *k, const float *v, const float *
     for (int i = 0; i < dk; i++) o[i] = 0.0f;
     for (int t = 0; t < n; t++) {
         float p = s[t] / sum;
-        const float *vt = v + (long)t * dk;
+        const float *vt = v + t * stride;
 #pragma omp simd
         for (int i = 0; i < dk; i++) o[i] += p * vt[i];
     }
+}
+
+/* Rotary positions on each of the n heads (dk each) of a row: x1' = x1 cos - x2 sin,
+ * x2' = x1 sin + x2 cos, over the two halves of the head */
+static void rotate(float *row, int n, int dk, const float *cos, const float *sin) {
+    int half = dk / 2;
+    for (int j = 0; j < n; j++) {
+        float *a = row + j * dk;
+        for (int i = 0; i < half; i++) {
+            float x1 = a[i], x2 = a[i + half];
+            a[i] = x1 * cos[i] - x2 * sin[i];
+            a[i + half] = x1 * sin[i] + x2 * cos[i];
+        }
+    }
+}
+
+/* x += SwiGLU(RMSNorm(x)): silu(gate) * value, then W_2; scratch normed (rows, d), ffn
+ * (rows, 2 hidden), out (rows, hidden) */
+static void swiglu(float *x, const float *norm, const float *w_13, const float *w_2, int rows,
+                   int d, int hidden, float eps, float *normed, float *ffn, float *out) {
+    rms_norm(x, norm, normed, rows, d, eps);
+    linear(normed, w_13, ffn, rows, d, 2 * hidden, 0.0f);
+    for (int r = 0; r < rows; r++) {
+        const float *gate = ffn + (long)r * 2 * hidden, *value = gate + hidden;
+        float *o = out + (long)r * hidden;
+#pragma omp simd
+        for (int i = 0; i < hidden; i++) o[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * value[i];
+    }
+    linear(out, w_2, x, rows, hidden, d, 1.0f);
 }
 
 /* One step of every layer, x (rows, d) in place. Per layer l: norms[3l .. 3l+2] (d) the three
@@ -94,7 +125,7 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
             const float *cross, int src_len, int per, const float *bias, const float *cos,
             const float *sin, float eps, float scale, float *normed, float *wide, float *heads,
             float *ffn, float *scores) {
-    int group = h / kv, half = dk / 2, width = d + 2 * kv * dk, sentences = rows / per;
+    int group = h / kv, width = d + 2 * kv * dk, sentences = rows / per;
     long self_kv = (long)rows * kv * capacity * dk, cross_kv = (long)sentences * kv * src_len * dk;
     for (int l = 0; l < L; l++) {
         /* masked self-attention over the cached positions and this one */
@@ -103,14 +134,7 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
         float *keys = cache + 2 * l * self_kv, *values = keys + self_kv;
         for (int r = 0; r < rows; r++) {
             float *row = wide + (long)r * width;
-            for (int j = 0; j < h + kv; j++) { /* rotary positions: the queries, then the keys */
-                float *a = row + j * dk;
-                for (int i = 0; i < half; i++) {
-                    float x1 = a[i], x2 = a[i + half];
-                    a[i] = x1 * cos[i] - x2 * sin[i];
-                    a[i + half] = x1 * sin[i] + x2 * cos[i];
-                }
-            }
+            rotate(row, h + kv, dk, cos, sin); /* the queries, then the keys */
             for (int g = 0; g < kv; g++) {
                 long slot = ((long)(r * kv + g) * capacity + position) * dk;
                 memcpy(keys + slot, row + d + g * dk, dk * sizeof(float));
@@ -118,8 +142,8 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
             }
             for (int j = 0; j < h; j++) {
                 long head = (long)(r * kv + j / group) * capacity * dk;
-                attend(row + j * dk, keys + head, values + head, 0, position + 1, dk, scale,
-                       scores, heads + (long)r * d + j * dk);
+                attend(row + j * dk, keys + head, values + head, dk, 0, position + 1, dk,
+                       scale, scores, heads + (long)r * d + j * dk);
             }
         }
         linear(heads, w_o[l], x, rows, d, d, 1.0f); /* x + heads W_O */
@@ -131,21 +155,41 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
             for (int j = 0; j < h; j++) {
                 long head = (long)(r / per * kv + j / group);
                 attend(wide + (long)r * d + j * dk, ck + head * src_len * dk,
-                       cv + head * src_len * dk, bias + head * src_len, src_len, dk, scale,
+                       cv + head * src_len * dk, dk, bias + head * src_len, src_len, dk, scale,
                        scores, heads + (long)r * d + j * dk);
             }
         }
         linear(heads, w_o_cross[l], x, rows, d, d, 1.0f);
-        /* SwiGLU feed-forward: silu(gate) * value, then W_2 */
-        rms_norm(x, norms[3 * l + 2], normed, rows, d, eps);
-        linear(normed, w_13[l], ffn, rows, d, 2 * hidden, 0.0f);
+        swiglu(x, norms[3 * l + 2], w_13[l], w_2[l], rows, d, hidden, eps, normed, ffn, wide);
+    }
+}
+
+/* The encoder's layers, x (batch len, d) in place: per layer l, norms[2l], norms[2l + 1] the
+ * two residual connections' RMSNorm weights, w_qkv, w_o, w_13, w_2 as in `layers`; bias
+ * (batch, len): the source mask (0 or -inf); cos, sin (len, dk / 2): the rotations of the
+ * positions. Scratch as in `layers`, for batch len rows; scores (len). */
+void encoder_layers(float *x, int batch, int len, int d, int h, int kv, int dk, int hidden,
+                    int L, const float *const *norms, const float *const *w_qkv,
+                    const float *const *w_o, const float *const *w_13,
+                    const float *const *w_2, const float *bias, const float *cos,
+                    const float *sin, float eps, float scale, float *normed, float *wide,
+                    float *heads, float *ffn, float *scores) {
+    int rows = batch * len, group = h / kv, half = dk / 2, width = d + 2 * kv * dk;
+    for (int l = 0; l < L; l++) {
+        rms_norm(x, norms[2 * l], normed, rows, d, eps);
+        linear(normed, w_qkv[l], wide, rows, d, width, 0.0f);
+        for (int r = 0; r < rows; r++)
+            rotate(wide + (long)r * width, h + kv, dk, cos + (r % len) * half,
+                   sin + (r % len) * half);
         for (int r = 0; r < rows; r++) {
-            const float *gate = ffn + (long)r * 2 * hidden, *value = gate + hidden;
-            float *out = wide + (long)r * hidden;
-#pragma omp simd
-            for (int i = 0; i < hidden; i++)
-                out[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * value[i];
+            int b = r / len;
+            for (int j = 0; j < h; j++) {
+                const float *k = wide + (long)b * len * width + d + (j / group) * dk;
+                attend(wide + (long)r * width + j * dk, k, k + kv * dk, width,
+                       bias + (long)b * len, len, dk, scale, scores, heads + (long)r * d + j * dk);
+            }
         }
-        linear(wide, w_2[l], x, rows, hidden, d, 1.0f);
+        linear(heads, w_o[l], x, rows, d, d, 1.0f);
+        swiglu(x, norms[2 * l + 1], w_13[l], w_2[l], rows, d, hidden, eps, normed, ffn, wide);
     }
 }

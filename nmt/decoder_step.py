@@ -20,9 +20,10 @@ laid out once per file: each layer is about twenty operations on 2-d tensors (ro
   blocks of columns, one vectorized pass: torch's argmax and topk are not vectorized on CPU
   (for 100 rows of 10,000 logits, one thread of an AMD EPYC: argmax 1.0 ms, amax 0.05 ms);
 - for the modern design (pre-norm RMSNorm, rotary positions, grouped-query attention, SwiGLU),
-  every layer in one call of nmt/decoder_step.c (`NativeLayers`), compiled on first use where
-  a C compiler is: the same computation, its products through torch's own sgemm_, without the
-  fixed cost of some hundred operators a step (greedy decoding a sixth faster on 2 cores).
+  every decoder layer of a step in one call of nmt/decoder_step.c, and the encoder's layers in
+  another once a batch (`NativeLayers`), compiled on first use where a C compiler is: the same
+  computation, its products through torch's own sgemm_, without the fixed cost of some hundred
+  operators a step (greedy decoding a fifth faster on 2 cores).
 
 `FastState` is the search state over a batch (nmt/decoding.py's searches call it as they call
 ModelState): finished sentences and reordered beams move only the positions decoded so far.
@@ -34,9 +35,11 @@ hypotheses identical and scores within 1e-4), for the three designs and their op
 import ctypes
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -68,41 +71,46 @@ class PackedLinear(nn.Module):
 
 
 def _compiled_layers():
-    """nmt/decoder_step.c compiled for this CPU (the system's C compiler, `CC` or cc, in a
-    fraction of a second, into a temporary folder) and given the sgemm_ of torch's own
-    libtorch_cpu, once a process; None where there is no compiler, the build fails or this
-    torch has no sgemm_ (the operators' step then runs)."""
+    """nmt/decoder_step.c compiled for this CPU (the C compiler `CC` names, else cc or gcc, in
+    a fraction of a second, into a temporary folder) and given the sgemm_ of torch's own
+    libtorch_cpu, once a process; None, silently, where there is no compiler, the build fails
+    or this torch has no sgemm_ (the operators' step then runs)."""
     global _COMPILED
-    if _COMPILED is None:
-        _COMPILED = False
-        source = Path(__file__).with_suffix(".c")
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        try:
-            torch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-            sgemm = ctypes.cast(torch_cpu.sgemm_, ctypes.c_void_p)
-            with tempfile.TemporaryDirectory() as folder:
-                library = Path(folder) / "decoder_step.so"
-                subprocess.run([compiler, "-O3", "-march=native", "-fopenmp-simd", "-shared",
-                                "-fPIC", str(source), "-o", str(library), "-lm"],
-                               check=True, capture_output=True, timeout=120)
-                compiled = ctypes.CDLL(str(library))  # stays mapped once the file is gone
-            compiled.set_sgemm(sgemm)
-            compiled.layers.restype = None
-            _COMPILED = compiled
-        except (OSError, AttributeError, TypeError, subprocess.SubprocessError):
-            pass
+    with _COMPILING:  # one build, whichever thread asks first
+        if _COMPILED is None:
+            _COMPILED = _compile()
     return _COMPILED or None
 
 
-_COMPILED = None  # the compiled library once tried: itself, or False
+def _compile():
+    """The compiled library (see _compiled_layers), or False."""
+    compiler = shlex.split(os.environ.get("CC", "")) or \
+        [shutil.which("cc") or shutil.which("gcc") or "cc"]
+    try:
+        sgemm = ctypes.cast(ctypes.CDLL(str(TORCH_CPU)).sgemm_, ctypes.c_void_p)
+        with tempfile.TemporaryDirectory() as folder:
+            library = Path(folder) / "decoder_step.so"
+            subprocess.run([*compiler, "-O3", "-march=native", "-fopenmp-simd", "-shared",
+                            "-fPIC", str(Path(__file__).with_suffix(".c")), "-o", str(library),
+                            "-lm"], check=True, capture_output=True, timeout=120)
+            compiled = ctypes.CDLL(str(library))  # stays mapped once the file is gone
+        compiled.set_sgemm(sgemm)
+        compiled.layers.restype = compiled.encoder_layers.restype = None
+        return compiled
+    except (OSError, AttributeError, subprocess.SubprocessError):
+        return False
+
+
+TORCH_CPU = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"  # its sgemm_: MKL's here
+_COMPILED, _COMPILING = None, threading.Lock()  # the library once tried (or False); its lock
 
 
 class NativeLayers:
-    """Every decoder layer's step in one call of nmt/decoder_step.c (the modern design: pre-norm
-    RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases): the operators'
-    step issues some hundred operators a step, each with its own fixed cost, about 1.7 ms a step
-    whatever the rows on one core of an AMD EPYC (dev/LOG.md). Its weights are model.py's, held
-    as nn.Linear holds them."""
+    """Every decoder layer's step in one call of nmt/decoder_step.c, and the encoder's layers in
+    another (the modern design: pre-norm RMSNorm, rotary positions, grouped-query attention,
+    SwiGLU, no biases): the operators' step issues some hundred operators a step, each with its
+    own fixed cost, about 1.7 ms a step whatever the rows on one core of an AMD EPYC
+    (dev/LOG.md). Its weights are model.py's, held as nn.Linear holds them."""
 
     def __init__(self, decoder: "FastDecoder", library):
         self.library, self.decoder = library, decoder
@@ -116,23 +124,28 @@ class NativeLayers:
             tensors = [t.detach().contiguous() for t in tensors]
             self.tensors += tensors
             return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-        self.norms = pointers([r.norm.alpha for b in blocks for r in b.residual_connections])
-        self.w_qkv = pointers([b.self_attention_block.w_qkv.weight for b in blocks])
-        self.w_o = pointers([b.self_attention_block.w_o.weight for b in blocks])
+        def stack(blocks):  # the weights both stacks have, as the C functions take them
+            return (pointers([r.norm.alpha for b in blocks for r in b.residual_connections]),
+                    pointers([b.self_attention_block.w_qkv.weight for b in blocks]),
+                    pointers([b.self_attention_block.w_o.weight for b in blocks]),
+                    pointers([torch.cat([b.feed_forward_block.linear_1.weight,
+                                         b.feed_forward_block.linear_3.weight]) for b in blocks]),
+                    pointers([b.feed_forward_block.linear_2.weight for b in blocks]))
+        self.norms, self.w_qkv, self.w_o, self.w_13, self.w_2 = stack(blocks)
         self.w_q_cross = pointers([b.cross_attention_block.w_qkv.weight[:d] for b in blocks])
         self.w_o_cross = pointers([b.cross_attention_block.w_o.weight for b in blocks])
-        self.w_13 = pointers([torch.cat([b.feed_forward_block.linear_1.weight,
-                                         b.feed_forward_block.linear_3.weight]) for b in blocks])
-        self.w_2 = pointers([b.feed_forward_block.linear_2.weight for b in blocks])
+        encoder = decoder.model.encoder.layers
+        self.encoder = stack(encoder)
+        self.encoder_hidden = encoder[0].feed_forward_block.linear_1.out_features
         rotary = decoder.model.rotary
         self.cos, self.sin = rotary.cos.contiguous(), rotary.sin.contiguous()  # (seq_len, d_k/2)
 
     @staticmethod
     def applies(model: Transformer) -> bool:
-        """Whether the model's decoder is the design the C step computes."""
-        if model.rotary is None:
+        """Whether the model's encoder and decoder are the design the C functions compute."""
+        if model.rotary is None or type(model.encoder.norm) is not RMSNormalization:
             return False
-        for block in model.decoder.layers:
+        for block in [*model.encoder.layers, *model.decoder.layers]:
             ff, connections = block.feed_forward_block, block.residual_connections
             if not isinstance(ff, SwiGLUFeedForwardBlock) or \
                     any(f.bias is not None for f in (ff.linear_1, ff.linear_2, ff.linear_3)):
@@ -140,9 +153,36 @@ class NativeLayers:
             if any(not c.norm_first or type(c.norm) is not RMSNormalization
                    for c in connections):
                 return False
-            if block.self_attention_block.d_k % 2:
+            attentions = [block.self_attention_block, getattr(block, "cross_attention_block",
+                                                              block.self_attention_block)]
+            if block.self_attention_block.d_k % 2 or any(
+                    m.bias is not None for a in attentions for m in (a.w_qkv, a.w_o)):
                 return False
-        return type(model.decoder.norm) is RMSNormalization
+        norms = [c.norm for b in [*model.encoder.layers, *model.decoder.layers]
+                 for c in b.residual_connections]  # one eps for all (the C step's)
+        return type(model.decoder.norm) is RMSNormalization and \
+            len({n.eps for n in norms}) == 1
+
+    def encode(self, src, src_mask):
+        """model.encode(src, src_mask) with the encoder's layers in one call: (batch, len, d)."""
+        model, dec = self.decoder.model, self.decoder
+        x = model.src_pos(model.src_embed(src)).contiguous()  # (batch, len, d), a new tensor
+        batch, length, d = x.shape
+        bias = torch.zeros(batch, length).masked_fill_(~src_mask.reshape(batch, length),
+                                                       float("-inf"))  # (batch, len)
+        rows, hidden = batch * length, self.encoder_hidden
+        width = max(d + 2 * dec.kv * dec.d_k, hidden)
+        normed, heads = x.new_empty(rows, d), x.new_empty(rows, d)
+        wide, ffn = x.new_empty(rows, width), x.new_empty(rows, 2 * hidden)
+        scores = x.new_empty(length)
+        i, p = ctypes.c_int, ctypes.c_void_p
+        self.library.encoder_layers(
+            p(x.data_ptr()), i(batch), i(length), i(d), i(dec.h), i(dec.kv), i(dec.d_k),
+            i(hidden), i(len(model.encoder.layers)), *self.encoder, p(bias.data_ptr()),
+            p(self.cos.data_ptr()), p(self.sin.data_ptr()), ctypes.c_float(self.eps),
+            ctypes.c_float(dec.scale), p(normed.data_ptr()), p(wide.data_ptr()),
+            p(heads.data_ptr()), p(ffn.data_ptr()), p(scores.data_ptr()))
+        return model.encoder.norm(x)
 
     def __call__(self, x, position: int, cache, cross, bias, per: int):
         """x (rows, d) through every layer at `position`, in place (cache written)."""
@@ -150,6 +190,10 @@ class NativeLayers:
         if not (x.is_contiguous() and cache.is_contiguous()):  # written in place
             raise RuntimeError("the C step writes into contiguous tensors only")
         cross, bias = cross.contiguous(), bias.contiguous()  # views of one sentence's
+        kv = dec.kv  # the layouts the C code indexes (nothing out of bounds)
+        if rows % per or cache.size(2) != rows * kv or cross.size(2) != rows // per * kv or \
+                bias.shape != (cross.size(2), cross.size(3)) or position >= cache.size(3):
+            raise RuntimeError("the C step's tensors do not match its rows")
         width = max(dec.d + 2 * dec.kv * dec.d_k, self.hidden)
         normed, heads = x.new_empty(rows, dec.d), x.new_empty(rows, dec.d)
         wide, ffn = x.new_empty(rows, width), x.new_empty(rows, 2 * self.hidden)
@@ -211,7 +255,7 @@ class FastDecoder(nn.Module):
     (see the module's docstring); `model` stays whole inside (its encoder encodes)."""
 
     @torch.no_grad()
-    def __init__(self, model: Transformer, rows: int, native: bool = True):
+    def __init__(self, model: Transformer, rows: int):
         super().__init__()
         self.model = model
         blocks = model.decoder.layers
@@ -239,7 +283,7 @@ class FastDecoder(nn.Module):
             rot[:, idx + half, idx + half] = cos
             self.rotations = rot
         self.projection = PackedLinear(model.projection_layer.proj, rows)
-        library = _compiled_layers() if native and NativeLayers.applies(model) else None
+        library = _compiled_layers() if NativeLayers.applies(model) else None
         self.native = library and NativeLayers(self, library)  # the layers in one C call
 
     def cross_keys_values(self, memory):
@@ -353,7 +397,8 @@ class FastState:
     @torch.no_grad()
     def __init__(self, decoder: FastDecoder, src, src_mask, capacity: int):
         self.decoder, self.capacity = decoder, max(capacity, 1)
-        memory = decoder.model.encode(src, src_mask)  # (batch, src_len, d_model)
+        encode = decoder.native.encode if decoder.native else decoder.model.encode
+        memory = encode(src, src_mask)  # (batch, src_len, d_model)
         self.cross = decoder.cross_keys_values(memory)  # (L, 2, batch·kv, src_len, d_k)
         src_len = src_mask.size(-1)
         bias = torch.zeros(src_mask.size(0), 1, 1, src_len, dtype=memory.dtype)

@@ -187,8 +187,8 @@ def tiny_model(vocab=20, seq_len=32, seed=0, **kw):
 
 def small(seed=0, vocab=24, **options):
     torch.manual_seed(seed)
-    return build_transformer(vocab, vocab, 40, 40, d_model=16, N=2, h=4, d_ff=32, dropout=0.0,
-                             **options).eval()
+    return build_transformer(vocab, vocab, 40, 40, **{"d_model": 16, "N": 2, "h": 4, "d_ff": 32,
+                                                      "dropout": 0.0, **options}).eval()
 
 
 def tiny_state(epoch=0, step=None, **extra):

@@ -26,8 +26,10 @@ DESIGNS = {
     "a shallow decoder": dict(N_dec=1, norm="rms"),
     "modern, the operators' step": dict(norm="rms", ffn="swiglu", pos="rope", n_kv_heads=2,
                                         tie_embeddings="decoder"),
+    "modern, SwiGLU wider than Q, K and V": dict(norm="rms", ffn="swiglu", pos="rope",
+                                                 n_kv_heads=2, d_ff=64),
 }
-C_STEP = "modern"  # the design the C step computes: its operators' step tested apart
+C_STEP = ["modern", "modern, SwiGLU wider than Q, K and V"]  # the designs the C step computes
 
 
 def laid_out_as(design, monkeypatch):
@@ -245,23 +247,56 @@ def test_the_step_shares_the_models_weights():
 
 @needs_onednn
 def test_the_modern_design_steps_in_one_c_call_where_a_compiler_is(monkeypatch):
-    """nmt/decoder_step.c computes the modern design's layers where this machine compiles it
-    (the tests above then hold it to model.py's decoder); the other designs, and a machine
-    without a C compiler, step through the operators, to the same tokens."""
+    """nmt/decoder_step.c computes the modern design's encoder layers once a batch and decoder
+    layers every step where this machine compiles it (the tests above then hold it to
+    model.py); the other designs step through the operators."""
     if nmt.decoder_step._compiled_layers() is None:
         pytest.skip("no C compiler here")
     for design in DESIGNS:
         fast = fast_decoder(small(seed=4, **DESIGNS[design]), rows=8)
-        assert (fast.native is not None) == (DESIGNS[design] == DESIGNS[C_STEP]), design
-    model = small(seed=4, **DESIGNS[C_STEP])
+        native = design in C_STEP or design == "modern, the operators' step"  # not laid out
+        assert (fast.native is not None) == native, design
+    calls = []
+    for name in ("__call__", "encode"):
+        original = getattr(NativeLayers, name)
+        monkeypatch.setattr(NativeLayers, name, lambda self, *args, original=original,
+                            name=name: calls.append(name) or original(self, *args))
+    model = small(seed=4, **DESIGNS[C_STEP[1]])
     src, src_mask = batch(4)
     limit = torch.tensor([3, 9, 12, 5, 7])
-    native = greedy_decode(fast_decoder(model, rows=8), src, src_mask, SOS, EOS, limit)
-    monkeypatch.setenv("CC", "/no/such/compiler")
+    fast = fast_decoder(model, rows=8)
+    def tokens(out):  # greedy's outputs, or beam search's hypotheses without their scores
+        return [[h for h, _ in o] if o and isinstance(o[0], tuple) else o for o in out]
+    for search in (greedy_decode, beam_search):
+        calls.clear()
+        assert tokens(search(fast, src, src_mask, SOS, EOS, limit)) == \
+            tokens(search(model, src, src_mask, SOS, EOS, limit))
+        assert calls[0] == "encode" and calls.count("encode") == 1 and \
+            calls.count("__call__") >= 5, (search, calls)  # a step each
+
+
+@needs_onednn
+@pytest.mark.parametrize("broken", ["no such compiler", "a failing compiler", "no sgemm_"])
+def test_without_a_c_build_the_operators_step_runs_silently(broken, monkeypatch, capfd):
+    """No compiler, a compiler that fails, or a torch without sgemm_: the modern design steps
+    through the operators, to the same tokens, and nothing is printed."""
+    import ctypes.util
+    model = small(seed=4, **DESIGNS["modern"])
+    src, src_mask = batch(4)
+    limit = torch.tensor([3, 9, 12, 5, 7])
+    expected = greedy_decode(model, src, src_mask, SOS, EOS, limit)
+    if broken == "no such compiler":
+        monkeypatch.setenv("CC", "/no/such/compiler")
+    elif broken == "a failing compiler":
+        monkeypatch.setenv("CC", "sh -c 'echo failed; echo failed >&2; exit 1'")
+    else:
+        monkeypatch.setattr(nmt.decoder_step, "TORCH_CPU", ctypes.util.find_library("m"))
     monkeypatch.setattr(nmt.decoder_step, "_COMPILED", None)  # tried afresh
+    capfd.readouterr()
     fast = fast_decoder(model, rows=8)
     assert fast.native is None and nmt.decoder_step._COMPILED is False
-    assert greedy_decode(fast, src, src_mask, SOS, EOS, limit) == native
+    assert greedy_decode(fast, src, src_mask, SOS, EOS, limit) == expected
+    assert capfd.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize("width", [1000, 1024, 10007])
@@ -389,8 +424,8 @@ def test_the_step_computes_each_norm_with_its_gain_bias_and_eps(design):
     eps that matters (0.1), in layer norm and RMSNorm, pre- and post-norm, the final norm too:
     the FastState's logits are still the ModelState's."""
     model = small(seed=8, **DESIGNS[design])
-    with torch.no_grad():
-        for module in model.decoder.modules():
+    with torch.no_grad():  # the encoder's too (the C step computes the modern one's)
+        for module in model.modules():
             if hasattr(module, "eps") and hasattr(module, "alpha"):
                 module.alpha.uniform_(0.5, 1.5)
                 if getattr(module, "bias", None) is not None:
