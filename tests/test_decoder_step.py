@@ -342,16 +342,19 @@ def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
     caller's thread count untouched, progress reported batch by batch in order; a stop asked
     at the first batch starts no other."""
     import threading
+    import time
 
     from nmt import decoding
     model = small(seed=7, **DESIGNS["modern"])
     sources = [[4 + (i * 7 + j) % 20 for j in range(1 + i % 6)] for i in range(23)]
-    threads, calls = set(), []
+    threads, calls, slow = set(), [], []
     original = FastDecoder.step
 
     def step(self, *args):
         threads.add(threading.get_ident())
         calls.append(1)
+        if slow:  # a batch outlasts the caller's reading of the one before (no race)
+            time.sleep(0.01)
         return original(self, *args)
     monkeypatch.setattr(FastDecoder, "step", step)
     previous = torch.get_num_threads()
@@ -377,9 +380,11 @@ def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
         def stop(n):
             raise Stop()
         calls.clear()
+        slow.append(True)
         with pytest.raises(Stop):
             translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4,
                           progress=stop)
+        slow.clear()
         stopped_steps = len(calls)
         calls.clear()
         translate_ids(model, sources, SOS, EOS, PAD, seq_len=40, batch_size=4)
