@@ -84,9 +84,9 @@ def _compiled_layers():
 
 def _compile():
     """The compiled library (see _compiled_layers), or False."""
-    compiler = shlex.split(os.environ.get("CC", "")) or \
-        [shutil.which("cc") or shutil.which("gcc") or "cc"]
     try:
+        compiler = shlex.split(os.environ.get("CC", "")) or \
+            [shutil.which("cc") or shutil.which("gcc") or "cc"]
         sgemm = ctypes.cast(ctypes.CDLL(str(TORCH_CPU)).sgemm_, ctypes.c_void_p)
         with tempfile.TemporaryDirectory() as folder:
             library = Path(folder) / "decoder_step.so"
@@ -97,7 +97,7 @@ def _compile():
         compiled.set_sgemm(sgemm)
         compiled.layers.restype = compiled.encoder_layers.restype = None
         return compiled
-    except (OSError, AttributeError, subprocess.SubprocessError):
+    except (OSError, AttributeError, ValueError, subprocess.SubprocessError):
         return False
 
 
@@ -168,7 +168,7 @@ class NativeLayers:
         model, dec = self.decoder.model, self.decoder
         x = model.src_pos(model.src_embed(src)).contiguous()  # (batch, len, d), a new tensor
         batch, length, d = x.shape
-        bias = torch.zeros(batch, length).masked_fill_(~src_mask.reshape(batch, length),
+        bias = x.new_zeros(batch, length).masked_fill_(~src_mask.reshape(batch, length),
                                                        float("-inf"))  # (batch, len)
         rows, hidden = batch * length, self.encoder_hidden
         width = max(d + 2 * dec.kv * dec.d_k, hidden)
@@ -365,7 +365,8 @@ def fast_decoder(model, rows: int):
     """The FastDecoder of `model` where it applies, else None (the searches then run model.py's
     decoder): a model.py Transformer itself (not a subclass, not wrapped or compiled), every
     module in eval mode, every parameter and buffer float32 on CPU, its decoder's and
-    projection's layers nn.Linear, its norms model.py's, torch's oneDNN operators there."""
+    projection's layers nn.Linear (the attention's without a bias, as model.py makes them), its
+    norms model.py's, torch's oneDNN operators there."""
     if type(model) is not Transformer or any(m.training for m in model.modules()) or \
             not torch.backends.mkldnn.is_available():
         return None
@@ -378,7 +379,10 @@ def fast_decoder(model, rows: int):
         linears += [block.self_attention_block.w_qkv, block.self_attention_block.w_o,
                     block.cross_attention_block.w_qkv, block.cross_attention_block.w_o,
                     ff.linear_1, ff.linear_2, getattr(ff, "linear_3", ff.linear_1)]
-    if any(type(m) is not nn.Linear for m in linears):
+    if any(type(m) is not nn.Linear for m in linears) or any(
+            m.bias is not None for b in model.decoder.layers for m in (
+                b.self_attention_block.w_qkv, b.self_attention_block.w_o,
+                b.cross_attention_block.w_qkv, b.cross_attention_block.w_o)):
         return None
     try:
         return FastDecoder(model, rows)

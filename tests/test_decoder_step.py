@@ -276,7 +276,58 @@ def test_the_modern_design_steps_in_one_c_call_where_a_compiler_is(monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.parametrize("broken", ["no such compiler", "a failing compiler", "no sgemm_"])
+def test_the_c_step_takes_only_what_it_computes(monkeypatch):
+    """NativeLayers.applies() refuses a modern model with a LayerNorm in its encoder, norms of
+    two eps, or an attention layer with a bias (the C code computes none of them), and the
+    searches decode as model.py; the C call refuses tensors that do not match its rows; CC may
+    carry arguments."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    from model import LayerNormalization
+    src, src_mask = batch(5)
+    limit = torch.tensor([3, 9, 12, 5, 7])
+
+    def variant(change):
+        model = small(seed=5, **DESIGNS[C_STEP[1]])
+        with torch.no_grad():
+            change(model)
+        return model.eval()
+    layer_norm = variant(lambda m: setattr(m.encoder.layers[1].residual_connections[0], "norm",
+                                           LayerNormalization(16)))
+    two_eps = variant(lambda m: setattr(m.encoder.layers[0].residual_connections[1].norm,
+                                        "eps", 0.5))
+
+    def biased_w_o(m):
+        old = m.encoder.layers[0].self_attention_block.w_o
+        new = torch.nn.Linear(old.in_features, old.out_features)
+        new.weight.copy_(old.weight)
+        m.encoder.layers[0].self_attention_block.w_o = new
+    for model in (layer_norm, two_eps, variant(biased_w_o)):
+        fast = fast_decoder(model, rows=8)
+        assert fast.native is None
+        assert greedy_decode(fast, src, src_mask, SOS, EOS, limit) == \
+            greedy_decode(model, src, src_mask, SOS, EOS, limit)
+    fast = fast_decoder(small(seed=5, **DESIGNS[C_STEP[1]]), rows=8)
+    state = FastState(fast, src, src_mask, capacity=4)
+    state.scores(torch.full((5, 1), SOS), torch.tensor([PAD]))
+    x = torch.zeros(5, 16)
+    good = dict(position=1, cache=state.cache, cross=state.cross, bias=state.bias.view(5 * 2, -1),
+                per=1)
+    for wrong in (dict(position=4), dict(cache=state.cache[:, :, :8].contiguous()),
+                  dict(cross=state.cross[:, :, :8].contiguous()),
+                  dict(bias=good["bias"][:8]), dict(per=2)):
+        with pytest.raises(RuntimeError, match="do not match"):
+            fast.native(x.clone(), **{**good, **wrong})
+    fast.native(x.clone(), **good)  # the right ones pass
+    compiler = nmt.decoder_step.shutil.which("cc") or nmt.decoder_step.shutil.which("gcc")
+    monkeypatch.setenv("CC", f"{compiler} -DAN_ARGUMENT=1")
+    monkeypatch.setattr(nmt.decoder_step, "_COMPILED", None)  # built afresh, with it
+    assert fast_decoder(small(seed=5, **DESIGNS[C_STEP[1]]), rows=8).native is not None
+
+
+@needs_onednn
+@pytest.mark.parametrize("broken", ["no such compiler", "a failing compiler", "no sgemm_",
+                                    "an unbalanced quote in CC"])
 def test_without_a_c_build_the_operators_step_runs_silently(broken, monkeypatch, capfd):
     """No compiler, a compiler that fails, or a torch without sgemm_: the modern design steps
     through the operators, to the same tokens, and nothing is printed."""
@@ -289,6 +340,8 @@ def test_without_a_c_build_the_operators_step_runs_silently(broken, monkeypatch,
         monkeypatch.setenv("CC", "/no/such/compiler")
     elif broken == "a failing compiler":
         monkeypatch.setenv("CC", "sh -c 'echo failed; echo failed >&2; exit 1'")
+    elif broken == "an unbalanced quote in CC":
+        monkeypatch.setenv("CC", "gcc '-O2")
     else:
         monkeypatch.setattr(nmt.decoder_step, "TORCH_CPU", ctypes.util.find_library("m"))
     monkeypatch.setattr(nmt.decoder_step, "_COMPILED", None)  # tried afresh
@@ -353,7 +406,7 @@ def test_greedy_batches_decode_at_once_on_the_threads(monkeypatch):
     def step(self, *args):
         threads.add(threading.get_ident())
         calls.append(1)
-        if slow:  # a batch outlasts the caller's reading of the one before (no race)
+        if slow:  # a batch outlasts the caller's reading of the one before, by a wide margin
             time.sleep(0.01)
         return original(self, *args)
     monkeypatch.setattr(FastDecoder, "step", step)
@@ -448,9 +501,10 @@ def test_the_step_computes_each_norm_with_its_gain_bias_and_eps(design):
 @needs_onednn
 def test_a_layer_the_step_cannot_read_leaves_the_model_to_its_own_decoder(monkeypatch):
     """The step reads nn.Linear weights, model.py's norms, and a packed projection that
-    matches the unpacked one. A linear layer of another class (it may compute otherwise), a
-    residual connection without a norm, or a packed product that does not match: no
-    FastDecoder, and the searches decode with the model's own decoder."""
+    matches the unpacked one. A linear layer of another class (it may compute otherwise), an
+    attention layer with a bias (model.py makes none; the step adds none), a residual
+    connection without a norm, or a packed product that does not match: no FastDecoder, and
+    the searches decode with the model's own decoder."""
     class Shifted(torch.nn.Linear):
         def forward(self, x):
             return super().forward(x) + 1.0
@@ -464,6 +518,13 @@ def test_a_layer_the_step_cannot_read_leaves_the_model_to_its_own_decoder(monkey
     assert fast_decoder(shifted, rows=8) is None
     expected = translate_ids(shifted, sources, SOS, EOS, PAD, seq_len=40, fast_step=False)
     assert translate_ids(shifted, sources, SOS, EOS, PAD, seq_len=40) == expected
+    biased = small(seed=9)
+    old = biased.decoder.layers[0].cross_attention_block.w_o
+    biased.decoder.layers[0].cross_attention_block.w_o = torch.nn.Linear(
+        old.in_features, old.out_features).eval()
+    assert fast_decoder(biased, rows=8) is None
+    expected = translate_ids(biased, sources, SOS, EOS, PAD, seq_len=40, fast_step=False)
+    assert translate_ids(biased, sources, SOS, EOS, PAD, seq_len=40) == expected
     no_norm = small(seed=9)
     no_norm.decoder.layers[1].residual_connections[2].norm = torch.nn.Identity()
     no_norm.eval()
