@@ -143,8 +143,10 @@ class NativeLayers:
     @staticmethod
     def applies(model: Transformer) -> bool:
         """Whether the model's encoder and decoder are the design the C functions compute."""
-        if model.rotary is None or type(model.encoder.norm) is not RMSNormalization:
+        if model.rotary is None or type(model.encoder.norm) is not RMSNormalization or \
+                type(model.decoder.norm) is not RMSNormalization:
             return False
+        eps = set()  # one for every residual connection's norm (the C step's)
         for block in [*model.encoder.layers, *model.decoder.layers]:
             ff, connections = block.feed_forward_block, block.residual_connections
             if not isinstance(ff, SwiGLUFeedForwardBlock) or \
@@ -153,15 +155,13 @@ class NativeLayers:
             if any(not c.norm_first or type(c.norm) is not RMSNormalization
                    for c in connections):
                 return False
+            eps.update(c.norm.eps for c in connections)
             attentions = [block.self_attention_block, getattr(block, "cross_attention_block",
                                                               block.self_attention_block)]
             if block.self_attention_block.d_k % 2 or any(
                     m.bias is not None for a in attentions for m in (a.w_qkv, a.w_o)):
                 return False
-        norms = [c.norm for b in [*model.encoder.layers, *model.decoder.layers]
-                 for c in b.residual_connections]  # one eps for all (the C step's)
-        return type(model.decoder.norm) is RMSNormalization and \
-            len({n.eps for n in norms}) == 1
+        return len(eps) == 1
 
     def encode(self, src, src_mask):
         """model.encode(src, src_mask) with the encoder's layers in one call: (batch, len, d)."""
@@ -302,12 +302,12 @@ class FastDecoder(nn.Module):
         cross_keys_values, of the rows' sentences; bias: (sentences · kv_heads, 1, src_len), 0 or
         -inf at padding; per: the rows of each sentence, one after the other (a sentence's beams:
         their queries attend its keys and values in one product)."""
-        rows, d, h, kv, d_k = tokens.size(0), self.d, self.h, self.kv, self.d_k
-        group, sentences = h // kv, tokens.size(0) // per
         x = F.embedding(tokens, self.embedding)  # (rows, d)
         if self.native is not None:  # every layer in one call of the C step
             x = self.native(x, position, cache, cross, bias.view(-1, bias.size(-1)), per)
             return self.projection(self.final_norm(x))  # (rows, vocab)
+        rows, d, h, kv, d_k = tokens.size(0), self.d, self.h, self.kv, self.d_k
+        group, sentences = h // kv, tokens.size(0) // per
         if self.positions is not None:
             x = x + self.positions[position]
         rotation = None if self.rotations is None else self.rotations[position]  # (d_k, d_k)
@@ -373,16 +373,15 @@ def fast_decoder(model, rows: int):
     if any(t.dtype != torch.float32 or t.device.type != "cpu"
            for t in [*model.parameters(), *model.buffers()]):
         return None
-    linears = [model.projection_layer.proj]
+    attention = [m for b in model.decoder.layers  # W_QKV and W_O of both attentions
+                 for a in (b.self_attention_block, b.cross_attention_block)
+                 for m in (a.w_qkv, a.w_o)]
+    linears = [model.projection_layer.proj, *attention]
     for block in model.decoder.layers:
         ff = block.feed_forward_block
-        linears += [block.self_attention_block.w_qkv, block.self_attention_block.w_o,
-                    block.cross_attention_block.w_qkv, block.cross_attention_block.w_o,
-                    ff.linear_1, ff.linear_2, getattr(ff, "linear_3", ff.linear_1)]
-    if any(type(m) is not nn.Linear for m in linears) or any(
-            m.bias is not None for b in model.decoder.layers for m in (
-                b.self_attention_block.w_qkv, b.self_attention_block.w_o,
-                b.cross_attention_block.w_qkv, b.cross_attention_block.w_o)):
+        linears += [ff.linear_1, ff.linear_2, getattr(ff, "linear_3", ff.linear_1)]
+    if any(type(m) is not nn.Linear for m in linears) or \
+            any(m.bias is not None for m in attention):
         return None
     try:
         return FastDecoder(model, rows)
