@@ -54,13 +54,13 @@ static void rms_norm(const float *x, const float *w, float *y, int rows, int d, 
     }
 }
 
-/* o (dk) = softmax(scale q.k_t + bias_t) . v_t over n keys and values, `stride` numbers apart
- * (dk where they are rows of their own); s: n scratch */
-static void attend(const float *q, const float *k, const float *v, long stride,
+/* o (dk) = softmax(scale q.k_t + bias_t) . v_t over n keys and values: k_t = k + at[t] where
+ * `at` is given (the numbers a cache's rows lie at), else k + t stride; s: n scratch */
+static void attend(const float *q, const float *k, const float *v, long stride, const long *at,
                    const float *bias, int n, int dk, float scale, float *s, float *o) {
     float top = -INFINITY, sum = 0.0f;
     for (int t = 0; t < n; t++) {
-        const float *kt = k + t * stride;
+        const float *kt = k + (at ? at[t] : t * stride);
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int i = 0; i < dk; i++) dot += q[i] * kt[i];
@@ -75,7 +75,7 @@ static void attend(const float *q, const float *k, const float *v, long stride,
     for (int i = 0; i < dk; i++) o[i] = 0.0f;
     for (int t = 0; t < n; t++) {
         float p = s[t] / sum;
-        const float *vt = v + t * stride;
+        const float *vt = v + (at ? at[t] : t * stride);
 #pragma omp simd
         for (int i = 0; i < dk; i++) o[i] += p * vt[i];
     }
@@ -113,20 +113,29 @@ static void swiglu(float *x, const float *norm, const float *w_13, const float *
 /* One step of every layer, x (rows, d) in place. Per layer l: norms[3l .. 3l+2] (d) the three
  * residual connections' RMSNorm weights; w_qkv (d + 2 kv dk, d), w_o (d, d), w_q_cross (d, d),
  * w_o_cross (d, d), w_13 (2 hidden, d: gate then value), w_2 (d, hidden), as nn.Linear holds
- * them. cache (L, 2, rows kv, capacity, dk): keys and values, this position's written here;
+ * them. cache (L, 2, capacity, slots kv, dk): keys and values, each position's in `slots` rows
+ * of their own, written once: row r's at this position into row r; where (rows, capacity) the
+ * row that holds each row's keys and values at each position, this one's set here (beams
+ * that follow other rows' prefixes take their rows of `where`, nothing of the cache moves).
  * cross (L, 2, sentences kv, src_len, dk) and bias (sentences kv, src_len): the encoder's keys
  * and values and the source mask (0 or -inf), `per` rows a sentence; cos, sin (dk / 2): the
  * rotation of this position. Scratch: normed (rows, d), wide (rows, max(d + 2 kv dk, hidden)),
- * heads (rows, d), ffn (rows, 2 hidden), scores (max(capacity, src_len)). */
+ * heads (rows, d), ffn (rows, 2 hidden), scores (max(position + 1, src_len)), at
+ * (rows, position + 1). */
 void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L, int position,
             const float *const *norms, const float *const *w_qkv, const float *const *w_o,
             const float *const *w_q_cross, const float *const *w_o_cross,
             const float *const *w_13, const float *const *w_2, float *cache, int capacity,
-            const float *cross, int src_len, int per, const float *bias, const float *cos,
-            const float *sin, float eps, float scale, float *normed, float *wide, float *heads,
-            float *ffn, float *scores) {
-    int group = h / kv, width = d + 2 * kv * dk, sentences = rows / per;
-    long self_kv = (long)rows * kv * capacity * dk, cross_kv = (long)sentences * kv * src_len * dk;
+            int slots, int *where, const float *cross, int src_len, int per, const float *bias,
+            const float *cos, const float *sin, float eps, float scale, float *normed,
+            float *wide, float *heads, float *ffn, float *scores, long *at) {
+    int group = h / kv, width = d + 2 * kv * dk, sentences = rows / per, n = position + 1;
+    long self_kv = (long)capacity * slots * kv * dk, cross_kv = (long)sentences * kv * src_len * dk;
+    for (int r = 0; r < rows; r++) { /* where each row's keys lie, the same in every layer */
+        where[(long)r * capacity + position] = r;
+        for (int t = 0; t < n; t++)
+            at[(long)r * n + t] = ((long)t * slots + where[(long)r * capacity + t]) * kv * dk;
+    }
     for (int l = 0; l < L; l++) {
         /* masked self-attention over the cached positions and this one */
         rms_norm(x, norms[3 * l], normed, rows, d, eps);
@@ -135,14 +144,12 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
         for (int r = 0; r < rows; r++) {
             float *row = wide + (long)r * width;
             rotate(row, h + kv, dk, cos, sin); /* the queries, then the keys */
-            for (int g = 0; g < kv; g++) {
-                long slot = ((long)(r * kv + g) * capacity + position) * dk;
-                memcpy(keys + slot, row + d + g * dk, dk * sizeof(float));
-                memcpy(values + slot, row + d + (kv + g) * dk, dk * sizeof(float));
-            }
+            long own = ((long)position * slots + r) * kv * dk;
+            memcpy(keys + own, row + d, kv * dk * sizeof(float));
+            memcpy(values + own, row + d + kv * dk, kv * dk * sizeof(float));
             for (int j = 0; j < h; j++) {
-                long head = (long)(r * kv + j / group) * capacity * dk;
-                attend(row + j * dk, keys + head, values + head, dk, 0, position + 1, dk,
+                long head = (long)(j / group) * dk;
+                attend(row + j * dk, keys + head, values + head, 0, at + (long)r * n, 0, n, dk,
                        scale, scores, heads + (long)r * d + j * dk);
             }
         }
@@ -155,8 +162,8 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
             for (int j = 0; j < h; j++) {
                 long head = (long)(r / per * kv + j / group);
                 attend(wide + (long)r * d + j * dk, ck + head * src_len * dk,
-                       cv + head * src_len * dk, dk, bias + head * src_len, src_len, dk, scale,
-                       scores, heads + (long)r * d + j * dk);
+                       cv + head * src_len * dk, dk, 0, bias + head * src_len, src_len, dk,
+                       scale, scores, heads + (long)r * d + j * dk);
             }
         }
         linear(heads, w_o_cross[l], x, rows, d, d, 1.0f);
@@ -185,11 +192,53 @@ void encoder_layers(float *x, int batch, int len, int d, int h, int kv, int dk, 
             int b = r / len;
             for (int j = 0; j < h; j++) {
                 const float *k = wide + (long)b * len * width + d + (j / group) * dk;
-                attend(wide + (long)r * width + j * dk, k, k + kv * dk, width,
+                attend(wide + (long)r * width + j * dk, k, k + kv * dk, width, 0,
                        bias + (long)b * len, len, dk, scale, scores, heads + (long)r * d + j * dk);
             }
         }
         linear(heads, w_o[l], x, rows, d, d, 1.0f);
         swiglu(x, norms[2 * l + 1], w_13[l], w_2[l], rows, d, hidden, eps, normed, ffn, wide);
+    }
+}
+
+/* Beam search's candidates over the vocabulary, each row of x (rows, n) in one visit while it
+ * is in the cache: its log-sum-exp (lse, rows) over every column, and its k largest values
+ * (values, columns: rows, k), largest first, the first of equal values first, with the column
+ * `skip` taken as -inf there (-1: none). blocks: n / 16 + 1 scratch, the maxima of 16 columns. */
+void top_logits(const float *x, int rows, int n, int k, int skip, float *lse, float *values,
+                long *columns, float *blocks) {
+    int nb = (n + 15) / 16;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (long)r * n;
+        float top = -INFINITY, sum = 0.0f, *v = values + (long)r * k;
+        long *c = columns + (long)r * k;
+        for (int b = 0; b < nb; b++) {
+            int end = b * 16 + 16 < n ? b * 16 + 16 : n;
+            float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+            for (int i = b * 16; i < end; i++) m = xr[i] > m ? xr[i] : m;
+            blocks[b] = m;
+            top = m > top ? m : top;
+        }
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < n; i++) sum += exp_approx(xr[i] - top);
+        lse[r] = top == -INFINITY ? -INFINITY : top + logf(sum);
+        int filled = 0;
+        for (int b = 0; b < nb; b++) {
+            if (filled == k && !(blocks[b] > v[k - 1])) continue; /* nothing larger in it */
+            int end = b * 16 + 16 < n ? b * 16 + 16 : n;
+            for (int i = b * 16; i < end; i++) {
+                float value = i == skip ? -INFINITY : xr[i];
+                if (filled == k && !(value > v[k - 1])) continue;
+                int p = filled < k ? filled++ : k - 1; /* the last place, then moved up */
+                while (p > 0 && v[p - 1] < value) {
+                    v[p] = v[p - 1];
+                    c[p] = c[p - 1];
+                    p--;
+                }
+                v[p] = value;
+                c[p] = i;
+            }
+        }
     }
 }

@@ -96,6 +96,7 @@ def _compile():
             compiled = ctypes.CDLL(str(library))  # stays mapped once the file is gone
         compiled.set_sgemm(sgemm)
         compiled.layers.restype = compiled.encoder_layers.restype = None
+        compiled.top_logits.restype = None
         return compiled
     except (OSError, AttributeError, ValueError, subprocess.SubprocessError):
         return False
@@ -184,29 +185,34 @@ class NativeLayers:
             p(heads.data_ptr()), p(ffn.data_ptr()), p(scores.data_ptr()))
         return model.encoder.norm(x)
 
-    def __call__(self, x, position: int, cache, cross, bias, per: int):
-        """x (rows, d) through every layer at `position`, in place (cache written)."""
+    def __call__(self, x, position: int, cache, cross, bias, per: int, where):
+        """x (rows, d) through every layer at `position`, in place: cache (layers, 2, capacity,
+        slots · kv_heads, d_k) gets each row's keys and values of this position in its own row,
+        where (rows, capacity) int32 their row (see FastState)."""
         dec, rows = self.decoder, x.size(0)
-        if not (x.is_contiguous() and cache.is_contiguous()):  # written in place
+        if not (x.is_contiguous() and cache.is_contiguous() and where.is_contiguous()):
             raise RuntimeError("the C step writes into contiguous tensors only")
         cross, bias = cross.contiguous(), bias.contiguous()  # views of one sentence's
-        kv = dec.kv  # the layouts the C code indexes (nothing out of bounds)
-        if rows % per or cache.size(2) != rows * kv or cross.size(2) != rows // per * kv or \
-                bias.shape != (cross.size(2), cross.size(3)) or position >= cache.size(3):
+        kv, capacity = dec.kv, cache.size(2)  # the layouts the C code indexes, in bounds
+        if rows % per or cache.size(3) < rows * kv or cross.size(2) != rows // per * kv or \
+                bias.shape != (cross.size(2), cross.size(3)) or position >= capacity or \
+                where.shape != (rows, capacity) or where.dtype != torch.int32:
             raise RuntimeError("the C step's tensors do not match its rows")
         width = max(dec.d + 2 * dec.kv * dec.d_k, self.hidden)
         normed, heads = x.new_empty(rows, dec.d), x.new_empty(rows, dec.d)
         wide, ffn = x.new_empty(rows, width), x.new_empty(rows, 2 * self.hidden)
-        scores = x.new_empty(max(cache.size(3), cross.size(3)))
+        scores = x.new_empty(max(position + 1, cross.size(3)))
+        at = torch.empty(rows, position + 1, dtype=torch.long)
         i, p = ctypes.c_int, ctypes.c_void_p
         self.library.layers(
             p(x.data_ptr()), i(rows), i(dec.d), i(dec.h), i(dec.kv), i(dec.d_k), i(self.hidden),
             i(len(dec.layers)), i(position), self.norms, self.w_qkv, self.w_o, self.w_q_cross,
-            self.w_o_cross, self.w_13, self.w_2, p(cache.data_ptr()), i(cache.size(3)),
-            p(cross.data_ptr()), i(cross.size(3)), i(per), p(bias.data_ptr()),
-            p(self.cos[position].data_ptr()), p(self.sin[position].data_ptr()),
-            ctypes.c_float(self.eps), ctypes.c_float(dec.scale), p(normed.data_ptr()),
-            p(wide.data_ptr()), p(heads.data_ptr()), p(ffn.data_ptr()), p(scores.data_ptr()))
+            self.w_o_cross, self.w_13, self.w_2, p(cache.data_ptr()), i(capacity),
+            i(cache.size(3) // kv), p(where.data_ptr()), p(cross.data_ptr()), i(cross.size(3)),
+            i(per), p(bias.data_ptr()), p(self.cos[position].data_ptr()),
+            p(self.sin[position].data_ptr()), ctypes.c_float(self.eps),
+            ctypes.c_float(dec.scale), p(normed.data_ptr()), p(wide.data_ptr()),
+            p(heads.data_ptr()), p(ffn.data_ptr()), p(scores.data_ptr()), p(at.data_ptr()))
         return x
 
 
@@ -295,16 +301,17 @@ class FastDecoder(nn.Module):
         # -> (layers, 2, batch, kv_heads, src_len, d_k) -> (layers, 2, batch·kv_heads, src_len, d_k)
         return kv.permute(2, 3, 0, 4, 1, 5).reshape(len(self.layers), 2, -1, src_len, self.d_k)
 
-    def step(self, tokens, position: int, cache, cross, bias, per: int = 1):
+    def step(self, tokens, position: int, cache, cross, bias, per: int = 1, where=None):
         """The logits (rows, vocab) of the next token after `tokens` (rows,), the last token of
         each row, at `position` (0 for [SOS]). cache: (layers, 2, rows · kv_heads, capacity, d_k)
-        keys and values of the earlier positions, this one's written in; cross: as
-        cross_keys_values, of the rows' sentences; bias: (sentences · kv_heads, 1, src_len), 0 or
-        -inf at padding; per: the rows of each sentence, one after the other (a sentence's beams:
-        their queries attend its keys and values in one product)."""
+        keys and values of the earlier positions, this one's written in (the C step's: as
+        NativeLayers takes it, with `where`); cross: as cross_keys_values, of the rows'
+        sentences; bias: (sentences · kv_heads, 1, src_len), 0 or -inf at padding; per: the rows
+        of each sentence, one after the other (a sentence's beams: their queries attend its keys
+        and values in one product)."""
         x = F.embedding(tokens, self.embedding)  # (rows, d)
         if self.native is not None:  # every layer in one call of the C step
-            x = self.native(x, position, cache, cross, bias.view(-1, bias.size(-1)), per)
+            x = self.native(x, position, cache, cross, bias.view(-1, bias.size(-1)), per, where)
             return self.projection(self.final_norm(x))  # (rows, vocab)
         rows, d, h, kv, d_k = tokens.size(0), self.d, self.h, self.kv, self.d_k
         group, sentences = h // kv, tokens.size(0) // per
@@ -409,22 +416,34 @@ class FastState:
         # one row per key/value head, as the cross-attention's: (batch·kv, 1, src_len)
         self.bias = bias.expand(-1, decoder.kv, -1, -1).reshape(-1, 1, src_len)
         self.per = 1  # rows of each sentence of self.cross, one after the other
-        self.cache, self.length = None, 0  # (L, 2, rows·kv, capacity, d_k), positions in it
-        self.spare = None  # a second cache, written by follow() and swapped in
+        self.cache, self.length = None, 0  # the keys and values (see scores()), positions in it
+        self.spare = None  # the operators' step's second cache, written by follow(), swapped in
+        self.where = None  # the C step's (rows, capacity): the row of each row's position
 
     @torch.no_grad()
     def scores(self, ys, banned):
         """The next token's logits after each row's prefix ys (rows, step), `banned` tokens at
         -inf: (rows, vocab)."""
-        if self.cache is None:
-            c = self.cross  # (L, 2, sentences·kv, src_len, d_k)
-            self.cache = c.new_empty(c.size(0), 2, ys.size(0) * self.decoder.kv,
-                                     self.capacity, c.size(4))
-        elif self.length == self.cache.size(3):  # past the capacity (never, by the searches)
-            self.cache = torch.cat([self.cache, torch.zeros_like(self.cache)], dim=3)  # twice
-            self.spare = None
+        c, rows, kv = self.cross, ys.size(0), self.decoder.kv  # (L, 2, sentences·kv, src_len, d_k)
+        if self.decoder.native is None:  # the operators' step: (L, 2, rows·kv, capacity, d_k)
+            if self.cache is None:
+                self.cache = c.new_empty(c.size(0), 2, rows * kv, self.capacity, c.size(4))
+            elif self.length == self.cache.size(3):  # past the capacity (never, by the searches)
+                self.cache = torch.cat([self.cache, torch.zeros_like(self.cache)], dim=3)
+                self.spare = None
+        else:  # the C step's: (L, 2, capacity, slots·kv, d_k) and where (rows, capacity)
+            if self.cache is None:
+                self.cache = c.new_empty(c.size(0), 2, self.capacity, rows * kv, c.size(4))
+                self.where = torch.empty(rows, self.capacity, dtype=torch.int32)
+            elif self.length == self.cache.size(2):  # twice the positions
+                self.cache = torch.cat([self.cache, torch.zeros_like(self.cache)], dim=2)
+                self.where = torch.cat([self.where, torch.zeros_like(self.where)], dim=1)
+            if self.cache.size(3) < rows * kv:  # more rows than slots (a repeat after a step)
+                more = self.cache.new_zeros(*self.cache.shape[:3], rows * kv - self.cache.size(3),
+                                            c.size(4))
+                self.cache = torch.cat([self.cache, more], dim=3)
         logits = self.decoder.step(ys[:, -1], self.length, self.cache, self.cross, self.bias,
-                                   self.per)
+                                   self.per, self.where)
         self.length += 1
         return logits.index_fill_(1, banned, float("-inf"))
 
@@ -438,8 +457,10 @@ class FastState:
         """Each row k times in a row (beam search's beams, sampling's samples): the sentences'
         keys and values stay, shared by k times as many rows."""
         self.per *= k
-        if self.cache is not None:
-            self.follow(torch.arange(self.cache.size(2) // self.decoder.kv).repeat_interleave(k))
+        if self.cache is not None:  # the rows decoded so far
+            rows = self.cache.size(2) // self.decoder.kv if self.where is None else \
+                self.where.size(0)
+            self.follow(torch.arange(rows).repeat_interleave(k))
 
     @torch.no_grad()
     def keep(self, rows):
@@ -462,9 +483,13 @@ class FastState:
     @torch.no_grad()
     def follow(self, rows):
         """Row i continues the prefix of row rows[i] of its own sentence (beam search; the
-        cross-attention's keys and values stay): only the positions decoded so far move, into
-        the spare cache, which then becomes the cache."""
+        cross-attention's keys and values stay). The C step's cache stays as it is: row i takes
+        row rows[i]'s row of `where`. The operators' step's: only the positions decoded so far
+        move, into the spare cache, which then becomes the cache."""
         if self.cache is None:
+            return
+        if self.where is not None:
+            self.where = self.where.index_select(0, rows)  # (rows, capacity)
             return
         index, cache = self._rows(rows), self.cache
         shape = (cache.size(0), 2, index.numel(), *cache.shape[3:])
@@ -522,3 +547,23 @@ def row_topk(x, k: int, block: int = 64):
     columns = _candidates(x, chosen, block, whole)  # (rows, k · block + n - whole)
     values, best = x.gather(1, columns).topk(k, dim=-1)  # (rows, k) each
     return values, columns.gather(1, best)
+
+
+def top_logits(x, k: int, skip: int = -1):
+    """Beam search's candidates in one pass of nmt/decoder_step.c over each row of the logits
+    x (rows, n), float32 on CPU: each row's log-sum-exp (rows,), and its k largest values
+    (rows, k), largest first, and their columns (rows, k), the column `skip` taken as -inf
+    (-1: none). torch's log_softmax then topk take two passes over the rows, and write and
+    read a third copy of them. None where the library is not compiled (see _compiled_layers)
+    or x is not float32 rows on CPU."""
+    library = _compiled_layers()
+    if library is None or x.dtype != torch.float32 or x.device.type != "cpu" or \
+            x.dim() != 2 or not x.is_contiguous() or not 0 < k <= x.size(1):
+        return None
+    rows, n = x.shape
+    lse, values = x.new_empty(rows), x.new_empty(rows, k)
+    columns, blocks = torch.empty(rows, k, dtype=torch.long), x.new_empty(n // 16 + 1)
+    p, i = ctypes.c_void_p, ctypes.c_int
+    library.top_logits(p(x.data_ptr()), i(rows), i(n), i(k), i(skip), p(lse.data_ptr()),
+                       p(values.data_ptr()), p(columns.data_ptr()), p(blocks.data_ptr()))
+    return lse, values, columns

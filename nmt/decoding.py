@@ -22,7 +22,8 @@ import torch.nn as nn
 from config import DECODE_BATCH_SIZE, Config, decode_batch_size
 from dataset import source_batch
 from model import Transformer, causal_mask
-from nmt.decoder_step import FastDecoder, FastState, fast_decoder, row_argmax, row_topk
+from nmt.decoder_step import (FastDecoder, FastState, fast_decoder, row_argmax, row_topk,
+                               top_logits)
 from tokenizer import EOS, PAD, SOS, UNK, detokenize
 
 
@@ -275,13 +276,36 @@ def length_penalty(length, alpha: float):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def best_continuations(scores, logp, k: int):
+def top_log_probs(scores, normalized: bool, k: int, step: int, limit, min_len: int,
+                  eos_id: int, fused: bool = False):
+    """The k most likely next tokens of each row under the length rules, most likely first:
+    their log-probabilities and tokens, (rows, k) each, as row_topk(restrict(log-softmax of
+    the logits `scores` (rows, vocab), or of log-probabilities where `normalized`)). `fused`:
+    from the logits in one pass of nmt/decoder_step.c over each row where it is compiled (the
+    log-softmax's normalizer and the k largest logits; the rules then applied to those k)."""
+    banned = eos_id if step <= min_len else -1  # [EOS] too early
+    found = top_logits(scores, k, banned) if fused and not normalized else None
+    if found is None:
+        logp = restrict(scores if normalized else scores.log_softmax(dim=-1), step, limit,
+                        min_len, eos_id)
+        return row_topk(logp, k)
+    lse, values, tokens = found  # (rows,), (rows, k), (rows, k)
+    logp = values - lse.unsqueeze(1)  # (rows, k)
+    force = limit < step  # (rows,): [EOS] is the only choice, as restrict leaves it
+    if force.any():
+        eos = scores[force, eos_id] - lse[force] if banned < 0 else float("-inf")
+        logp[force] = float("-inf")
+        logp[force, 0], tokens[force, 0] = eos, eos_id
+    return logp, tokens
+
+
+def best_continuations(scores, top_logp, top_tokens):
     """The 2k best continuations of each sentence's k beams, best first: their summed scores,
-    the beam each extends and its token, each (n, 2k). scores: (n, k); logp: (n*k, vocab). The
-    best 2k overall lie within each beam's own best 2k tokens (all of them, in a vocabulary
-    smaller than 2k)."""
-    n, width = scores.size(0), min(2 * k, logp.size(-1))
-    top_logp, top_tokens = row_topk(logp, width)  # (n*k, width)
+    the beam each extends and its token, each (n, 2k). scores: (n, k); top_logp, top_tokens:
+    (n*k, width) each beam's best `width` next tokens (2k, or the whole vocabulary where it is
+    smaller): the best 2k overall lie among them."""
+    n, k = scores.shape
+    width = top_logp.size(1)
     cand = (scores.unsqueeze(-1) + top_logp.view(n, k, width)).view(n, k * width)
     top_scores, top_idx = cand.topk(min(2 * k, k * width), dim=-1)  # (n, 2k)
     return top_scores, top_idx // width, top_tokens.view(n, k * width).gather(1, top_idx)
@@ -314,9 +338,10 @@ def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max
     for step in range(1, int(limit.max()) + 2):
         n = alive.numel()
         scores_now = state.scores(tokens, banned)  # (n*k, vocab): [PAD], [SOS]... never
-        logp = restrict(scores_now if state.normalized else scores_now.log_softmax(dim=-1),
-                        step, limit[alive].repeat_interleave(k), min_len, eos_id)  # (n*k, V)
-        top_scores, beam_idx, token = best_continuations(scores, logp, k)  # (n, 2k) each
+        top_logp, top_tokens = top_log_probs(  # (n*k, width) each
+            scores_now, state.normalized, min(2 * k, scores_now.size(1)), step,
+            limit[alive].repeat_interleave(k), min_len, eos_id, isinstance(state, FastState))
+        top_scores, beam_idx, token = best_continuations(scores, top_logp, top_tokens)
         # A candidate [EOS] ends its hypothesis; only those ranked in the top k are kept.
         ends = token == eos_id  # (n, 2k)
         rank = torch.arange(token.size(1), device=device)

@@ -9,9 +9,9 @@ from conftest import small
 from model import build_transformer
 import nmt.decoder_step
 from nmt.decoder_step import (FastDecoder, FastState, NativeLayers, fast_decoder, row_argmax,
-                              row_topk)
+                              row_topk, top_logits)
 from nmt.decoding import (Ensemble, ModelState, beam_search, decoding_model, greedy_decode,
-                          sample, translate_ids, Sampling)
+                          sample, top_log_probs, translate_ids, Sampling)
 from tokenizer import EOS, PAD, SOS
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
@@ -312,10 +312,11 @@ def test_the_c_step_takes_only_what_it_computes(monkeypatch):
     state.scores(torch.full((5, 1), SOS), torch.tensor([PAD]))
     x = torch.zeros(5, 16)
     good = dict(position=1, cache=state.cache, cross=state.cross, bias=state.bias.view(5 * 2, -1),
-                per=1)
-    for wrong in (dict(position=4), dict(cache=state.cache[:, :, :8].contiguous()),
+                per=1, where=state.where)
+    for wrong in (dict(position=4), dict(cache=state.cache[:, :, :, :8].contiguous()),
                   dict(cross=state.cross[:, :, :8].contiguous()),
-                  dict(bias=good["bias"][:8]), dict(per=2)):
+                  dict(bias=good["bias"][:8]), dict(per=2), dict(where=state.where[:4]),
+                  dict(where=state.where[:, :3].contiguous()), dict(where=state.where.long())):
         with pytest.raises(RuntimeError, match="do not match"):
             fast.native(x.clone(), **{**good, **wrong})
     fast.native(x.clone(), **good)  # the right ones pass
@@ -386,6 +387,61 @@ def test_row_topk_is_torchs_topk(width, k):
     assert all(len(f) == int(torch.isfinite(v).sum()) for f, v in zip(finite, values))
     assert columns.max() < width
     assert columns[4, 0] == width - 1 and columns[5, 0] == width - 1
+
+
+@pytest.mark.parametrize("width, k", [(5, 5), (37, 1), (37, 8), (10007, 8)])
+def test_top_logits_are_log_softmax_and_topk_in_one_pass(width, k):
+    """nmt/decoder_step.c's top_logits: each row's log-sum-exp to 1e-5, its k largest values
+    as torch's topk's, their columns, the first of equal values first, -inf columns (banned
+    tokens) counted as torch counts them, and the column `skip` taken as -inf."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    torch.manual_seed(width + k)
+    x = torch.randn(9, width) * 4  # widths not a multiple of the C code's blocks of 16
+    x[:, 2] = float("-inf")  # a banned token
+    x[4] = 1.5  # every value equal: the first columns
+    x[4, 2] = float("-inf")
+    x[5, -1] = 30.0  # the largest in the last, shorter block
+    for skip in (-1, 0, width - 1):
+        lse, values, columns = top_logits(x, k, skip)
+        assert torch.allclose(lse, x.logsumexp(-1), atol=1e-5, rtol=1e-6)
+        y = x.clone()
+        if skip >= 0:
+            y[:, skip] = float("-inf")
+        expected = y.topk(k, dim=-1)
+        assert torch.equal(values, expected.values)
+        assert torch.equal(y.gather(1, columns), values)
+        finite = torch.isfinite(values)
+        assert torch.equal(columns[[0, 1, 2, 3, 5, 6, 7, 8]][finite[[0, 1, 2, 3, 5, 6, 7, 8]]],
+                           expected.indices[[0, 1, 2, 3, 5, 6, 7, 8]][
+                               finite[[0, 1, 2, 3, 5, 6, 7, 8]]])
+        firsts = [c for c in range(width) if c != 2 and c != skip][:k]
+        assert columns[4, :len(firsts)].tolist() == firsts
+        assert all(len(set(row)) == k for row in columns.tolist())  # no column twice
+    assert top_logits(x.double(), k) is None and top_logits(x[:, :k - 1], k) is None
+
+
+@pytest.mark.parametrize("step, min_len", [(1, 3), (4, 0), (6, 1)])
+def test_beam_searchs_candidates_in_one_pass_are_log_softmaxs_under_the_rules(step, min_len):
+    """top_log_probs from top_logits (beam search over the fast step) gives what the
+    log-softmax, the length rules (restrict) and topk give: [EOS] barred before min_len, and
+    the only choice of a row past its limit."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    torch.manual_seed(step)
+    scores = torch.randn(6, 50) * 3
+    scores[:, 1] = float("-inf")  # a banned token
+    scores[2, EOS] = 20.0  # [EOS] the most likely
+    limit = torch.tensor([9, 9, 9, 3, 5, 2])  # rows 3 to 5 past it from step 4 or 6 on
+    reference = top_log_probs(scores.clone(), False, 4, step, limit, min_len, EOS)
+    fused = top_log_probs(scores.clone(), False, 4, step, limit, min_len, EOS, fused=True)
+    assert torch.allclose(fused[0], reference[0], atol=1e-5)
+    finite = torch.isfinite(reference[0])
+    assert torch.equal(fused[1][finite], reference[1][finite])
+    forced = limit < step
+    assert bool((fused[1][forced, 0] == EOS).all()) and \
+        not torch.isfinite(fused[0][forced, 1:]).any()
+    assert bool((fused[1] == EOS).any()) == (step > min_len)
 
 
 @needs_onednn
@@ -578,20 +634,50 @@ def test_fast_step_false_is_model_pys_step_for_a_laid_out_model_and_an_ensemble(
 
 
 @needs_onednn
-def test_beams_reorder_between_two_caches():
-    """follow() moves the decoded positions into the spare cache and swaps the two, so beam
-    search's steps allocate no cache after the first reordering."""
+def test_beams_reorder_between_two_caches(monkeypatch):
+    """The operators' step: follow() moves the decoded positions into the spare cache and swaps
+    the two, so beam search's steps allocate no cache after the first reordering."""
+    laid_out_as("modern, the operators' step", monkeypatch)
+    caches = following_beams(FastState)
+    assert len({cache.data_ptr() for cache in caches}) == 2
+
+
+@needs_onednn
+def test_beams_follow_in_the_c_steps_cache_without_moving_it():
+    """The C step: follow() takes the rows of `where` the beams follow; the cache is one
+    tensor, written once at each position, never moved (its earlier positions unchanged)."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    snapshots = []
+
+    class Watched(FastState):  # the cache as each step leaves it
+        def follow(self, rows):
+            snapshots.append((self.length, self.cache.clone()))
+            super().follow(rows)
+    caches = following_beams(Watched)
+    assert len({cache.data_ptr() for cache in caches}) == 1
+    final = caches[-1]
+    for length, cache in snapshots:
+        assert torch.equal(final[:, :, :length], cache[:, :, :length])
+
+
+def following_beams(state_class):
+    """Six steps of rows that follow each other (checked against model.py's step each time);
+    the state's cache after each."""
     model = small(seed=12, **DESIGNS["modern"])
     src, src_mask = batch(12)
-    state = FastState(decoding_model(model, rows=8), src, src_mask, capacity=10)
+    state = state_class(decoding_model(model, rows=8), src, src_mask, capacity=10)
+    plain = ModelState(model, src, src_mask, capacity=10)
     banned, ys, caches = torch.tensor([PAD, SOS]), torch.full((5, 1), SOS), []
     rows = torch.tensor([1, 0, 3, 2, 4])
     for _ in range(6):
         logits = state.scores(ys, banned)
+        assert torch.allclose(logits, plain.scores(ys, banned), atol=1e-5, rtol=1e-5)
         ys = torch.cat([ys[rows], logits.argmax(-1, keepdim=True)[rows]], 1)
         state.follow(rows)
+        plain.follow(rows)
         caches.append(state.cache)  # held: a freed cache's memory is not handed out again
-    assert len({cache.data_ptr() for cache in caches}) == 2
+    return caches
 
 
 @needs_onednn
