@@ -54,31 +54,88 @@ static void rms_norm(const float *x, const float *w, float *y, int rows, int d, 
     }
 }
 
+/* Sixteen floats as one vector (GCC's and clang's vector extensions: one AVX-512 register, two
+ * of AVX2, ...): short sums written with it keep their partial sums in registers, where an
+ * `omp simd` reduction adds its lanes one at a time through memory. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int lanes16 __attribute__((vector_size(64)));
+#ifdef __clang__
+#define SWAPPED(x, ...) __builtin_shufflevector(x, x, __VA_ARGS__)
+#else
+#define SWAPPED(x, ...) __builtin_shuffle(x, (lanes16){__VA_ARGS__})
+#endif
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* the sum of the 16 lanes, halves added to halves */
+static inline float lane_sum(v16 x) {
+    x += SWAPPED(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    x += SWAPPED(x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    x += SWAPPED(x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    x += SWAPPED(x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return x[0];
+}
+
+/* a . b over n numbers */
+static inline float dot(const float *a, const float *b, int n) {
+    v16 partial = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) partial += load16(a + i) * load16(b + i);
+    float sum = lane_sum(partial);
+    for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
 /* o (dk) = softmax(scale q.k_t + bias_t) . v_t over n keys and values: k_t = k + at[t] where
- * `at` is given (the numbers a cache's rows lie at), else k + t stride; s: n scratch */
-static void attend(const float *q, const float *k, const float *v, long stride, const long *at,
-                   const float *bias, int n, int dk, float scale, float *s, float *o) {
-    float top = -INFINITY, sum = 0.0f;
+ * `at` is given (the numbers a cache's rows lie at), else k + t stride; s: n scratch. */
+static inline __attribute__((always_inline)) void attention(
+        const float *q, const float *k, const float *v, long stride, const long *at,
+        const float *bias, int n, int dk, float scale, float *s, float *o) {
+    float top = -INFINITY;
     for (int t = 0; t < n; t++) {
-        const float *kt = k + (at ? at[t] : t * stride);
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int i = 0; i < dk; i++) dot += q[i] * kt[i];
-        s[t] = dot * scale + (bias ? bias[t] : 0.0f);
+        s[t] = dot(q, k + (at ? at[t] : t * stride), dk) * scale + (bias ? bias[t] : 0.0f);
         top = s[t] > top ? s[t] : top;
     }
-#pragma omp simd reduction(+ : sum)
-    for (int t = 0; t < n; t++) {
-        s[t] = exp_approx(s[t] - top);
-        sum += s[t];
-    }
-    for (int i = 0; i < dk; i++) o[i] = 0.0f;
-    for (int t = 0; t < n; t++) {
-        float p = s[t] / sum;
-        const float *vt = v + (at ? at[t] : t * stride);
 #pragma omp simd
-        for (int i = 0; i < dk; i++) o[i] += p * vt[i];
+    for (int t = 0; t < n; t++) s[t] = exp_approx(s[t] - top);
+    v16 partial = {0};
+    int t = 0;
+    for (; t + 16 <= n; t += 16) partial += load16(s + t);
+    float sum = lane_sum(partial);
+    for (; t < n; t++) sum += s[t];
+    float inv = 1.0f / sum;
+    if (dk % 16 == 0 && dk <= 64) { /* the output in up to four registers, each key's at once */
+        v16 out[4] = {{0}, {0}, {0}, {0}};
+        for (t = 0; t < n; t++) {
+            const float *vt = v + (at ? at[t] : t * stride);
+            for (int b = 0; b < dk / 16; b++) out[b] += s[t] * load16(vt + 16 * b);
+        }
+        for (int b = 0; b < dk / 16; b++) {
+            out[b] *= inv;
+            memcpy(o + 16 * b, &out[b], sizeof out[b]);
+        }
+        return;
     }
+    for (int i = 0; i < dk; i++) {
+        float out = 0.0f;
+        for (t = 0; t < n; t++) out += s[t] * v[(at ? at[t] : t * stride) + i];
+        o[i] = out * inv;
+    }
+}
+
+/* attention() compiled apart for the common head widths, so that its loops are unrolled */
+static void attend(const float *q, const float *k, const float *v, long stride, const long *at,
+                   const float *bias, int n, int dk, float scale, float *s, float *o) {
+    if (dk == 32)
+        attention(q, k, v, stride, at, bias, n, 32, scale, s, o);
+    else if (dk == 64)
+        attention(q, k, v, stride, at, bias, n, 64, scale, s, o);
+    else
+        attention(q, k, v, stride, at, bias, n, dk, scale, s, o);
 }
 
 /* Rotary positions on each of the n heads (dk each) of a row: x1' = x1 cos - x2 sin,
