@@ -23,10 +23,16 @@ laid out once per file: each layer is about twenty operations on 2-d tensors (ro
   every decoder layer of a step in one call of nmt/decoder_step.c, and the encoder's layers in
   another once a batch (`NativeLayers`), compiled on first use where a C compiler is: the same
   computation, its products through torch's own sgemm_, without the fixed cost of some hundred
-  operators a step (greedy decoding a fifth faster on 2 cores).
+  operators a step (greedy decoding a fifth faster on 2 cores). Its cache is written once at
+  each position and never moves: a table (`where`) says which row holds each row's keys and
+  values at each position, and beams that follow other beams take their rows of it;
+- beam search's candidates over the vocabulary in one C pass over each row (`top_logits`: the
+  log-softmax's normalizer and the k largest logits), where torch's log_softmax and topk take
+  three passes and write a copy of the rows (beam 4 an eighth faster on 2 cores).
 
 `FastState` is the search state over a batch (nmt/decoding.py's searches call it as they call
-ModelState): finished sentences and reordered beams move only the positions decoded so far.
+ModelState): finished sentences and reordered beams move only the positions decoded so far
+(the operators' step) or nothing of the cache (the C step).
 It is used where it applies (a CPU, float32, eval mode, nn.Linear layers: `fast_decoder`), and
 is held to model.py's decoder by tests/test_decoder_step.py (greedy tokens identical; beam
 hypotheses identical and scores within 1e-4), for the three designs and their options.
