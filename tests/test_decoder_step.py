@@ -79,6 +79,36 @@ def test_the_step_gives_model_pys_logits_at_every_position(design, monkeypatch):
 
 
 @needs_onednn
+@pytest.mark.parametrize("d_k", [24, 32, 64])
+def test_the_c_steps_attention_holds_at_every_head_width_past_sixteen_keys(d_k):
+    """The C step's attention adds 16 numbers at a time (heads and keys; compiled apart for
+    heads of 32 and 64): heads of 24 (a block and 8 over), 32 and 64, over up to 20 source
+    tokens and 20 positions; logits model.py's to 1e-5 at every step as beams follow each other
+    and rows leave."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    model = small(seed=7, vocab=40, **{**DESIGNS["modern"], "d_model": 4 * d_k, "d_ff": 64})
+    torch.manual_seed(7)
+    src = torch.randint(4, 40, (4, 20))
+    src[1, 13:], src[3, 17:] = PAD, PAD
+    src_mask = (src != PAD)[:, None, None, :]
+    fast = fast_decoder(model, rows=8)
+    assert fast.native is not None and fast.d_k == d_k
+    plain = ModelState(model, src, src_mask, capacity=24)
+    quick = FastState(fast, src, src_mask, capacity=24)
+    banned, ys = torch.tensor([PAD, SOS]), torch.full((4, 1), SOS)
+    for step in range(20):
+        a, b = plain.scores(ys, banned), quick.scores(ys, banned)
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (d_k, step)
+        ys = torch.cat([ys, torch.randint(4, 40, (ys.size(0), 1))], 1)
+        for when, how, rows in ((5, "follow", [1, 1, 0, 3]), (12, "keep", [0, 2, 3])):
+            if step == when:
+                ys = ys[rows]
+                getattr(plain, how)(torch.tensor(rows))
+                getattr(quick, how)(torch.tensor(rows))
+
+
+@needs_onednn
 @pytest.mark.parametrize("design", ["modern", "paper", "rope, post-norm, one key/value head"])
 def test_a_sentences_beams_share_its_keys_and_values(design):
     """After repeat(k) a sentence's k rows attend its one copy of the cross-attention's keys
