@@ -54,6 +54,8 @@ import torch
 from config import add_locating_arguments, checkpoint_config, decode_batch_size
 from corpus import read_lines
 from nmt.cli import ArgumentParser, run_main
+import nmt.decoding
+from nmt.decoder_step import NativeLayers
 from nmt.decoding import decoding_model, translate_ids
 from nmt.metrics import score
 from nmt.trained_model import load_ensemble, load_translator
@@ -248,7 +250,10 @@ def variants(model):
 
 # ---- --profile: where a batch's time goes -------------------------------------------------------
 
+C_LAYERS, C_CANDIDATES = "decoder_step.c: layers", "decoder_step.c: top_logits"  # ranges
+C_ENCODER = "decoder_step.c: encoder_layers"  # inside the encoder's range
 PROFILE_PARTS = {  # the operators of each part (their own time); the rest: norms and other
+    "the C layers": {C_LAYERS},
     "matrix products": {"aten::mm", "aten::addmm", "aten::linear", "mkldnn::_linear_pointwise"},
     "attention": {"aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::softmax",
                   "aten::_scaled_dot_product_flash_attention_for_cpu"},
@@ -258,7 +263,7 @@ PROFILE_PARTS = {  # the operators of each part (their own time); the rest: norm
                         "aten::argsort", "aten::gather", "aten::_log_softmax", "aten::eq",
                         "aten::nonzero", "aten::any", "aten::isfinite", "aten::index_fill_",
                         "aten::masked_fill_", "aten::lt", "aten::ge", "aten::bitwise_and",
-                        "aten::item", "aten::_local_scalar_dense"},
+                        "aten::item", "aten::_local_scalar_dense", C_CANDIDATES},
 }
 ENCODER = "encoder (once a batch)"
 
@@ -296,12 +301,32 @@ def profile(model, ids, common: dict, beam: int):
     from torch.profiler import record_function
     batch = common["batch_size"]
     middle = sorted(ids, key=len)[max(0, len(ids) // 2 - batch // 2):][:batch]
-    encode = model.encode
 
-    def encode_in_range(*args):
-        with record_function(ENCODER):
-            return encode(*args)
-    model.encode = encode_in_range  # the FastDecoder encodes with the model's own encoder too
+    def in_ranges(function, *names):  # function's calls inside the profiler's ranges
+        def call(*args):
+            with contextlib.ExitStack() as ranges:
+                for name in names:
+                    ranges.enter_context(record_function(name))
+                return function(*args)
+        return call
+    # The FastDecoder encodes with the model's own encoder, or with the C step's; a C call's
+    # time shows as its range's own.
+    model.encode = in_ranges(model.encode, ENCODER)
+    patches = {(NativeLayers, "encode"): (ENCODER, C_ENCODER), (NativeLayers, "__call__"):
+               (C_LAYERS,), (nmt.decoding, "top_logits"): (C_CANDIDATES,)}
+    originals = {(owner, name): getattr(owner, name) for owner, name in patches}
+    for (owner, name), names in patches.items():
+        setattr(owner, name, in_ranges(originals[owner, name], *names))
+    try:
+        profile_searches(model, middle, common, beam, batch, profiler)
+    finally:
+        del model.encode  # the class's method again
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)
+
+
+def profile_searches(model, middle, common: dict, beam: int, batch: int, profiler):
+    """profile()'s four searches, each timed unprofiled and profiled once."""
     for name, width, fast in (("greedy", 1, True), (f"greedy, {MODEL_STEP}", 1, False),
                               (f"beam {beam}", beam, True),
                               (f"beam {beam}, {MODEL_STEP}", beam, False)):
@@ -328,7 +353,6 @@ def profile(model, ids, common: dict, beam: int):
         for part, us in sorted(split.items(), key=lambda kv: -kv[1]):
             print(f"  {part:28} {us / 1e3:8.1f} ms {us / max(steps, 1):8.0f} us a step "
                   f"{100 * us / sum(split.values()):5.1f}%")
-    del model.encode  # the class's method again
 
 
 def parse_args(argv):

@@ -566,21 +566,25 @@ def test_the_decoding_profile_takes_the_profilers_cost_out_of_each_operator():
     steps counted by the decoder's embedding lookups, Python the rest of the unprofiled time."""
     from types import SimpleNamespace
 
-    from dev.bench_decode import ENCODER, profile_split
+    from dev.bench_decode import (C_CANDIDATES, C_ENCODER, C_LAYERS, ENCODER,
+                                  profile_split)
 
     def event(name, us, parent=None):
         return SimpleNamespace(name=name, self_cpu_time_total=us, cpu_parent=parent)
     encoder = event(ENCODER, 1.0)
+    c_encoder = event(C_ENCODER, 28.0, encoder)  # the C step's encoder, in the encoder's range
     events = [encoder, event("aten::mm", 30.0, encoder), event("aten::mm", 50.0),
-              event("aten::embedding", 10.0), event("aten::embedding", 10.0, encoder),
+              event("aten::embedding", 10.0), event("aten::embedding", 10.0, c_encoder),
               event("aten::embedding", 10.0), event("aten::topk", 20.0),
-              event("aten::bmm", 15.0), event("aten::index_select", 12.0)]
-    # 8 operators (the range is not one), 8 us of the profiler's each: 64 of 164 profiled
-    steps, split = profile_split(events, wall_us=100.0, profiled_us=164.0)
+              event("aten::bmm", 15.0), event("aten::index_select", 12.0), c_encoder,
+              event(C_LAYERS, 48.0), event(C_CANDIDATES, 18.0)]
+    # 11 operators (the encoder's range is not one), 8 us of the profiler's each: 88 of 288
+    steps, split = profile_split(events, wall_us=200.0, profiled_us=288.0)
     assert steps == 2
-    assert split == {ENCODER: 22.0 + 2.0, "matrix products": 42.0, "norms and other": 4.0,
-                     "choosing tokens": 12.0, "attention": 7.0, "cache and reordering": 4.0,
-                     "Python and dispatch": 100.0 - 93.0}
+    assert split == {ENCODER: 22.0 + 2.0 + 20.0, "matrix products": 42.0,
+                     "norms and other": 4.0, "choosing tokens": 12.0 + 10.0, "attention": 7.0,
+                     "cache and reordering": 4.0, "the C layers": 40.0,
+                     "Python and dispatch": 200.0 - 163.0}
 
 
 def test_the_decoding_profile_never_counts_a_negative_time():
