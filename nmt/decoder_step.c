@@ -54,37 +54,54 @@ static void rms_norm(const float *x, const float *w, float *y, int rows, int d, 
     }
 }
 
-/* Sixteen floats as one vector (GCC's and clang's vector extensions: one AVX-512 register, two
- * of AVX2, ...): short sums written with it keep their partial sums in registers, where an
- * `omp simd` reduction adds its lanes one at a time through memory. */
-typedef float v16 __attribute__((vector_size(64)));
-typedef int lanes16 __attribute__((vector_size(64)));
+/* A vector register's floats as one value (GCC's and clang's vector extensions), as wide as
+ * the CPU's registers (a wider type is split into scalar moves through memory): short sums
+ * written with it keep their partial sums in registers, where an `omp simd` reduction adds its
+ * lanes one at a time through memory. */
+#if defined(__AVX512F__)
+#define LANES 16
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4
+#endif
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef int lane_index __attribute__((vector_size(LANES * sizeof(int))));
 #ifdef __clang__
 #define SWAPPED(x, ...) __builtin_shufflevector(x, x, __VA_ARGS__)
 #else
-#define SWAPPED(x, ...) __builtin_shuffle(x, (lanes16){__VA_ARGS__})
+#define SWAPPED(x, ...) __builtin_shuffle(x, (lane_index){__VA_ARGS__})
 #endif
 
-static inline v16 load16(const float *p) {
-    v16 v;
+static inline vec load(const float *p) {
+    vec v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-/* the sum of the 16 lanes, halves added to halves */
-static inline float lane_sum(v16 x) {
+/* the sum of the lanes, halves added to halves */
+static inline float lane_sum(vec x) {
+#if LANES == 16
     x += SWAPPED(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
     x += SWAPPED(x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
     x += SWAPPED(x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
     x += SWAPPED(x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#elif LANES == 8
+    x += SWAPPED(x, 4, 5, 6, 7, 0, 1, 2, 3);
+    x += SWAPPED(x, 2, 3, 0, 1, 6, 7, 4, 5);
+    x += SWAPPED(x, 1, 0, 3, 2, 5, 4, 7, 6);
+#else
+    x += SWAPPED(x, 2, 3, 0, 1);
+    x += SWAPPED(x, 1, 0, 3, 2);
+#endif
     return x[0];
 }
 
 /* a . b over n numbers */
 static inline float dot(const float *a, const float *b, int n) {
-    v16 partial = {0};
+    vec partial = {0};
     int i = 0;
-    for (; i + 16 <= n; i += 16) partial += load16(a + i) * load16(b + i);
+    for (; i + LANES <= n; i += LANES) partial += load(a + i) * load(b + i);
     float sum = lane_sum(partial);
     for (; i < n; i++) sum += a[i] * b[i];
     return sum;
@@ -102,21 +119,21 @@ static inline __attribute__((always_inline)) void attention(
     }
 #pragma omp simd
     for (int t = 0; t < n; t++) s[t] = exp_approx(s[t] - top);
-    v16 partial = {0};
+    vec partial = {0};
     int t = 0;
-    for (; t + 16 <= n; t += 16) partial += load16(s + t);
+    for (; t + LANES <= n; t += LANES) partial += load(s + t);
     float sum = lane_sum(partial);
     for (; t < n; t++) sum += s[t];
     float inv = 1.0f / sum;
-    if (dk % 16 == 0 && dk <= 64) { /* the output in up to four registers, each key's at once */
-        v16 out[4] = {{0}, {0}, {0}, {0}};
+    if (dk % LANES == 0 && dk <= 64) { /* the output in registers, each key's at once */
+        vec out[64 / LANES] = {{0}};
         for (t = 0; t < n; t++) {
             const float *vt = v + (at ? at[t] : t * stride);
-            for (int b = 0; b < dk / 16; b++) out[b] += s[t] * load16(vt + 16 * b);
+            for (int b = 0; b < dk / LANES; b++) out[b] += s[t] * load(vt + LANES * b);
         }
-        for (int b = 0; b < dk / 16; b++) {
+        for (int b = 0; b < dk / LANES; b++) {
             out[b] *= inv;
-            memcpy(o + 16 * b, &out[b], sizeof out[b]);
+            memcpy(o + LANES * b, &out[b], sizeof out[b]);
         }
         return;
     }
