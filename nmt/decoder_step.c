@@ -6,6 +6,7 @@
  * call instead of some hundred operators. It computes what model.py computes, the sums in
  * their own order; tests/test_decoder_step.py holds it to model.py's encoder and decoder. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef void (*sgemm_t)(const char *, const char *, const int *, const int *, const int *,
@@ -30,7 +31,7 @@ static inline float exp_approx(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { int i; float f; } scale = {.i = ((int)n + 127) << 23};
+    union { uint32_t i; float f; } scale = {.i = (uint32_t)((int)n + 127) << 23};
     return x < -87.3f ? 0.0f : p * scale.f;
 }
 
@@ -110,7 +111,7 @@ static inline float dot(const float *a, const float *b, int n) {
 /* o (dk) = softmax(scale q.k_t + bias_t) . v_t over n keys and values: k_t = k + at[t] where
  * `at` is given (the numbers a cache's rows lie at), else k + t stride; s: n scratch. */
 static inline __attribute__((always_inline)) void attention(
-        const float *q, const float *k, const float *v, long stride, const long *at,
+        const float *q, const float *k, const float *v, long stride, const int64_t *at,
         const float *bias, int n, int dk, float scale, float *s, float *o) {
     float top = -INFINITY;
     for (int t = 0; t < n; t++) {
@@ -145,8 +146,9 @@ static inline __attribute__((always_inline)) void attention(
 }
 
 /* attention() compiled apart for the common head widths, so that its loops are unrolled */
-static void attend(const float *q, const float *k, const float *v, long stride, const long *at,
-                   const float *bias, int n, int dk, float scale, float *s, float *o) {
+static void attend(const float *q, const float *k, const float *v, long stride,
+                   const int64_t *at, const float *bias, int n, int dk, float scale, float *s,
+                   float *o) {
     if (dk == 32)
         attention(q, k, v, stride, at, bias, n, 32, scale, s, o);
     else if (dk == 64)
@@ -202,7 +204,7 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
             const float *const *w_13, const float *const *w_2, float *cache, int capacity,
             int slots, int *where, const float *cross, int src_len, int per, const float *bias,
             const float *cos, const float *sin, float eps, float scale, float *normed,
-            float *wide, float *heads, float *ffn, float *scores, long *at) {
+            float *wide, float *heads, float *ffn, float *scores, int64_t *at) {
     int group = h / kv, width = d + 2 * kv * dk, sentences = rows / per, n = position + 1;
     long self_kv = (long)capacity * slots * kv * dk, cross_kv = (long)sentences * kv * src_len * dk;
     for (int r = 0; r < rows; r++) { /* where each row's keys lie, the same in every layer */
@@ -275,17 +277,19 @@ void encoder_layers(float *x, int batch, int len, int d, int h, int kv, int dk, 
     }
 }
 
-/* Beam search's candidates over the vocabulary, each row of x (rows, n) in one visit while it
- * is in the cache: its log-sum-exp (lse, rows) over every column, and its k largest values
- * (values, columns: rows, k), largest first, the first of equal values first, with the column
- * `skip` taken as -inf there (-1: none). blocks: n / 16 + 1 scratch, the maxima of 16 columns. */
+/* Beam search's candidates over the vocabulary, each row of x (rows, n) visited once, swept
+ * three times while it is in the cache (its blocks' maxima, the sum of exponentials, the k
+ * largest): its log-sum-exp (lse, rows) over every column (-inf where every column is), and
+ * its k largest values (values, columns: rows, k), largest first, the first of equal values
+ * first, with the column `skip` taken as -inf there (-1: none). blocks: n / 16 + 1 scratch,
+ * the maxima of 16 columns. */
 void top_logits(const float *x, int rows, int n, int k, int skip, float *lse, float *values,
-                long *columns, float *blocks) {
+                int64_t *columns, float *blocks) {
     int nb = (n + 15) / 16;
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (long)r * n;
         float top = -INFINITY, sum = 0.0f, *v = values + (long)r * k;
-        long *c = columns + (long)r * k;
+        int64_t *c = columns + (long)r * k;
         for (int b = 0; b < nb; b++) {
             int end = b * 16 + 16 < n ? b * 16 + 16 : n;
             float m = -INFINITY;
@@ -294,9 +298,13 @@ void top_logits(const float *x, int rows, int n, int k, int skip, float *lse, fl
             blocks[b] = m;
             top = m > top ? m : top;
         }
+        if (top == -INFINITY) { /* every column barred */
+            lse[r] = -INFINITY;
+        } else {
 #pragma omp simd reduction(+ : sum)
-        for (int i = 0; i < n; i++) sum += exp_approx(xr[i] - top);
-        lse[r] = top == -INFINITY ? -INFINITY : top + logf(sum);
+            for (int i = 0; i < n; i++) sum += exp_approx(xr[i] - top);
+            lse[r] = top + logf(sum);
+        }
         int filled = 0;
         for (int b = 0; b < nb; b++) {
             if (filled == k && !(blocks[b] > v[k - 1])) continue; /* nothing larger in it */

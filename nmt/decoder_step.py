@@ -24,11 +24,13 @@ laid out once per file: each layer is about twenty operations on 2-d tensors (ro
   another once a batch (`NativeLayers`), compiled on first use where a C compiler is: the same
   computation, its products through torch's own sgemm_, without the fixed cost of some hundred
   operators a step (greedy decoding a fifth faster on 2 cores). Its cache is written once at
-  each position and never moves: a table (`where`) says which row holds each row's keys and
-  values at each position, and beams that follow other beams take their rows of it;
-- beam search's candidates over the vocabulary in one C pass over each row (`top_logits`: the
-  log-softmax's normalizer and the k largest logits), where torch's log_softmax and topk take
-  three passes and write a copy of the rows (beam 4 an eighth faster on 2 cores).
+  each position and does not move (unless it grows, which the searches never need): a table
+  (`where`) says which row holds each row's keys and values at each position, and beams that
+  follow other beams, and rows that stay when others finish, take their rows of it;
+- beam search's candidates over the vocabulary from one C call that visits each row once
+  (`top_logits`: the log-softmax's normalizer and the k largest logits), where the log-softmax,
+  the length rules and row_topk each sweep the rows and the first writes a copy of them (beam
+  4 an eighth faster on 2 cores).
 
 `FastState` is the search state over a batch (nmt/decoding.py's searches call it as they call
 ModelState): finished sentences and reordered beams move only the positions decoded so far
@@ -200,10 +202,17 @@ class NativeLayers:
             raise RuntimeError("the C step writes into contiguous tensors only")
         cross, bias = cross.contiguous(), bias.contiguous()  # views of one sentence's
         kv, capacity = dec.kv, cache.size(2)  # the layouts the C code indexes, in bounds
-        if rows % per or cache.size(3) < rows * kv or cross.size(2) != rows // per * kv or \
+        if rows % per or cache.shape[:2] != (len(dec.layers), 2) or cache.size(3) % kv or \
+                cache.size(3) < rows * kv or cache.size(4) != dec.d_k or \
+                cross.size(2) != rows // per * kv or cross.size(4) != dec.d_k or \
                 bias.shape != (cross.size(2), cross.size(3)) or position >= capacity or \
-                where.shape != (rows, capacity) or where.dtype != torch.int32:
+                where.shape != (rows, capacity) or where.dtype != torch.int32 or \
+                any(t.dtype != torch.float32 for t in (x, cache, cross, bias)):
             raise RuntimeError("the C step's tensors do not match its rows")
+        if position:  # the rows of the cache the earlier positions lie in
+            low, high = torch.aminmax(where[:, :position])
+            if low < 0 or high >= cache.size(3) // kv:
+                raise RuntimeError("the C step's tensors do not match its rows")
         width = max(dec.d + 2 * dec.kv * dec.d_k, self.hidden)
         normed, heads = x.new_empty(rows, dec.d), x.new_empty(rows, dec.d)
         wide, ffn = x.new_empty(rows, width), x.new_empty(rows, 2 * self.hidden)
@@ -406,8 +415,9 @@ class FastState:
     """A FastDecoder's part of a search over a batch, as nmt.decoding.ModelState: the encoder
     output's cross-attention keys and values and the source mask as a bias, once per sentence
     while each sentence's rows (its beams) are together in order (`per` of them), else once per
-    row; and the self-attention cache (made at the first step, room for `capacity` positions),
-    row for row with the search's hypotheses."""
+    row; and the self-attention cache (made at the first step, room for `capacity` positions):
+    for the operators' step row for row with the search's hypotheses, for the C step written
+    once at each position with `where` saying which of its rows holds each hypothesis's."""
     normalized = False  # scores() gives logits
 
     @torch.no_grad()
@@ -446,8 +456,8 @@ class FastState:
                 self.where = torch.cat([self.where, torch.zeros_like(self.where)], dim=1)
             if self.cache.size(3) < rows * kv:  # more rows than slots (a repeat after a step)
                 more = self.cache.new_zeros(*self.cache.shape[:3], rows * kv - self.cache.size(3),
-                                            c.size(4))
-                self.cache = torch.cat([self.cache, more], dim=3)
+                                            c.size(4))  # (L, 2, capacity, new slots·kv, d_k)
+                self.cache = torch.cat([self.cache, more], dim=3)  # (L, 2, capacity, rows·kv, d_k)
         logits = self.decoder.step(ys[:, -1], self.length, self.cache, self.cross, self.bias,
                                    self.per, self.where)
         self.length += 1
@@ -556,12 +566,13 @@ def row_topk(x, k: int, block: int = 64):
 
 
 def top_logits(x, k: int, skip: int = -1):
-    """Beam search's candidates in one pass of nmt/decoder_step.c over each row of the logits
-    x (rows, n), float32 on CPU: each row's log-sum-exp (rows,), and its k largest values
-    (rows, k), largest first, and their columns (rows, k), the column `skip` taken as -inf
-    (-1: none). torch's log_softmax then topk take two passes over the rows, and write and
-    read a third copy of them. None where the library is not compiled (see _compiled_layers)
-    or x is not float32 rows on CPU."""
+    """Beam search's candidates from one call of nmt/decoder_step.c, which visits each row of
+    the logits x (rows, n) once (three sweeps while it is in the cache): each row's log-sum-exp
+    (rows,), and its k largest values (rows, k), largest first (the first of equal values
+    first), and their columns (rows, k), the column `skip` taken as -inf (-1: none). The
+    log-softmax alone sweeps the rows twice and writes a copy that the top-k reads again. None
+    where the library is not compiled (see _compiled_layers), x is not a contiguous float32
+    matrix on CPU, or k is not within 1 to n."""
     library = _compiled_layers()
     if library is None or x.dtype != torch.float32 or x.device.type != "cpu" or \
             x.dim() != 2 or not x.is_contiguous() or not 0 < k <= x.size(1):

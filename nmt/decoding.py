@@ -281,8 +281,9 @@ def top_log_probs(scores, normalized: bool, k: int, step: int, limit, min_len: i
     """The k most likely next tokens of each row under the length rules, most likely first:
     their log-probabilities and tokens, (rows, k) each, as row_topk(restrict(log-softmax of
     the logits `scores` (rows, vocab), or of log-probabilities where `normalized`)). `fused`:
-    from the logits in one pass of nmt/decoder_step.c over each row where it is compiled (the
-    log-softmax's normalizer and the k largest logits; the rules then applied to those k)."""
+    from the logits by nmt/decoder_step.c's top_logits where it is compiled (one visit of each
+    row: the log-softmax's normalizer and the k largest logits; the rules then applied to those
+    k; among equal values, the first columns)."""
     banned = eos_id if step <= min_len else -1  # [EOS] too early
     found = top_logits(scores, k, banned) if fused and not normalized else None
     if found is None:
@@ -292,7 +293,7 @@ def top_log_probs(scores, normalized: bool, k: int, step: int, limit, min_len: i
     lse, values, tokens = found  # (rows,), (rows, k), (rows, k)
     logp = values - lse.unsqueeze(1)  # (rows, k)
     force = limit < step  # (rows,): [EOS] is the only choice, as restrict leaves it
-    if force.any():
+    if force.any():  # (forced,) [EOS]'s log-probability, or -inf while it is barred
         eos = scores[force, eos_id] - lse[force] if banned < 0 else float("-inf")
         logp[force] = float("-inf")
         logp[force, 0], tokens[force, 0] = eos, eos_id

@@ -79,10 +79,11 @@ def test_the_step_gives_model_pys_logits_at_every_position(design, monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.parametrize("d_k", [24, 32, 64])
+@pytest.mark.parametrize("d_k", [24, 32, 64, 80])
 def test_the_c_steps_attention_holds_at_every_head_width_past_sixteen_keys(d_k):
-    """The C step's attention adds 16 numbers at a time (heads and keys; compiled apart for
-    heads of 32 and 64): heads of 24 (a block and 8 over), 32 and 64, over up to 20 source
+    """The C step's attention adds a vector register's numbers at a time (heads and keys;
+    compiled apart for heads of 32 and 64, the output in registers up to 64): heads of 24 (16
+    and 8 over), 32, 64 and 80, over up to 20 source
     tokens and 20 positions; logits model.py's to 1e-5 at every step as beams follow each other
     and rows leave."""
     if nmt.decoder_step._compiled_layers() is None:
@@ -349,6 +350,13 @@ def test_the_c_step_takes_only_what_it_computes(monkeypatch):
                   dict(where=state.where[:, :3].contiguous()), dict(where=state.where.long())):
         with pytest.raises(RuntimeError, match="do not match"):
             fast.native(x.clone(), **{**good, **wrong})
+    for wrong in (dict(cache=state.cache[..., :2].contiguous()),
+                  dict(cache=state.cache[:1].contiguous()), dict(cache=state.cache.double()),
+                  dict(where=state.where.clone().index_fill_(1, torch.tensor([0]), 10))):
+        with pytest.raises(RuntimeError, match="do not match"):
+            fast.native(x.clone(), **{**good, **wrong})
+    with pytest.raises(RuntimeError, match="contiguous"):
+        fast.native(x.clone(), **{**good, "where": state.where.t().contiguous().t()})
     fast.native(x.clone(), **good)  # the right ones pass
     compiler = nmt.decoder_step.shutil.which("cc") or nmt.decoder_step.shutil.which("gcc")
     monkeypatch.setenv("CC", f"{compiler} -DAN_ARGUMENT=1")
@@ -427,11 +435,15 @@ def test_top_logits_are_log_softmax_and_topk_in_one_pass(width, k):
     if nmt.decoder_step._compiled_layers() is None:
         pytest.skip("no C compiler here")
     torch.manual_seed(width + k)
-    x = torch.randn(9, width) * 4  # widths not a multiple of the C code's blocks of 16
+    x = torch.randn(10, width) * 4  # widths not a multiple of the C code's blocks of 16
     x[:, 2] = float("-inf")  # a banned token
     x[4] = 1.5  # every value equal: the first columns
     x[4, 2] = float("-inf")
     x[5, -1] = 30.0  # the largest in the last, shorter block
+    x[6, -1], x[7, 0] = 120.0, 120.0  # far above the first block's, the last block's maximum
+    x[8, :min(16, width - 1)] = float("-inf")  # the first block (nearly) all barred
+    x[9] = float("-inf")  # every column barred
+    distinct = [0, 1, 2, 3, 5, 6, 7, 8]  # the rows without equal values
     for skip in (-1, 0, width - 1):
         lse, values, columns = top_logits(x, k, skip)
         assert torch.allclose(lse, x.logsumexp(-1), atol=1e-5, rtol=1e-6)
@@ -441,21 +453,21 @@ def test_top_logits_are_log_softmax_and_topk_in_one_pass(width, k):
         expected = y.topk(k, dim=-1)
         assert torch.equal(values, expected.values)
         assert torch.equal(y.gather(1, columns), values)
-        finite = torch.isfinite(values)
-        assert torch.equal(columns[[0, 1, 2, 3, 5, 6, 7, 8]][finite[[0, 1, 2, 3, 5, 6, 7, 8]]],
-                           expected.indices[[0, 1, 2, 3, 5, 6, 7, 8]][
-                               finite[[0, 1, 2, 3, 5, 6, 7, 8]]])
+        finite = torch.isfinite(values)[distinct]
+        assert torch.equal(columns[distinct][finite], expected.indices[distinct][finite])
         firsts = [c for c in range(width) if c != 2 and c != skip][:k]
         assert columns[4, :len(firsts)].tolist() == firsts
         assert all(len(set(row)) == k for row in columns.tolist())  # no column twice
     assert top_logits(x.double(), k) is None and top_logits(x[:, :k - 1], k) is None
+    assert top_logits(x.t(), min(k, 10)) is None  # not contiguous
 
 
-@pytest.mark.parametrize("step, min_len", [(1, 3), (4, 0), (6, 1)])
+@pytest.mark.parametrize("step, min_len", [(1, 3), (4, 0), (6, 1), (4, 4)])
 def test_beam_searchs_candidates_in_one_pass_are_log_softmaxs_under_the_rules(step, min_len):
     """top_log_probs from top_logits (beam search over the fast step) gives what the
     log-softmax, the length rules (restrict) and topk give: [EOS] barred before min_len, and
-    the only choice of a row past its limit."""
+    the only choice of a row past its limit (-inf where it is barred too); scores already
+    log-probabilities (an ensemble's mean) are not normalized again."""
     if nmt.decoder_step._compiled_layers() is None:
         pytest.skip("no C compiler here")
     torch.manual_seed(step)
@@ -471,7 +483,58 @@ def test_beam_searchs_candidates_in_one_pass_are_log_softmaxs_under_the_rules(st
     forced = limit < step
     assert bool((fused[1][forced, 0] == EOS).all()) and \
         not torch.isfinite(fused[0][forced, 1:]).any()
-    assert bool((fused[1] == EOS).any()) == (step > min_len)
+    assert bool((fused[1] == EOS).any()) == (step > min_len or bool(forced.any()))
+    if forced.any():
+        assert torch.isfinite(fused[0][forced, 0]).all() == (step > min_len)
+    means = (scores.log_softmax(-1) + scores.mul(0.5).log_softmax(-1)) / 2  # sum below 1
+    assert torch.allclose(top_log_probs(means.clone(), True, 4, step, limit, min_len, EOS,
+                                        fused=True)[0],
+                          top_log_probs(means.clone(), True, 4, step, limit, min_len, EOS)[0])
+
+
+@needs_onednn
+def test_beam_search_takes_its_candidates_from_top_logits_over_the_fast_step(monkeypatch):
+    """Beam search over a FastDecoder takes each step's candidates from top_logits; over
+    model.py's step (the reference), from the log-softmax and row_topk."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].size(0))
+        return top_logits(*args)
+    monkeypatch.setattr(nmt.decoding, "top_logits", counted)
+    model = small(seed=4, **DESIGNS["paper"])
+    src, src_mask = batch(4)
+    beam_search(model, src, src_mask, SOS, EOS, 6, beam=3)
+    assert calls == []
+    beam_search(decoding_model(model, rows=8), src, src_mask, SOS, EOS, 6, beam=3)
+    assert len(calls) >= 2 and calls[0] == 5 * 3
+
+
+@needs_onednn
+def test_the_c_step_repeats_the_rows_left_after_others_finish():
+    """keep() then repeat() in the C step's cache (fewer rows than it has, then more): the
+    logits are model.py's, re-decoded from the whole prefix, to 1e-5."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    model = small(seed=6, **DESIGNS["modern"])
+    src, src_mask = batch(6, rows=4)
+    plain = ModelState(model, src, src_mask, 0, use_cache=False)
+    quick = FastState(fast_decoder(model, rows=8), src, src_mask, capacity=12)
+    assert quick.decoder.native is not None
+    banned, ys = torch.tensor([PAD, SOS]), torch.full((4, 1), SOS)
+    generator = torch.Generator().manual_seed(6)
+    moves = [("keep", torch.tensor([2, 0])), ("repeat", 3),
+             ("follow", torch.tensor([1, 0, 2, 5, 5, 3]))]  # within each sentence's 3 rows
+    for how, rows in moves:
+        assert torch.allclose(quick.scores(ys, banned), plain.scores(ys, banned), atol=1e-5)
+        ys = torch.cat([ys, torch.randint(4, 24, (ys.size(0), 1), generator=generator)], 1)
+        getattr(quick, how)(rows)
+        if how != "follow":  # without a cache, model.py's step reads the prefixes in ys
+            getattr(plain, how)(rows)
+        ys = ys.repeat_interleave(rows, dim=0) if how == "repeat" else ys[rows]
+    assert torch.allclose(quick.scores(ys, banned), plain.scores(ys, banned), atol=1e-5)
 
 
 @needs_onednn
