@@ -197,21 +197,26 @@ static void swiglu(float *x, const float *norm, const float *w_13, const float *
  * and values and the source mask (0 or -inf), `per` rows a sentence; cos, sin (dk / 2): the
  * rotation of this position. Scratch: normed (rows, d), wide (rows, max(d + 2 kv dk, hidden)),
  * heads (rows, d), ffn (rows, 2 hidden), scores (max(position + 1, src_len)), at
- * (rows, position + 1). */
-void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L, int position,
-            const float *const *norms, const float *const *w_qkv, const float *const *w_o,
-            const float *const *w_q_cross, const float *const *w_o_cross,
-            const float *const *w_13, const float *const *w_2, float *cache, int capacity,
-            int slots, int *where, const float *cross, int src_len, int per, const float *bias,
-            const float *cos, const float *sin, float eps, float scale, float *normed,
-            float *wide, float *heads, float *ffn, float *scores, int64_t *at) {
+ * (rows, position + 1). Returns 0, or -1 (nothing done) where a row of `where` names a row
+ * past the cache's. */
+int layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L, int position,
+           const float *const *norms, const float *const *w_qkv, const float *const *w_o,
+           const float *const *w_q_cross, const float *const *w_o_cross,
+           const float *const *w_13, const float *const *w_2, float *cache, int capacity,
+           int slots, int *where, const float *cross, int src_len, int per, const float *bias,
+           const float *cos, const float *sin, float eps, float scale, float *normed,
+           float *wide, float *heads, float *ffn, float *scores, int64_t *at) {
     int group = h / kv, width = d + 2 * kv * dk, sentences = rows / per, n = position + 1;
     long self_kv = (long)capacity * slots * kv * dk, cross_kv = (long)sentences * kv * src_len * dk;
     for (int r = 0; r < rows; r++) { /* where each row's keys lie, the same in every layer */
-        where[(long)r * capacity + position] = r;
-        for (int t = 0; t < n; t++)
-            at[(long)r * n + t] = ((long)t * slots + where[(long)r * capacity + t]) * kv * dk;
+        for (int t = 0; t < position; t++) {
+            int row = where[(long)r * capacity + t];
+            if (row < 0 || row >= slots) return -1; /* nothing written */
+            at[(long)r * n + t] = ((long)t * slots + row) * kv * dk;
+        }
+        at[(long)r * n + position] = ((long)position * slots + r) * kv * dk;
     }
+    for (int r = 0; r < rows; r++) where[(long)r * capacity + position] = r;
     for (int l = 0; l < L; l++) {
         /* masked self-attention over the cached positions and this one */
         rms_norm(x, norms[3 * l], normed, rows, d, eps);
@@ -245,6 +250,7 @@ void layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L,
         linear(heads, w_o_cross[l], x, rows, d, d, 1.0f);
         swiglu(x, norms[3 * l + 2], w_13[l], w_2[l], rows, d, hidden, eps, normed, ffn, wide);
     }
+    return 0;
 }
 
 /* The encoder's layers, x (batch len, d) in place: per layer l, norms[2l], norms[2l + 1] the

@@ -103,8 +103,8 @@ def _compile():
                             "-lm"], check=True, capture_output=True, timeout=120)
             compiled = ctypes.CDLL(str(library))  # stays mapped once the file is gone
         compiled.set_sgemm(sgemm)
-        compiled.layers.restype = compiled.encoder_layers.restype = None
-        compiled.top_logits.restype = None
+        compiled.encoder_layers.restype = compiled.top_logits.restype = None
+        compiled.layers.restype = ctypes.c_int
         return compiled
     except (OSError, AttributeError, ValueError, subprocess.SubprocessError):
         return False
@@ -209,17 +209,13 @@ class NativeLayers:
                 where.shape != (rows, capacity) or where.dtype != torch.int32 or \
                 any(t.dtype != torch.float32 for t in (x, cache, cross, bias)):
             raise RuntimeError("the C step's tensors do not match its rows")
-        if position:  # the rows of the cache the earlier positions lie in
-            low, high = torch.aminmax(where[:, :position])
-            if low < 0 or high >= cache.size(3) // kv:
-                raise RuntimeError("the C step's tensors do not match its rows")
         width = max(dec.d + 2 * dec.kv * dec.d_k, self.hidden)
         normed, heads = x.new_empty(rows, dec.d), x.new_empty(rows, dec.d)
         wide, ffn = x.new_empty(rows, width), x.new_empty(rows, 2 * self.hidden)
         scores = x.new_empty(max(position + 1, cross.size(3)))
         at = torch.empty(rows, position + 1, dtype=torch.long)
         i, p = ctypes.c_int, ctypes.c_void_p
-        self.library.layers(
+        failed = self.library.layers(  # -1 where `where` names a row past the cache's
             p(x.data_ptr()), i(rows), i(dec.d), i(dec.h), i(dec.kv), i(dec.d_k), i(self.hidden),
             i(len(dec.layers)), i(position), self.norms, self.w_qkv, self.w_o, self.w_q_cross,
             self.w_o_cross, self.w_13, self.w_2, p(cache.data_ptr()), i(capacity),
@@ -228,6 +224,8 @@ class NativeLayers:
             p(self.sin[position].data_ptr()), ctypes.c_float(self.eps),
             ctypes.c_float(dec.scale), p(normed.data_ptr()), p(wide.data_ptr()),
             p(heads.data_ptr()), p(ffn.data_ptr()), p(scores.data_ptr()), p(at.data_ptr()))
+        if failed:
+            raise RuntimeError("the C step's tensors do not match its rows")
         return x
 
 
