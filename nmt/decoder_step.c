@@ -21,7 +21,7 @@ void set_sgemm(void *function) { sgemm = (sgemm_t)function; }
  * per number); 0 below -87.3 (and for -inf), as expf to within 1e-38, and e^88.3 above 88.3
  * (where expf overflows at 88.7). */
 static inline float exp_approx(float x) {
-    float c = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    float c = x > -87.3f ? (x < 88.3f ? x : 88.3f) : -87.3f; /* NaN: -87.3, no UB below */
     float n = __builtin_rintf(c * 1.44269504088896341f);
     float r = c - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -32,7 +32,7 @@ static inline float exp_approx(float x) {
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
     union { uint32_t i; float f; } scale = {.i = (uint32_t)((int)n + 127) << 23};
-    return x < -87.3f ? 0.0f : p * scale.f;
+    return x < -87.3f ? 0.0f : (x == x ? p * scale.f : x); /* NaN stays NaN */
 }
 
 /* Y (rows, out) = beta Y + X (rows, in) W^T, W (out, in): all row-major */
@@ -59,12 +59,14 @@ static void rms_norm(const float *x, const float *w, float *y, int rows, int d, 
  * the CPU's registers (a wider type is split into scalar moves through memory): short sums
  * written with it keep their partial sums in registers, where an `omp simd` reduction adds its
  * lanes one at a time through memory. */
+#ifndef LANES /* -DLANES=4 or 8: the narrower widths' code, built on any x86-64 (the tests) */
 #if defined(__AVX512F__)
 #define LANES 16
 #elif defined(__AVX__)
 #define LANES 8
 #else
 #define LANES 4
+#endif
 #endif
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef int lane_index __attribute__((vector_size(LANES * sizeof(int))));
@@ -197,8 +199,8 @@ static void swiglu(float *x, const float *norm, const float *w_13, const float *
  * and values and the source mask (0 or -inf), `per` rows a sentence; cos, sin (dk / 2): the
  * rotation of this position. Scratch: normed (rows, d), wide (rows, max(d + 2 kv dk, hidden)),
  * heads (rows, d), ffn (rows, 2 hidden), scores (max(position + 1, src_len)), at
- * (rows, position + 1). Returns 0, or -1 (nothing done) where a row of `where` names a row
- * past the cache's. */
+ * (rows, position + 1). Returns 0, or -1 (nothing done) where an earlier position's row of
+ * `where` lies outside the cache's rows [0, slots). */
 int layers(float *x, int rows, int d, int h, int kv, int dk, int hidden, int L, int position,
            const float *const *norms, const float *const *w_qkv, const float *const *w_o,
            const float *const *w_q_cross, const float *const *w_o_cross,

@@ -202,10 +202,13 @@ class NativeLayers:
             raise RuntimeError("the C step writes into contiguous tensors only")
         cross, bias = cross.contiguous(), bias.contiguous()  # views of one sentence's
         kv, capacity = dec.kv, cache.size(2)  # the layouts the C code indexes, in bounds
-        if rows % per or cache.shape[:2] != (len(dec.layers), 2) or cache.size(3) % kv or \
+        layers = (len(dec.layers), 2)
+        if rows % per or x.shape != (rows, dec.d) or cache.dim() != 5 or cross.dim() != 5 or \
+                cache.shape[:2] != layers or cache.size(3) % kv or \
                 cache.size(3) < rows * kv or cache.size(4) != dec.d_k or \
-                cross.size(2) != rows // per * kv or cross.size(4) != dec.d_k or \
-                bias.shape != (cross.size(2), cross.size(3)) or position >= capacity or \
+                cross.shape[:2] != layers or cross.size(2) != rows // per * kv or \
+                cross.size(4) != dec.d_k or bias.shape != (cross.size(2), cross.size(3)) or \
+                not 0 <= position < capacity or \
                 where.shape != (rows, capacity) or where.dtype != torch.int32 or \
                 any(t.dtype != torch.float32 for t in (x, cache, cross, bias)):
             raise RuntimeError("the C step's tensors do not match its rows")

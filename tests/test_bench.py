@@ -587,6 +587,48 @@ def test_the_decoding_profile_takes_the_profilers_cost_out_of_each_operator():
                      "Python and dispatch": 200.0 - 163.0}
 
 
+def test_the_decoding_profile_puts_each_c_call_in_its_range_and_restores_the_functions(
+        monkeypatch):
+    """dev.bench_decode's profile over the C step: the C layers, the candidates (beam) and the
+    C encoder (inside the encoder's range) each in a range of its own; the functions it wraps
+    restored after, also when a search fails."""
+    import nmt.decoder_step
+    import nmt.decoding
+    from conftest import small
+    from nmt.decoder_step import NativeLayers
+    from tokenizer import EOS, PAD, SOS, UNK
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    import dev.bench_decode as bench
+    model = small(seed=3, vocab=40, norm="rms", ffn="swiglu", pos="rope", n_kv_heads=2,
+                  tie_embeddings="decoder")
+    ids = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [7, 7, 8]]
+    common = dict(sos_id=SOS, eos_id=EOS, pad_id=PAD, seq_len=30, unk_id=UNK, batch_size=2)
+    originals = (NativeLayers.__call__, NativeLayers.encode, nmt.decoding.top_logits)
+    seen = []
+
+    def split(events, wall, profiled):
+        inside = all(e.cpu_parent is not None and e.cpu_parent.name == bench.ENCODER
+                     for e in events if e.name == bench.C_ENCODER)
+        seen.append(({e.name for e in events}, inside))
+        return 1, {}
+    monkeypatch.setattr(bench, "profile_split", split)
+    bench.profile(model, ids, common, 2)
+    assert (NativeLayers.__call__, NativeLayers.encode, nmt.decoding.top_logits) == originals
+    assert "encode" not in vars(model)
+    (greedy, greedy_inside), _, (beam, beam_inside), _ = seen
+    assert {bench.C_LAYERS, bench.C_ENCODER, bench.ENCODER} <= greedy and greedy_inside
+    assert {bench.C_LAYERS, bench.C_CANDIDATES, bench.C_ENCODER} <= beam and beam_inside
+
+    def fails(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "profile_searches", fails)
+    with pytest.raises(KeyboardInterrupt):
+        bench.profile(model, ids, common, 2)
+    assert (NativeLayers.__call__, NativeLayers.encode, nmt.decoding.top_logits) == originals
+    assert "encode" not in vars(model)
+
+
 def test_the_decoding_profile_never_counts_a_negative_time():
     """profile_split: a profiled run faster than the unprofiled one (noise) takes no cost out
     and adds none; an operator cheaper than its share of the profiler's cost counts 0."""

@@ -79,13 +79,19 @@ def test_the_step_gives_model_pys_logits_at_every_position(design, monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.parametrize("d_k", [24, 32, 64, 80])
-def test_the_c_steps_attention_holds_at_every_head_width_past_sixteen_keys(d_k):
+@pytest.mark.parametrize("lanes", [None, 4, 8])
+@pytest.mark.parametrize("d_k", [6, 24, 32, 64, 80])
+def test_the_c_steps_attention_holds_at_every_head_and_vector_width(d_k, lanes, monkeypatch):
     """The C step's attention adds a vector register's numbers at a time (heads and keys;
-    compiled apart for heads of 32 and 64, the output in registers up to 64): heads of 24 (16
-    and 8 over), 32, 64 and 80, over up to 20 source
-    tokens and 20 positions; logits model.py's to 1e-5 at every step as beams follow each other
-    and rows leave."""
+    compiled apart for heads of 32 and 64, the output in registers up to 64), built for this
+    CPU and for vectors of 4 and 8 floats (SSE's and AVX's width, which an AVX-512 machine
+    never builds by itself): heads of 6, 24, 32, 64 and 80, over up to 20 source tokens and 20
+    positions; logits model.py's to 1e-5 at every step as beams follow each other and rows
+    leave."""
+    if lanes:
+        compiler = nmt.decoder_step.shutil.which("cc") or nmt.decoder_step.shutil.which("gcc")
+        monkeypatch.setenv("CC", f"{compiler} -DLANES={lanes}")
+        monkeypatch.setattr(nmt.decoder_step, "_COMPILED", None)  # built afresh, so
     if nmt.decoder_step._compiled_layers() is None:
         pytest.skip("no C compiler here")
     model = small(seed=7, vocab=40, **{**DESIGNS["modern"], "d_model": 4 * d_k, "d_ff": 64})
@@ -100,13 +106,46 @@ def test_the_c_steps_attention_holds_at_every_head_width_past_sixteen_keys(d_k):
     banned, ys = torch.tensor([PAD, SOS]), torch.full((4, 1), SOS)
     for step in range(20):
         a, b = plain.scores(ys, banned), quick.scores(ys, banned)
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (d_k, step)
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (d_k, lanes, step)
         ys = torch.cat([ys, torch.randint(4, 40, (ys.size(0), 1))], 1)
         for when, how, rows in ((5, "follow", [1, 1, 0, 3]), (12, "keep", [0, 2, 3])):
             if step == when:
                 ys = ys[rows]
                 getattr(plain, how)(torch.tensor(rows))
                 getattr(quick, how)(torch.tensor(rows))
+
+
+def c_state(steps: int):
+    """The C step and its FastState over 5 sentences after `steps` steps (room for 6)."""
+    fast = fast_decoder(small(seed=5, **DESIGNS["modern"]), rows=8)
+    src, src_mask = batch(5)
+    state = FastState(fast, src, src_mask, capacity=6)
+    for _ in range(steps):
+        state.scores(torch.full((5, 1), SOS), torch.tensor([PAD]))
+    return fast, state
+
+
+@needs_onednn
+def test_the_c_step_refuses_a_row_of_where_outside_the_cache_and_writes_nothing():
+    """An earlier position's row of `where` below 0 or past the cache's rows (the last row,
+    the last earlier position, the first of each): the call raises, and x, the cache and
+    `where` are as they were; this position's and later ones' rows are never read."""
+    if nmt.decoder_step._compiled_layers() is None:
+        pytest.skip("no C compiler here")
+    fast, state = c_state(3)
+    slots = state.cache.size(3) // fast.kv
+    bias = state.bias.view(-1, state.bias.size(-1))
+    for r, t, row in ((4, 2, slots), (4, 2, -1), (0, 0, -1), (2, 1, slots)):
+        where = state.where.clone()
+        where[r, t] = row
+        x, cache, before = torch.randn(5, fast.d), state.cache.clone(), where.clone()
+        with pytest.raises(RuntimeError, match="do not match"):
+            fast.native(x, 3, cache, state.cross, bias, 1, where)
+        assert torch.equal(cache, state.cache) and torch.equal(where, before)
+    where = state.where.clone()
+    where[:, 3:] = -7  # this position's and the later ones' rows: not read
+    fast.native(torch.randn(5, fast.d), 3, state.cache.clone(), state.cross, bias, 1, where)
+    assert where[:, 3].tolist() == list(range(5)) and (where[:, 4:] == -7).all()
 
 
 @needs_onednn
@@ -350,11 +389,18 @@ def test_the_c_step_takes_only_what_it_computes(monkeypatch):
                   dict(where=state.where[:, :3].contiguous()), dict(where=state.where.long())):
         with pytest.raises(RuntimeError, match="do not match"):
             fast.native(x.clone(), **{**good, **wrong})
-    for wrong in (dict(cache=state.cache[..., :2].contiguous()),
+    odd = torch.zeros(*state.cache.shape[:3], state.cache.size(3) + 1, state.cache.size(4))
+    for wrong in (dict(cache=state.cache[..., :2].contiguous()), dict(cache=odd),
                   dict(cache=state.cache[:1].contiguous()), dict(cache=state.cache.double()),
-                  dict(where=state.where.clone().index_fill_(1, torch.tensor([0]), 10))):
+                  dict(cross=state.cross[:1].clone()), dict(cross=state.cross.double()),
+                  dict(cross=state.cross[..., :2].contiguous()), dict(bias=good["bias"].double()),
+                  dict(position=-1), dict(where=state.where.clone().index_fill_(
+                      1, torch.tensor([0]), 10))):
         with pytest.raises(RuntimeError, match="do not match"):
             fast.native(x.clone(), **{**good, **wrong})
+    for wrong_x in (x.double(), x[:, :8].contiguous()):
+        with pytest.raises(RuntimeError, match="do not match"):
+            fast.native(wrong_x, **good)
     with pytest.raises(RuntimeError, match="contiguous"):
         fast.native(x.clone(), **{**good, "where": state.where.t().contiguous().t()})
     fast.native(x.clone(), **good)  # the right ones pass
