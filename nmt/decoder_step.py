@@ -218,7 +218,7 @@ class NativeLayers:
         scores = x.new_empty(max(position + 1, cross.size(3)))
         at = torch.empty(rows, position + 1, dtype=torch.long)
         i, p = ctypes.c_int, ctypes.c_void_p
-        failed = self.library.layers(  # -1 where `where` names a row past the cache's
+        failed = self.library.layers(  # -1 where `where` names a row outside the cache's
             p(x.data_ptr()), i(rows), i(dec.d), i(dec.h), i(dec.kv), i(dec.d_k), i(self.hidden),
             i(len(dec.layers)), i(position), self.norms, self.w_qkv, self.w_o, self.w_q_cross,
             self.w_o_cross, self.w_13, self.w_2, p(cache.data_ptr()), i(capacity),
