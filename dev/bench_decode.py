@@ -33,10 +33,11 @@ right after the other; the median of the passes printed, with every pass's.
 
 --profile: instead, where the time of one greedy batch and of one beam batch goes (the
 --batch_size, else 100, sentences of middle length), with the fast step and with model.py's,
-per decoding step: matrix products, attention, the cache and the beams' reordering, choosing
-tokens, norms and other operators (each operator's own time in the profiler, less the
-profiler's own cost shared evenly among them), the encoder (once a batch), and Python and
-dispatch around them (the unprofiled time less the operators').
+per decoding step: the C layers (nmt/decoder_step.c, where the model's design has them),
+matrix products, attention, the cache and the beams' reordering, choosing tokens (the C
+candidates among them), norms and other operators (each operator's own time in the profiler,
+less the profiler's own cost shared evenly among them), the encoder (once a batch, the C one
+too), and Python and dispatch around them (the unprofiled time less the operators').
 """
 
 import contextlib

@@ -4,7 +4,9 @@
  * batch). nmt/decoder_step.py compiles it on first use; the matrix products go to the sgemm_
  * torch itself links (set_sgemm), everything around them is here, so that a step costs one
  * call instead of some hundred operators. It computes what model.py computes, the sums in
- * their own order; tests/test_decoder_step.py holds it to model.py's encoder and decoder. */
+ * their own order; tests/test_decoder_step.py holds it to model.py's encoder and decoder.
+ * Beside them, for beam search over any design's fast step: `top_logits`, each row's
+ * log-softmax normalizer and k largest logits in one visit (held to torch's by the tests). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
