@@ -119,6 +119,18 @@ class BlockwiseLabelSmoothedCrossEntropy(nn.Module):
                                            self.label_smoothing, self.ignore_index, rows,
                                            gradients)
 
+    @torch.no_grad()
+    def loss_and_nll(self, x, projection, label):
+        """(loss, nll): this loss's value and, from the same logits, the labels' negative
+        log-likelihood summed over the non-padding positions (the loss with no smoothing),
+        for the price of one projection: what validation reports (without gradients)."""
+        linear = projection.proj
+        x = x.reshape(-1, x.size(-1))  # (positions, d_model)
+        sums = block_sums(x, linear.weight, linear.bias, label.reshape(-1), self.label_smoothing,
+                          self.ignore_index, self.block_rows or block_rows(
+                              *linear.weight.shape, x.device), gradients=False, nll=True)
+        return sums.total, sums.nll
+
 
 def block_rows(vocab: int, d_model: int, device: torch.device) -> int:
     """Positions per block. On CPU: as many as keep the block's float32 logits within 16 MB, but
@@ -144,18 +156,8 @@ class ProjectedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, label, eps: float, ignore_index: int, rows: int,
                 gradients: bool):
-        # Under autocast the matmuls run in its dtype (bf16): x, the weight and the bias are cast
-        # once here, each block's gradient once, and autocast is off inside (it would cast them
-        # again for each product). The softmax and the loss are float32 in any case.
-        kind = x.device.type  # (torch >= 2.4: autocast's state by device type)
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
         ctx.dtypes = x.dtype, weight.dtype
-        x, weight = x.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
-        sums = BlockSums(x, weight, bias, gradients)
-        with torch.autocast(kind, enabled=False):
-            for start in range(0, x.size(0), rows):
-                sums.add_block(start, label[start:start + rows], eps, ignore_index)
+        sums = block_sums(x, weight, bias, label, eps, ignore_index, rows, gradients)
         ctx.save_for_backward(sums.grad_x, sums.grad_w, sums.grad_b)
         return sums.total
 
@@ -166,17 +168,37 @@ class ProjectedCrossEntropy(torch.autograd.Function):
                 None if grad_b is None else grad_b * grad_total, None, None, None, None, None)
 
 
-class BlockSums:
-    """The running sums of ProjectedCrossEntropy over its blocks: the loss, and with
-    `gradients` the loss's gradients with respect to x (row by row), the weight and the bias."""
+def block_sums(x, weight, bias, label, eps: float, ignore_index: int, rows: int,
+               gradients: bool, nll: bool = False):
+    """ProjectedCrossEntropy's BlockSums over every block of `rows` positions of x (positions,
+    d_model); `nll`: the negative log-likelihood summed beside the loss. Under autocast the
+    matmuls run in its dtype (bf16): x, the weight and the bias are cast once here, each
+    block's gradient once, and autocast is off inside (it would cast them again for each
+    product). The softmax and the loss are float32 in any case."""
+    kind = x.device.type  # (torch >= 2.4: autocast's state by device type)
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    x, weight = x.to(dtype), weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
+    sums = BlockSums(x, weight, bias, gradients, nll)
+    with torch.autocast(kind, enabled=False):
+        for start in range(0, x.size(0), rows):
+            sums.add_block(start, label[start:start + rows], eps, ignore_index)
+    return sums
 
-    def __init__(self, x, weight, bias, gradients: bool):
+
+class BlockSums:
+    """The running sums of ProjectedCrossEntropy over its blocks: the loss, with `gradients` the
+    loss's gradients with respect to x (row by row), the weight and the bias, and with `nll` the
+    labels' negative log-likelihood (the loss at ε = 0)."""
+
+    def __init__(self, x, weight, bias, gradients: bool, nll: bool = False):
         self.x, self.weight, self.bias = x, weight, bias
         device, f32 = x.device, torch.float32
         # Σ_j z_j of every position, without a pass over the logits: x · Σ_j w_j + Σ_j b_j
         self.w_sum = weight.float().sum(dim=0)  # (d_model,)
         self.b_sum = 0.0 if bias is None else bias.float().sum()
         self.total = torch.zeros((), dtype=f32, device=device)
+        self.nll = torch.zeros((), dtype=f32, device=device) if nll else None
         self.grad_x = torch.empty(x.shape, dtype=f32, device=device) if gradients else None
         self.grad_w = torch.zeros_like(weight, dtype=f32) if gradients else None
         self.grad_b = torch.zeros(weight.size(0), dtype=f32, device=device) \
@@ -197,6 +219,8 @@ class BlockSums:
         z_sum = xb.float() @ self.w_sum + self.b_sum  # (n,)
         loss = logsumexp - (1 - eps) * z_label - eps / vocab * z_sum  # (n,)
         self.total += loss.masked_fill(~real, 0.0).sum()
+        if self.nll is not None:
+            self.nll += (logsumexp - z_label).masked_fill(~real, 0.0).sum()
         if self.grad_x is None:
             return
         # dloss/dz = softmax(z) - (1 - ε) one-hot(y) - ε/V at real positions, 0 at padding: the

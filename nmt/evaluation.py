@@ -16,7 +16,6 @@ from tqdm import tqdm
 
 from dataset import Collator
 from nmt.batching import TokenBatchSampler
-from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.attention_map import attention_of_ids, picture
 from nmt.checkpoint import best_checkpoint_path, load_checkpoint
 from nmt.decoding import decoding_limits, translate, translate_ids
@@ -54,7 +53,6 @@ def validation_loss(run) -> dict:
     config, val, device = run.config, run.data.validation, run.device
     batches = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
                                 shuffle=False).batches()[run.rank::run.world_size]
-    nll_fn = BlockwiseLabelSmoothedCrossEntropy(0.0, ignore_index=PAD)
     loss_sum, nll_sum, tokens = 0.0, 0.0, 0
     for batch in DataLoader(val, batch_sampler=batches, collate_fn=Collator()):
         src, mask = batch["encoder_input"].to(device), batch["encoder_mask"].to(device)
@@ -62,10 +60,10 @@ def validation_loss(run) -> dict:
         with run.amp():
             x = run.model.decode(run.model.encode(src, mask), mask,
                                  batch["decoder_input"].to(device))  # (batch, tgt_len, d_model)
-            loss_sum += run.loss_fn(x, run.model.projection_layer, label).item()
-            nll_sum += nll_fn(x, run.model.projection_layer, label).item()
-        tokens += (label != PAD).sum().item()
-    loss_sum, nll_sum, tokens = sum_over_ranks(loss_sum, nll_sum, tokens)
+            loss, nll = run.loss_fn.loss_and_nll(x, run.model.projection_layer, label)
+        loss_sum, nll_sum = loss_sum + loss, nll_sum + nll  # (on the device: no wait a batch)
+        tokens += (label != PAD).sum()
+    loss_sum, nll_sum, tokens = sum_over_ranks(float(loss_sum), float(nll_sum), int(tokens))
     nll = nll_sum / max(tokens, 1)
     return {"loss": loss_sum / max(tokens, 1), "nll": nll, "ppl": math.exp(min(nll, 700))}
 
@@ -113,6 +111,7 @@ def run_validation(run, progress) -> dict:
     n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
     started = time.time()
     outputs = validation_translations(run, progress, n)
+    decoded = time.time() - started  # (the decoding alone: not the scoring, not the picture)
     if run.rank:
         run.model.train()
         return None
@@ -133,7 +132,7 @@ def run_validation(run, progress) -> dict:
     tqdm.write(f"validation: loss {metrics['loss']:.3f} (nll {metrics['nll']:.3f}, ppl "
                f"{metrics['ppl']:.2f})  BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
                f"CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}  ({n} sentences decoded in "
-               f"{time.time() - started:.1f}s)")
+               f"{decoded:.1f}s)")
     run.model.train()
     return metrics
 

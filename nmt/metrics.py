@@ -12,16 +12,38 @@ RANDOMIZATION_SAMPLES = 10000
 
 
 def edit_distance(a, b) -> int:
-    """Levenshtein distance between two sequences (characters or words)."""
+    """Levenshtein distance between two sequences (characters or words), by Myers's bit-vector
+    algorithm (1999, in Hyyrö's form for the global distance): a column of the dynamic
+    programme's table is held as two bit masks of its +1 and -1 vertical steps, one bit a
+    symbol of the shorter sequence, and each symbol of the longer updates all of them at once
+    in a dozen integer operations (Python's integers: any length). The table filled cell by
+    cell is the reference it is tested against; CER at every validation costs 18 times less
+    (docs/training.md)."""
     if len(a) < len(b):
         a, b = b, a
-    previous = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        current = [i]
-        for j, y in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
-        previous = current
-    return previous[-1]
+    m = len(b)
+    if m == 0:
+        return len(a)
+    match = {}  # symbol -> the bits of b's positions that hold it
+    for i, y in enumerate(b):
+        match[y] = match.get(y, 0) | (1 << i)
+    ones, top = (1 << m) - 1, 1 << (m - 1)
+    plus, minus, distance = ones, 0, m  # the first column: D[i][0] = i, each step +1
+    for x in a:
+        eq = match.get(x, 0)
+        xv = eq | minus
+        xh = (((eq & plus) + plus) ^ plus) | eq
+        h_plus = minus | (~(xh | plus) & ones)  # the horizontal steps: +1 ...
+        h_minus = plus & xh  # ... and -1
+        if h_plus & top:  # the last row's step: D[m][j] - D[m][j-1]
+            distance += 1
+        elif h_minus & top:
+            distance -= 1
+        h_plus = ((h_plus << 1) | 1) & ones  # row 0 steps +1 (D[0][j] = j)
+        h_minus = (h_minus << 1) & ones
+        plus = h_minus | (~(xv | h_plus) & ones)
+        minus = h_plus & xv
+    return distance
 
 
 def error_rate(predictions, references, words: bool) -> float:

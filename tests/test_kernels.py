@@ -84,6 +84,15 @@ def test_blockwise_loss_and_gradients_equal_the_formula_on_the_whole_logits(smoo
         loss = BlockwiseLabelSmoothedCrossEntropy(smoothing, block_rows=3, **kwargs)(
             x, projection, label)
     torch.testing.assert_close(loss, results[0][0], **tolerance)
+    # validation's one pass: the loss and, from the same logits, the unsmoothed loss (the nll)
+    with amp:
+        nll = LabelSmoothedCrossEntropy(0.0, **kwargs)(x, projection, label).detach()
+        both = BlockwiseLabelSmoothedCrossEntropy(smoothing, block_rows=3, **kwargs).loss_and_nll(
+            x, projection, label)
+    torch.testing.assert_close(both[0], results[0][0], **tolerance)
+    torch.testing.assert_close(both[1], nll, **tolerance)
+    if smoothing:
+        assert abs(both[1] - both[0]) > 1e-3  # two sums, not one twice
 
 
 def test_the_blockwise_loss_never_waits_for_the_device(monkeypatch):

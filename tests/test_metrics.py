@@ -1,5 +1,7 @@
 """Scores: sacreBLEU's BLEU, chrF and lowercased BLEU with their signatures, CER and WER."""
 
+import random
+
 import pytest
 
 from nmt.metrics import compare, edit_distance, error_rate, score
@@ -10,6 +12,32 @@ def test_edit_distance_cer_and_wer():
     assert edit_distance([], ["a"]) == 1
     assert error_rate(["a b c"], ["a x c"], words=True) == pytest.approx(1 / 3)
     assert error_rate(["abcd", "xy"], ["abcd", "xz"], words=False) == pytest.approx(1 / 6)
+
+
+def table_edit_distance(a, b) -> int:
+    """The reference: the dynamic programme's table, a row at a time."""
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def test_the_bit_vector_edit_distance_is_the_tables():
+    """The bit-parallel distance (every validation's CER and WER) against the table, on random
+    pairs: either one the longer, empty ones, small and large alphabets (many matches and
+    few), longer than 64 symbols (more than one machine word), words as symbols."""
+    rng = random.Random(0)
+    for trial in range(3000):
+        alphabet = "ab" if trial % 3 == 0 else "abcdefghijklmnopqrstuvwxyz "
+        a, b = ("".join(rng.choice(alphabet) for _ in range(rng.randint(0, n)))
+                for n in (rng.choice([3, 20, 150]), rng.choice([3, 20, 150])))
+        assert edit_distance(a, b) == table_edit_distance(a, b), (a, b)
+        assert edit_distance(a.split(), b.split()) == table_edit_distance(a.split(), b.split())
+    assert edit_distance("x" * 100, "") == 100 and edit_distance("", "") == 0
+    assert edit_distance("abc" * 40, "abc" * 40) == 0
 
 
 def test_score_gives_sacrebleus_numbers_and_signatures():
