@@ -126,9 +126,9 @@ class BlockwiseLabelSmoothedCrossEntropy(nn.Module):
         for the price of one projection: what validation reports (without gradients)."""
         linear = projection.proj
         x = x.reshape(-1, x.size(-1))  # (positions, d_model)
+        rows = self.block_rows or block_rows(*linear.weight.shape, x.device)
         sums = block_sums(x, linear.weight, linear.bias, label.reshape(-1), self.label_smoothing,
-                          self.ignore_index, self.block_rows or block_rows(
-                              *linear.weight.shape, x.device), gradients=False, nll=True)
+                          self.ignore_index, rows, gradients=False, nll=True)
         return sums.total, sums.nll
 
 

@@ -53,17 +53,18 @@ def validation_loss(run) -> dict:
     config, val, device = run.config, run.data.validation, run.device
     batches = TokenBatchSampler(val.lengths(), config.max_tokens, config.batch_size or 32,
                                 shuffle=False).batches()[run.rank::run.world_size]
-    loss_sum, nll_sum, tokens = 0.0, 0.0, 0
-    for batch in DataLoader(val, batch_sampler=batches, collate_fn=Collator()):
-        src, mask = batch["encoder_input"].to(device), batch["encoder_mask"].to(device)
-        label = batch["label"].to(device)  # (batch, tgt_len)
+    # the sums stay on the device and the batches go to it from pinned memory without waiting
+    # (as in training): a GPU is not waited for at every batch, only once at the end
+    sums = torch.zeros(3, device=device)  # loss, nll, target tokens
+    for batch in DataLoader(val, batch_sampler=batches, collate_fn=Collator(),
+                            pin_memory=device.type == "cuda"):
+        src, mask, tgt, label = (batch[k].to(device, non_blocking=True) for k in (
+            "encoder_input", "encoder_mask", "decoder_input", "label"))  # label (batch, tgt_len)
         with run.amp():
-            x = run.model.decode(run.model.encode(src, mask), mask,
-                                 batch["decoder_input"].to(device))  # (batch, tgt_len, d_model)
+            x = run.model.decode(run.model.encode(src, mask), mask, tgt)  # (batch, tgt_len, d)
             loss, nll = run.loss_fn.loss_and_nll(x, run.model.projection_layer, label)
-        loss_sum, nll_sum = loss_sum + loss, nll_sum + nll  # (on the device: no wait a batch)
-        tokens += (label != PAD).sum()
-    loss_sum, nll_sum, tokens = sum_over_ranks(float(loss_sum), float(nll_sum), int(tokens))
+        sums += torch.stack([loss, nll, (label != PAD).sum().float()])
+    loss_sum, nll_sum, tokens = sum_over_ranks(*sums.tolist())
     nll = nll_sum / max(tokens, 1)
     return {"loss": loss_sum / max(tokens, 1), "nll": nll, "ppl": math.exp(min(nll, 700))}
 

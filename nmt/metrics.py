@@ -11,14 +11,28 @@ BOOTSTRAP_SAMPLES = 1000
 RANDOMIZATION_SAMPLES = 10000
 
 
+def table_edit_distance(a, b) -> int:
+    """Levenshtein distance between two sequences (characters or words): the dynamic
+    programme's table, D[i][j] = the edits that turn a[:i] into b[:j], filled a row at a time
+    (the reference `edit_distance` is held equal to)."""
+    previous = list(range(len(b) + 1))  # D[0][j] = j
+    for i, x in enumerate(a, 1):
+        current = [i]  # D[i][0] = i
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
 def edit_distance(a, b) -> int:
     """Levenshtein distance between two sequences (characters or words), by Myers's bit-vector
     algorithm (1999, in Hyyrö's form for the global distance): a column of the dynamic
     programme's table is held as two bit masks of its +1 and -1 vertical steps, one bit a
-    symbol of the shorter sequence, and each symbol of the longer updates all of them at once
-    in a dozen integer operations (Python's integers: any length). The table filled cell by
-    cell is the reference it is tested against; CER at every validation costs 18 times less
-    (docs/training.md)."""
+    symbol of the shorter sequence (any hashable symbols), and each symbol of the longer
+    updates all of them at once in about twenty integer operations (Python's integers: any
+    length). Held equal to
+    `table_edit_distance` by a test; CER at every validation costs about 18 times less
+    (`python -m dev.bench_validation`)."""
     if len(a) < len(b):
         a, b = b, a
     m = len(b)
@@ -27,6 +41,8 @@ def edit_distance(a, b) -> int:
     match = {}  # symbol -> the bits of b's positions that hold it
     for i, y in enumerate(b):
         match[y] = match.get(y, 0) | (1 << i)
+    # `& ones` keeps the integers m bits wide (bits above never reach those below: carries
+    # and shifts move up), so an operation costs a length of m, not one growing every symbol
     ones, top = (1 << m) - 1, 1 << (m - 1)
     plus, minus, distance = ones, 0, m  # the first column: D[i][0] = i, each step +1
     for x in a:

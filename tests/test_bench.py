@@ -1,5 +1,7 @@
 """The benchmark scripts: their FLOP count, the decoding comparison, the picture."""
 
+from unittest import mock
+
 import pytest
 import torch
 from conftest import ROOT, run_here
@@ -114,6 +116,41 @@ def test_the_split_on_a_gpu_counts_each_kernel_where_its_operation_belongs():
     assert parts == {"matrix products": 30.0, "attention": 30.0,
                      "loss (its projection included)": 40.0, "optimizer": 5.0,
                      "elementwise and other": 3.0}
+
+
+def test_bench_validation_times_each_part_and_the_references_in_the_same_run(trained):
+    """dev/bench_validation.py, the command docs/training.md gives for a validation's cost: each
+    part timed on the trained model, the two fast parts beside their references (which are
+    timed: the table's edit distance and a second projection are called)."""
+    import dev.bench_validation as bench
+    from nmt import metrics
+    home, _ = trained
+    called, before = {"table": 0, "passes": 0}, sorted((home / "weights").iterdir())
+    table, passes = metrics.table_edit_distance, bench.two_passes
+
+    def counted_table(a, b):
+        called["table"] += 1
+        return table(a, b)
+
+    def counted_passes(*args):
+        called["passes"] += 1
+        return passes(*args)
+    with mock.patch.object(metrics, "table_edit_distance", counted_table), \
+            mock.patch.object(bench, "two_passes", counted_passes):
+        t = run_here("dev/bench_validation.py", "--init_from", "weights", "--data_dir", "corpus",
+                     "--calls", "2", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    out = t.stdout.decode()
+    table = out[out.index("a validation of 8 sentences ("):].splitlines()  # (after set_up's)
+    assert "median of 2 calls" in table[0], out
+    rows = {line[:32].strip(): line[32:].split() for line in table[2:-1]}
+    assert list(rows) == ["loss and nll", "greedy decoding", "BLEU, chrF, lowercased BLEU",
+                          "CER and WER", "the attention picture", "in all"], out
+    assert len(rows["loss and nll"]) == len(rows["CER and WER"]) == len(rows["in all"]) == 3
+    assert len(rows["greedy decoding"]) == 1 and rows["in all"][2].endswith("x")
+    # 3 calls (one untimed), each over the 8 sentences twice (CER and WER)
+    assert called == {"table": 3 * 2 * 8, "passes": 3 * 1}, called
+    assert sorted((home / "weights").iterdir()) == before  # the model's folder untouched
 
 
 def test_bench_decode_side_by_side_on_a_subset(trained):

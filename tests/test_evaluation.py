@@ -1,6 +1,7 @@
 """Scoring a training run: the validation loss, negative log-likelihood and perplexity, and the
 test split scored with the best checkpoint."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from conftest import TINY, number_pairs, write_aligned
 
 from config import parse_config
 from model import LabelSmoothedCrossEntropy
+from nmt.batching import TokenBatchSampler
 from nmt.checkpoint import best_checkpoint, save_checkpoint
 from nmt.evaluation import score_test_sets, validation_loss
 from tokenizer import PAD
@@ -30,14 +32,25 @@ def run(tmp_path, monkeypatch):
     run.writer.close()
 
 
-def test_validation_reports_the_nll_and_perplexity_beside_the_smoothed_loss(run):
+def validation_batches(run) -> int:
+    return len(TokenBatchSampler(run.data.validation.lengths(), run.config.max_tokens,
+                                 run.config.batch_size or 32, shuffle=False).batches())
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_validation_reports_the_nll_and_perplexity_beside_the_smoothed_loss(run, several):
     """Issue 41: validation reported only the label-smoothed loss, which depends on the
     smoothing; the negative log-likelihood and perplexity (fairseq's nll_loss, ppl) compare
-    runs of any smoothing. Checked against the formula on the whole logits."""
+    runs of any smoothing. Checked against the formula on the whole logits, the sums over one
+    batch and over several (each batch's loss and nll from one projection)."""
     run, _ = run
+    val = run.data.validation
+    if several:  # batches of a sentence or two
+        run = dataclasses.replace(run, config=dataclasses.replace(
+            run.config, max_tokens=int(max(val.lengths()))))
+    assert (validation_batches(run) > 1) == several
     run.model.eval()
     scores = validation_loss(run)
-    val = run.data.validation
     batch = run.loader.collate_fn([val[i] for i in range(len(val))])
     label = batch["label"]
     with torch.no_grad():
@@ -49,6 +62,27 @@ def test_validation_reports_the_nll_and_perplexity_beside_the_smoothed_loss(run)
     assert scores["nll"] == pytest.approx(nll.item(), rel=1e-4)
     assert scores["loss"] == pytest.approx(smoothed.item() / tokens, rel=1e-4)
     assert scores["ppl"] == pytest.approx(math.exp(scores["nll"]), rel=1e-6)
+
+
+def test_validation_reads_its_sums_from_the_device_once_whatever_its_batches(run, monkeypatch):
+    """The validation loss's sums stay on the device until the end: the host reads values back
+    as often for several batches as for one (a read a batch makes the host wait for a GPU at
+    every batch)."""
+    run, _ = run
+    run.model.eval()
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, real=real, name=name, **k: (
+            reads.append(name), real(t, *a, **k))[1])
+    counts = []
+    for max_tokens in (run.config.max_tokens, int(max(run.data.validation.lengths()))):
+        several = dataclasses.replace(run, config=dataclasses.replace(run.config,
+                                                                       max_tokens=max_tokens))
+        reads.clear()
+        validation_loss(several)
+        counts.append((validation_batches(several), len(reads)))
+    assert counts[0][0] == 1 and counts[1][0] > 1 and counts[0][1] == counts[1][1], counts
 
 
 def test_test_scoring_leaves_the_runs_weights_as_they_were(run, tmp_path):

@@ -1,9 +1,14 @@
 """The speed paths of kernels.py, each held equal to what it replaces: torch's dropout, the
 attention formula, the label-smoothed loss on the whole logits (model.LabelSmoothedCrossEntropy)."""
 
+from unittest import mock
+
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import tiny_model
+
+import kernels
 
 from kernels import (BlockwiseLabelSmoothedCrossEntropy, Dropout, block_rows,
                      written_out_attention_is_faster)
@@ -84,15 +89,31 @@ def test_blockwise_loss_and_gradients_equal_the_formula_on_the_whole_logits(smoo
         loss = BlockwiseLabelSmoothedCrossEntropy(smoothing, block_rows=3, **kwargs)(
             x, projection, label)
     torch.testing.assert_close(loss, results[0][0], **tolerance)
-    # validation's one pass: the loss and, from the same logits, the unsmoothed loss (the nll)
+    # validation's one pass: the loss and, from the same logits, the unsmoothed loss (the nll),
+    # without gradients, its products in autocast's dtype
+    summed, products, real_sums, real_linear = [], [], kernels.block_sums, F.linear
+
+    def block_sums(*args, **kwargs):
+        summed.append(real_sums(*args, **kwargs))
+        return summed[-1]
+
+    def linear(x, weight, bias=None):
+        products.append((x.dtype, weight.dtype))
+        return real_linear(x, weight, bias)
     with amp:
         nll = LabelSmoothedCrossEntropy(0.0, **kwargs)(x, projection, label).detach()
-        both = BlockwiseLabelSmoothedCrossEntropy(smoothing, block_rows=3, **kwargs).loss_and_nll(
-            x, projection, label)
+        with mock.patch.object(kernels, "block_sums", block_sums), \
+                mock.patch.object(kernels.F, "linear", linear):
+            both = BlockwiseLabelSmoothedCrossEntropy(smoothing, block_rows=3, **kwargs) \
+                .loss_and_nll(x, projection, label)
     torch.testing.assert_close(both[0], results[0][0], **tolerance)
     torch.testing.assert_close(both[1], nll, **tolerance)
     if smoothing:
         assert abs(both[1] - both[0]) > 1e-3  # two sums, not one twice
+    assert not both[0].requires_grad and not both[1].requires_grad
+    assert len(summed) == 1 and summed[0].grad_x is None and summed[0].grad_w is None
+    dtype = torch.bfloat16 if autocast else torch.float32
+    assert products == [(dtype, dtype)] * 5  # 14 positions in blocks of 3
 
 
 def test_the_blockwise_loss_never_waits_for_the_device(monkeypatch):
@@ -110,9 +131,10 @@ def test_the_blockwise_loss_never_waits_for_the_device(monkeypatch):
     for name in ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "numpy"):
         monkeypatch.setattr(torch.Tensor, name, waits)
     monkeypatch.setattr(torch, "nonzero", waits)
-    loss = BlockwiseLabelSmoothedCrossEntropy(0.1, PAD, block_rows=4)(
-        x, model.projection_layer, label)
+    loss_fn = BlockwiseLabelSmoothedCrossEntropy(0.1, PAD, block_rows=4)
+    loss = loss_fn(x, model.projection_layer, label)
     loss.backward()
+    loss_fn.loss_and_nll(x, model.projection_layer, label)  # validation's sums
     monkeypatch.undo()
     assert torch.isfinite(loss).item() and torch.isfinite(x.grad).all().item()
 

@@ -4,25 +4,15 @@ import random
 
 import pytest
 
-from nmt.metrics import compare, edit_distance, error_rate, score
+from nmt.metrics import compare, edit_distance, error_rate, score, table_edit_distance
 
 
 def test_edit_distance_cer_and_wer():
-    assert edit_distance("kitten", "sitting") == 3
-    assert edit_distance([], ["a"]) == 1
+    for distance in (edit_distance, table_edit_distance):
+        assert distance("kitten", "sitting") == 3 and distance("sitting", "kitten") == 3
+        assert distance([], ["a"]) == 1 and distance(["a", "b"], ["b"]) == 1
     assert error_rate(["a b c"], ["a x c"], words=True) == pytest.approx(1 / 3)
     assert error_rate(["abcd", "xy"], ["abcd", "xz"], words=False) == pytest.approx(1 / 6)
-
-
-def table_edit_distance(a, b) -> int:
-    """The reference: the dynamic programme's table, a row at a time."""
-    previous = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        current = [i]
-        for j, y in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
-        previous = current
-    return previous[-1]
 
 
 def test_the_bit_vector_edit_distance_is_the_tables():
