@@ -85,6 +85,30 @@ def test_validation_reads_its_sums_from_the_device_once_whatever_its_batches(run
     assert counts[0][0] == 1 and counts[1][0] > 1 and counts[0][1] == counts[1][1], counts
 
 
+def test_the_validation_line_times_the_decoding_alone(run, monkeypatch, capsys):
+    """"N sentences decoded in X s" counted the scoring and the attention picture too (in the
+    README's hour, 4.3 s said for 0.9 s of decoding): on a clock that the decoding moves by 2 s
+    and the scoring by 100 s, the line says 2.0 s."""
+    from nmt import evaluation
+    run, progress = run
+    now = [1000.0]
+    monkeypatch.setattr(evaluation.time, "time", lambda: now[0])
+    translations, score = evaluation.validation_translations, evaluation.score
+
+    def decoding(*args):
+        now[0] += 2.0
+        return translations(*args)
+
+    def scoring(*args, **kwargs):
+        now[0] += 100.0
+        return score(*args, **kwargs)
+    monkeypatch.setattr(evaluation, "validation_translations", decoding)
+    monkeypatch.setattr(evaluation, "score", scoring)
+    evaluation.run_validation(run, progress)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("validation: ")]
+    assert line and line[0].endswith(f"({len(run.data.validation)} sentences decoded in 2.0s)")
+
+
 def test_test_scoring_leaves_the_runs_weights_as_they_were(run, tmp_path):
     """Issue 23: score_test_sets loaded the best checkpoint into the run's model, overwriting
     the weights it was handed. Now the best checkpoint decodes in a model of its own."""
