@@ -5,12 +5,14 @@ timed in the same run: the loss and the nll with one projection each (two passes
 algorithm (nmt/metrics.py). A validation runs at every epoch's end (and every --eval_every
 steps), so under --time_budget what it costs is training the budget does not buy.
 
-    python -m dev.bench_validation --init_from weights --data_dir data/multi30k --threads 2
+    python -m dev.bench_validation --preset multi30k_modern --init_from weights/multi30k_modern \
+        --data_dir data/multi30k --threads 2
 
-Takes train.py's flags (the model: --init_from's folder or checkpoint; the data: --data_dir or
---dataset, as trained); sets a run up as train.py does, in a throw-away folder. Prints each
-part's median over --calls calls (one call before them, untimed: first-call costs such as
-matplotlib's fonts), the references beside their parts, and the whole against its reference.
+Takes train.py's flags (the model: --init_from's folder or checkpoint; the data and the batches:
+--data_dir or --dataset and the preset, as trained); sets a run up as train.py does, in a
+throw-away folder. Prints each part's median over --calls calls (one call before them, untimed:
+first-call costs such as matplotlib's fonts), the references beside their parts, and the whole
+against its reference.
 """
 
 import dataclasses

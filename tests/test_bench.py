@@ -141,9 +141,9 @@ def test_bench_validation_times_each_part_and_the_references_in_the_same_run(tra
                      "--calls", "2", cwd=home)
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     out = t.stdout.decode()
-    table = out[out.index("a validation of 8 sentences ("):].splitlines()  # (after set_up's)
-    assert "median of 2 calls" in table[0], out
-    rows = {line[:32].strip(): line[32:].split() for line in table[2:-1]}
+    lines = out[out.index("a validation of 8 sentences ("):].splitlines()  # (after set_up's)
+    assert "median of 2 calls" in lines[0], out
+    rows = {line[:32].strip(): line[32:].split() for line in lines[2:-1]}
     assert list(rows) == ["loss and nll", "greedy decoding", "BLEU, chrF, lowercased BLEU",
                           "CER and WER", "the attention picture", "in all"], out
     assert len(rows["loss and nll"]) == len(rows["CER and WER"]) == len(rows["in all"]) == 3
