@@ -29,7 +29,8 @@ from config import add_config_arguments, config_from_args
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt import metrics
 from nmt.cli import ArgumentParser, run_main
-from nmt.evaluation import log_attention, validation_loss, validation_translations
+from nmt.evaluation import (log_attention, validated_sentences, validation_loss,
+                            validation_translations)
 from tokenizer import detokenize
 
 
@@ -88,9 +89,7 @@ def main(argv=None):
                                      preload="none")
         run, progress = train.set_up(config, given | {"model_folder", "experiment_name"})
         try:
-            val = run.data.validation
-            n = len(val) if config.val_max_sentences == 0 else \
-                min(config.val_max_sentences, len(val))
+            n = validated_sentences(run)
             parts(run, progress, n)  # untimed: first calls
             calls = [parts(run, progress, n) for _ in range(args.calls)]
         finally:

@@ -100,6 +100,12 @@ def validation_translations(run, progress, n: int):
         batch_size=max(config.max_tokens // 40, config.batch_size, 1)))
 
 
+def validated_sentences(run) -> int:
+    """How many validation sentences are decoded: all, or the first --val_max_sentences."""
+    val, most = run.data.validation, run.config.val_max_sentences
+    return len(val) if most == 0 else min(most, len(val))
+
+
 @torch.no_grad()
 def run_validation(run, progress) -> dict:
     """Validation loss, then greedy decoding of the validation set (or its first
@@ -109,7 +115,7 @@ def run_validation(run, progress) -> dict:
     config, val = run.config, run.data.validation
     run.model.eval()
     losses = validation_loss(run)
-    n = len(val) if config.val_max_sentences == 0 else min(config.val_max_sentences, len(val))
+    n = validated_sentences(run)
     started = time.time()
     outputs = validation_translations(run, progress, n)
     decoded = time.time() - started  # (the decoding alone: not the scoring, not the picture)
