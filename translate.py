@@ -251,18 +251,39 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
         return [sentence], reference, None, None
     if args.sentence is not None:
         return [check_sentence(args.sentence)], None, None, None
+    if reading_a_terminal(args):  # (it waited for Ctrl-D without a word)
+        print("reading the sentences to translate from the terminal, one a line; Ctrl-D ends",
+              file=sys.stderr)
     sentences = read_lines(args.input)
+    if not sentences:  # (`cat missing.en | translate.py > out` wrote an empty file, exit 0)
+        raise InputError(f"{args.input or 'stdin'} is empty: nothing to translate (give a "
+                         f"sentence, --input FILE, or lines on stdin)")
     found = []
     for path in (args.reference, args.papers_reference):
         refs = read_lines(path) if path else None
-        if refs is not None and not sentences:
-            raise InputError(f"{args.input or 'stdin'} is empty: nothing to score against "
-                             f"{path}")
         if refs is not None and len(refs) != len(sentences):
             raise InputError(f"{path} has {len(refs)} lines but the input has "
                              f"{len(sentences)}")
         found.append(refs)
     return sentences, None, *found
+
+
+def reading_a_terminal(args) -> bool:
+    """No sentence, no --example, and the lines to translate come from a terminal."""
+    return args.sentence is None and args.example is None and args.input in (None, "-") \
+        and sys.stdin.isatty()
+
+
+def translate_as_typed(args, translator):
+    """A terminal on stdin and nothing to score or write to a file: each line is translated
+    as it is typed (Enter), until Ctrl-D."""
+    print("type a sentence and press Enter to translate it; Ctrl-D ends", file=sys.stderr)
+    for n, line in enumerate(sys.stdin.buffer, 1):
+        sentences = decode_lines(line, "stdin", first_line=n) or [""]
+        outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
+                                       args.batch_size, sampling=sampling(args))
+        write_outputs(args, sentences, outputs, None)
+        sys.stdout.flush()
 
 
 def write_outputs(args, sentences, outputs, reference):
@@ -308,6 +329,9 @@ def main(argv=None):
     if args.attention:  # before anything is decoded or written
         check_attention(translator.model, args.attention_view, args.attention_layer,
                         args.attention_head)
+    if reading_a_terminal(args) and not (args.reference or args.papers_reference
+                                         or args.output):
+        return translate_as_typed(args, translator)
     tokenizer_src, tokenizer_tgt = translator.tokenizer_src, translator.tokenizer_tgt
     first_src = tokenizer_src[0] if args.ensemble else tokenizer_src  # for --example
     sentences, reference, refs, tokenized = read_sources(args, translator.config, first_src,

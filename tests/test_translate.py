@@ -65,6 +65,49 @@ def test_translate_reads_stdin_and_handles_odd_input(trained):
     assert "sentence 5 has" in t.stderr.decode() and "are translated" in t.stderr.decode()
 
 
+@pytest.mark.parametrize("output", [False, True])
+def test_a_terminal_on_stdin_is_told_what_is_awaited_and_answered_line_by_line(trained,
+                                                                            tmp_path, output):
+    """With no sentence, translate.py read a terminal to its end without a word: it seemed to
+    hang, and answered nothing before Ctrl-D. Now it says what it waits for, and translates
+    each line as it is typed; to a file (or scored) the lines are read to Ctrl-D, as said."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    home, _ = trained
+    expected = run_here("translate.py", "one two three.", cwd=home).stdout.decode()
+    master, terminal = pty.openpty()
+    flags = ["--output", str(tmp_path / "out.hyp")] if output else []
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "translate.py"), *flags], cwd=home, stdin=terminal,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8"))
+    os.close(terminal)
+    try:
+        os.write(master, b"one two three.\n")
+        if not output:  # the answer comes before the end of the input
+            ready, _, _ = select.select([process.stdout], [], [], 60)
+            assert ready and process.stdout.readline().decode() == expected
+        os.write(master, b"\n\x04")  # an empty line, then Ctrl-D
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+    assert process.returncode == 0, err.decode()
+    said = ("reading the sentences to translate from the terminal, one a line; Ctrl-D ends"
+            if output else "type a sentence and press Enter to translate it; Ctrl-D ends")
+    assert said in err.decode().splitlines()
+    if output:
+        assert out == b"" and (tmp_path / "out.hyp").read_text() == expected + "\n"
+    else:
+        assert out.decode() == "\n"  # the empty line's empty translation
+
+
 def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     home, _ = trained
     # from another working directory: the checkpoint holds the corpus's absolute path
@@ -129,10 +172,15 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--d_model", "64", "hi"], None, "--d_model 64 does not match"),
     (["--input", "nowhere.txt"], None, "cannot read nowhere.txt"),
     (["--beam", "0", "hi"], None, "must be positive"),
-    (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt"),
+    (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt (the epochs saved "
+     "there: 00, 01; --preload latest for the newest checkpoint)"),
     (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
     (["--min_len", "200", "hi"], None, "--min_len 200 is more than a translation can hold"),
-    (["--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score against"),
+    (["--reference", "corpus/val.it"], b"", "stdin is empty: nothing to translate"),
+    # `cat missing.en | translate.py > out` wrote an empty file and exited 0
+    ([], b"", "stdin is empty: nothing to translate (give a sentence, --input FILE, or lines "
+     "on stdin)"),
+    (["--input", "/dev/null"], None, "/dev/null is empty: nothing to translate"),
     (["--attention", "a.png", "--input", "corpus/val.en"], None,  # issue 45: mapped the first
      "--attention maps one sentence"),
     (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
