@@ -105,7 +105,11 @@ def read_lines(path: Path) -> list:
         with _open_text(Path(path)) as f:
             data = f.read()
     except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        packed = Path(f"{path}.gz")  # Multi30k's raw files come packed: name the one that is
+        hint = f" ({packed} is there: name it, or unpack it with gunzip -k {packed})" \
+            if isinstance(e, FileNotFoundError) and packed.is_file() else ""
+        raise DataError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}{hint}") \
+            from None
     return decode_lines(data, path)
 
 
@@ -333,8 +337,12 @@ def _hub_columns(ds, name: str, src: str, tgt: str):
 def _load_hub(config: Config, wanted=SPLITS):
     """A Hugging Face dataset (OPUS Books by default), from the hub or a local folder laid out
     like a hub repository (README.md with `configs:` and data files), through load_dataset."""
+    from huggingface_hub import constants
     quiet_datasets()
     src, tgt, name = config.lang_src, config.lang_tgt, config.datasource
+    if not Path(name).is_dir():  # (the hub, unreachable, can take half a minute to fail)
+        note(f"loading '{name}' from " + ("the Hugging Face cache (HF_HUB_OFFLINE is set)"
+             if constants.HF_HUB_OFFLINE else f"the Hugging Face hub ({constants.ENDPOINT})"))
     raw = _open_hub(name, src, tgt)
     if "train" not in {_split_name(k) for k in raw}:
         raise DataError(f"dataset '{name}' has no train split (splits: {', '.join(raw)})")

@@ -117,7 +117,13 @@ def resolve_preload(config: Config):
         return path
     path = epoch_checkpoint_path(config, int(config.preload))
     if not path.exists():
-        raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}")
+        found = list_checkpoints(config)
+        epochs = [f"{epoch:02d}" for _, epoch, step in found if step is None]
+        listed = ", ".join(epochs if len(epochs) <= 8 else epochs[:3] + ["..."] + epochs[-3:])
+        saved = f"the epochs saved there: {listed}" if epochs else "no epoch's own checkpoint there"
+        raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}" + (
+            f" ({saved}; --preload latest for the newest checkpoint)" if found
+            else elsewhere(config.model_folder)))
     return path
 
 

@@ -31,6 +31,30 @@ def test_checkpoints_round_trip_and_the_latest_is_found(tmp_path):
     assert not list(tmp_path.glob(".*tmp"))  # no temporary file left behind
 
 
+def test_a_missing_epoch_names_the_epochs_there(tmp_path):
+    """--preload 99 said only that tmodel_99.pt was missing, not which epochs there are."""
+    from nmt.checkpoint import resolve_preload
+    config = Config(model_folder=str(tmp_path), preload="99")
+    for name in ("tmodel_00_s0000005.pt", "tmodel_best.pt"):  # no epoch's own file yet
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(CheckpointError) as e:
+        resolve_preload(config)
+    assert str(e.value) == (f"--preload 99: no checkpoint {tmp_path / 'tmodel_99.pt'} (no "
+                            "epoch's own checkpoint there; --preload latest for the newest "
+                            "checkpoint)")
+    for epoch in (0, 1, 2):
+        (tmp_path / f"tmodel_{epoch:02d}.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"tmodel_99\.pt \(the epochs saved there: 00, 01, "
+                                              r"02; --preload latest for the newest checkpoint\)$"):
+        resolve_preload(config)
+    for epoch in range(3, 12):
+        (tmp_path / f"tmodel_{epoch:02d}.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"there: 00, 01, 02, \.\.\., 09, 10, 11; "):
+        resolve_preload(config)
+    with pytest.raises(CheckpointError, match=r"no checkpoint .*tmodel_99\.pt \(train one with "):
+        resolve_preload(Config(model_folder=str(tmp_path / "empty"), preload="99"))
+
+
 class Exploit:
     def __reduce__(self):
         return (print, ("this must never run",))

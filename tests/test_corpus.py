@@ -99,17 +99,22 @@ def test_hub_datasource_through_load_dataset_offline(tmp_path):
     assert set(column(splits2["train"], "src")) <= {s for s, _ in number_pairs(20, seed=4)}
 
 
-def test_hub_errors_are_one_clear_line(tmp_path):
+def test_hub_errors_are_one_clear_line(tmp_path, capsys):
     repo = make_hub_repo(tmp_path / "opus_books")
     with pytest.raises(DataError, match=r"has no en/fr texts \(languages: en, it\)"):
         load_corpus(Config(datasource=str(repo), lang_src="en", lang_tgt="fr"))
+    assert "loading" not in capsys.readouterr().err  # a local folder: no wait to announce
     # offline (as in every test) and not cached: says so, with the local-files way out
     with pytest.raises(DataError, match=r"'nobody/no_such_dataset' is not in the Hugging Face "
                                         r"cache and HF_HUB_OFFLINE is set.*--data_dir DIR"):
         load_corpus(cfg(tmp_path, datasource="nobody/no_such_dataset"))
+    # the hub can take half a minute to fail: what is loaded from where is said first
+    assert capsys.readouterr().err == ("loading 'nobody/no_such_dataset' from the Hugging Face "
+                                       "cache (HF_HUB_OFFLINE is set)\n")
 
 
-def test_a_hub_failure_behind_a_proxy_names_the_endpoint_and_the_proxy(tmp_path, monkeypatch):
+def test_a_hub_failure_behind_a_proxy_names_the_endpoint_and_the_proxy(tmp_path, monkeypatch,
+                                                                       capsys):
     """No probe of our own: the hub client's connection (which honours HTTPS_PROXY and
     HF_ENDPOINT) decides, and its failure becomes one line naming what was tried."""
     import datasets
@@ -125,6 +130,8 @@ def test_a_hub_failure_behind_a_proxy_names_the_endpoint_and_the_proxy(tmp_path,
                                         r"https://hub.example through the proxy "
                                         r"http://proxy.example:3128 to load 'nobody/x'"):
         load_corpus(cfg(tmp_path, datasource="nobody/x"))
+    assert capsys.readouterr().err == "loading 'nobody/x' from the Hugging Face hub " \
+                                      "(https://hub.example)\n"
 
 
 def make_columns_repo(folder, pairs, languages=("en", "de")):
@@ -309,3 +316,20 @@ def test_read_lines_unpacks_a_gzip_file(tmp_path):
     path = tmp_path / "test.en.gz"
     path.write_bytes(gzip.compress("A dog runs.\nZwei Männer.\n".encode("utf-8")))
     assert read_lines(path) == ["A dog runs.", "Zwei Männer."]
+
+
+def test_a_missing_file_whose_packed_copy_is_there_names_it(tmp_path):
+    """The README's commands name val.en; Multi30k's download gives val.en.gz only, and the
+    error said "No such file or directory" with no word of the file beside it."""
+    import gzip
+
+    from corpus import read_lines
+    with pytest.raises(DataError) as e:
+        read_lines(tmp_path / "val.en")
+    assert str(e.value) == f"cannot read {tmp_path / 'val.en'}: No such file or directory"
+    (tmp_path / "val.en.gz").write_bytes(gzip.compress(b"A dog runs.\n"))
+    with pytest.raises(DataError) as e:
+        read_lines(tmp_path / "val.en")
+    packed = tmp_path / "val.en.gz"
+    assert str(e.value) == (f"cannot read {tmp_path / 'val.en'}: No such file or directory "
+                            f"({packed} is there: name it, or unpack it with gunzip -k {packed})")
