@@ -13,10 +13,20 @@ import sys
 import threading
 import time
 
+from tqdm import tqdm
+
 from config import UserError, is_main
 
 
 ABORT_SAID = threading.Event()  # run_main has printed its "aborted" line (nmt.stopping reads it)
+
+
+def below_a_bar() -> str:
+    """The newline a line to stderr starts with so as not to land on a progress bar's line: on
+    a terminal (a bar's line, or the ^C it echoed), and wherever a tqdm bar is open (in a log
+    redirected to a file, an open bar's line has no newline yet)."""
+    drawn = len(tqdm._instances) > 0  # (a disabled bar leaves them at once, a closed one too)
+    return "\n" if drawn or sys.stderr.isatty() else ""
 
 
 class ReportedElsewhere(Exception):
@@ -54,8 +64,7 @@ def run_main(prog: str, main, aborted: str = "aborted"):
     except KeyboardInterrupt as interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
         if is_main():
-            newline = "\n" if sys.stderr.isatty() else ""  # below a progress bar, not on it
-            sys.stderr.write(f"{newline}{prog}: {aborted}\n")
+            sys.stderr.write(f"{below_a_bar()}{prog}: {aborted}\n")
             ABORT_SAID.set()
         # 130 for Ctrl-C; a SIGTERM turned into this interrupt (nmt.stopping.abort) says so: 143
         sys.exit(128 + int(getattr(interrupt, "signum", signal.SIGINT)))

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from config import Config, is_main
 from nmt.checkpoint import latest_checkpoint_path
-from nmt.cli import ABORT_SAID
+from nmt.cli import ABORT_SAID, below_a_bar
 
 
 class Stop(enum.IntEnum):
@@ -123,8 +123,7 @@ def _watch(reader, line: str, grace: float, over: threading.Event):
                 _signals_seen += 1
                 if _signals_seen >= 2 and not over.wait(grace):
                     if is_main() and not ABORT_SAID.is_set():  # (run_main's, if said)
-                        newline = "\n" if sys.stderr.isatty() else ""
-                        sys.stderr.write(f"{newline}{line}\n")
+                        sys.stderr.write(f"{below_a_bar()}{line}\n")
                         sys.stderr.flush()
                     os._exit(128 + signum)
 

@@ -29,6 +29,13 @@ def check_updates(run, progress):
 SMOOTHING = 0.9  # the progress bar's loss: each step's weight 0.1 in a moving average
 
 
+def carry_loss(bar, progress):
+    """A new epoch's bar shows the moving average it carries from its first step on (it showed
+    none before its first log, --log_every steps in)."""
+    if progress.smoothed_loss is not None:
+        bar.set_postfix(loss=f"{progress.smoothed_loss:6.3f}", refresh=False)
+
+
 def log_progress(run, progress, bar, lr: float, tokens_per_s: float):
     """The mean training loss since the last log (over all ranks) to TensorBoard, and to the
     progress bar a moving average of it (SMOOTHING a step, the first log its start: a loss

@@ -97,7 +97,38 @@ def test_a_signal_while_setting_up_aborts_with_its_own_exit_code(sig, code, caps
         for s, handler in saved.items():
             signal.signal(s, handler)
         stopping._aborting = None
-    assert e.value.code == code and "train.py: aborted" in capsys.readouterr().err
+    # no bar open, not a terminal: the line alone, no blank line above it
+    assert e.value.code == code and capsys.readouterr().err == "train.py: aborted\n"
+
+
+def test_the_abort_line_starts_below_an_open_progress_bar(capsys):
+    """In a log redirected to a file, the abort line was written on the open bar's line
+    (`...tok_s=14,597]train.py: aborted`): the newline was written on a terminal only."""
+    import os
+    import signal
+
+    from tqdm import tqdm
+
+    from nmt.cli import run_main
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    bars = []
+
+    def training():
+        stopping.catch_stop_signals()
+        bars.append(tqdm(total=10, desc="epoch 00"))  # to capsys's stderr: not a terminal
+        bars[0].update(1)
+        os.kill(os.getpid(), signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit):
+            run_main("train.py", training)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        stopping._aborting = None
+        for bar in bars:
+            bar.close()
+    err = capsys.readouterr().err
+    assert "epoch 00" in err and "train.py: aborted" in err.splitlines()
 
 
 def test_a_second_ctrl_c_aborts_at_once():
@@ -124,6 +155,7 @@ def test_a_second_ctrl_c_aborts_at_once():
 LOST_ABORT = '''
 import os, signal, sys, time, types
 sys.path.insert(0, {root!r})
+from tqdm import tqdm
 from nmt import stopping
 from nmt.cli import run_main
 
@@ -136,11 +168,14 @@ class Dropped:
 def main():
     progress = types.SimpleNamespace(signal=None)
     stopping.catch_stop_signals(progress)
+    bar = tqdm(total=10, desc="epoch 00")  # open, on a pipe: its line has no newline yet
+    bar.update(1)
     with stopping.abort_watch("train.py: aborted; the checkpoints already saved are intact",
                               grace=0.5):
         os.kill(os.getpid(), signal.SIGINT)  # the first: stop after this step
         print("first:", progress.signal, flush=True)
         Dropped()
+        bar.refresh()  # the bar's line last on stderr, with no newline (Python's note is above)
         time.sleep(60)  # the step goes on (as one long native call would hold the handler)
         print("not aborted", flush=True)
 
@@ -164,6 +199,7 @@ def test_a_second_ctrl_c_aborts_within_seconds_even_where_its_interrupt_is_lost(
     assert "first: SIGINT" in out and "not aborted" not in out
     assert result.returncode == 130
     assert err.count("train.py: aborted; the checkpoints already saved are intact") == 1
+    assert "train.py: aborted; the checkpoints already saved are intact" in err.splitlines()
 
 
 def test_the_abort_watch_ends_with_its_block_and_leaves_the_signals_as_they_were():

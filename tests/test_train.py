@@ -420,6 +420,10 @@ def test_train_bad_input_is_one_line_and_exit_2(trained, tmp_path, problem, mess
     # in this process but one: a fresh interpreter's start (its imports, the hub's settings)
     t = (run_script if problem == "hub" else run_here)("train.py", *args, cwd=home)
     err = t.stderr.decode()
+    if problem == "hub":  # what is loaded from where, before the half minute a hub can take
+        said, err = err.split("\n", 1)
+        assert said == "loading 'Helsinki-NLP/opus_books' from the Hugging Face cache " \
+                       "(HF_HUB_OFFLINE is set)"
     assert t.returncode == 2 and message in err and err.strip().count("\n") == 0, err
     assert {p: p.stat().st_mtime_ns for p in (home / "weights").iterdir()} == before
     assert not (home / "never" / "made").exists()  # a failed start leaves no empty folder
@@ -1185,6 +1189,27 @@ def test_the_progress_bar_shows_a_smoothed_loss_from_the_first_step(tmp_path, tr
     assert len(shown) == len(logged) >= 3
     assert [v for _, v in shown] == pytest.approx(expected, abs=1e-3)
     assert [v for _, v in shown][1:] != pytest.approx([m for _, m in logged][1:], abs=1e-3)
+
+
+def test_every_epochs_bar_shows_the_loss_it_carries_from_its_first_step(tmp_path, train_here,
+                                                                        monkeypatch):
+    """A newcomer's walk-through: from the second epoch on, each bar showed no loss for its
+    first --log_every steps."""
+    shown = []
+
+    class Bar(train.tqdm):
+        def set_postfix(self, *args, **kwargs):
+            shown.append((self.desc, self.n, float(kwargs["loss"])))
+            return super().set_postfix(*args, **kwargs)
+    monkeypatch.setattr(train, "tqdm", Bar)
+    make_corpus(tmp_path / "c", n=150, val=2)
+    code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "3", "--log_every", "50",
+                              "--val_examples", "0")
+    assert code == 0, err
+    for epoch in (1, 2):
+        before = [loss for desc, _, loss in shown if desc == f"epoch {epoch - 1:02d}"]
+        first = next((n, loss) for desc, n, loss in shown if desc == f"epoch {epoch:02d}")
+        assert first == (0, before[-1])  # drawn with the bar, before its first step
 
 
 def test_a_corpus_mismatch_names_the_folders_as_typed_not_their_link_targets(tmp_path,
