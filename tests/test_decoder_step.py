@@ -252,7 +252,9 @@ def test_a_cache_shorter_than_the_output_grows(capacity):
             quick.follow(rows)
 
 
-@needs_onednn
+@needs_onednn  # (torch deprecates the quantization a user's model may still have: refused)
+@pytest.mark.filterwarnings("ignore:torch.ao.quantization is deprecated")
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
 def test_every_decoder_takes_the_step_where_it_applies(monkeypatch):
     """translate_ids (translate.py, the Translator, validation, the teachers' translation) and
     ensembles decode through the FastDecoder on CPU in float32; in training mode, in bf16 and
