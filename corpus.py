@@ -253,8 +253,9 @@ def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
 def _load_local(config: Config, wanted=SPLITS):
     """Parallel files in config.data_dir: aligned text files, tab-separated pairs or JSON lines
     (see each reader); a split found in one format is not read again from another. The
-    fingerprint is the names and contents of the folder's files this language pair could read
-    (not their times: a copy of the corpus, or the files unpacked again, is the same corpus)."""
+    fingerprint is the names and texts of the folder's files this language pair could read
+    (not their times, nor whether they are packed: a copy of the corpus, or its files unpacked,
+    is the same corpus)."""
     folder = Path(config.data_dir)
     if folder.is_file():
         raise DataError(f"--data_dir {folder} is a file; give the folder that holds the "
@@ -273,9 +274,7 @@ def _load_local(config: Config, wanted=SPLITS):
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
         reader(folder, src, tgt, splits, wanted)
-    readable = {src, tgt, "tsv", "jsonl", "json"}
-    splits["fingerprint"] = digest([(f.name, file_digest(f)) for f in sorted(folder.iterdir())
-                                    if f.is_file() and text_file_name(f)[1] in readable])
+    splits["fingerprint"] = digest(text_digests(folder, {src, tgt, "tsv", "jsonl", "json"}))
     if "train" in wanted and "train" not in splits:
         raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
                         f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
@@ -576,15 +575,28 @@ def lines_digest(ds, name: str) -> str:
 
 
 def file_digest(path: Path) -> str:
-    """The SHA-256 of a file's bytes (about 1 s a gigabyte)."""
+    """The SHA-256 of a file's text: its bytes (about 1 s a gigabyte), a packed file's (*.gz)
+    unpacked."""
     sha = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        with _open_text(Path(path)) as f:
             while block := f.read(1 << 20):
                 sha.update(block)
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     return sha.hexdigest()[:32]
+
+
+def text_digests(folder: Path, readable: set) -> list:
+    """[(name, file_digest)] of the files of a folder whose language (or format) is in
+    `readable`, sorted: a packed file (train.en.gz) under its unpacked name, and where both are
+    there the unpacked one, which is what is read. Plain files alone give what they gave
+    before packed ones were read (the checkpoints of then still resume)."""
+    found = {}
+    for f in sorted(folder.iterdir(), key=lambda f: (not f.name.endswith(".gz"), f.name)):
+        if f.is_file() and text_file_name(f)[1] in readable:
+            found[f.name.removesuffix(".gz")] = file_digest(f)  # (the plain file comes last)
+    return sorted(found.items())
 
 
 def corpus_source(config: Config) -> str:

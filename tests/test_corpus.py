@@ -270,6 +270,32 @@ def test_the_fingerprint_is_the_text_not_the_files_times(tmp_path, corpus):
     assert load_corpus(cfg(tmp_path, data_dir=str(copy)))["fingerprint"] != first
 
 
+def test_a_corpus_unpacked_is_the_same_corpus(tmp_path, corpus):
+    """The README unpacks Multi30k's download (`gunzip -k`): the fingerprint named the files
+    as they lay, packed or not, so a run trained on the .gz files was refused on resume once
+    they were unpacked ("the text of its files changed since"), or once the .gz were deleted."""
+    import gzip
+    import hashlib
+    import json
+    import shutil
+
+    plain = load_corpus(cfg(tmp_path, data_dir=str(corpus)))["fingerprint"]
+    # plain files give what they gave before: the checkpoints of then still resume
+    then = [(f.name, hashlib.sha256(f.read_bytes()).hexdigest()[:32])
+            for f in sorted(corpus.iterdir()) if f.suffix in (".en", ".it")]
+    assert plain == hashlib.sha256(json.dumps(then, sort_keys=True).encode()).hexdigest()[:32]
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for f in corpus.iterdir():
+        (packed / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+    assert load_corpus(cfg(tmp_path, data_dir=str(packed)))["fingerprint"] == plain
+    for f in corpus.iterdir():  # unpacked beside them (gunzip -k)
+        shutil.copy(f, packed / f.name)
+    assert load_corpus(cfg(tmp_path, data_dir=str(packed)))["fingerprint"] == plain
+    (packed / "val.en").write_text("another text\n" * 8)  # what is read is the unpacked file
+    assert load_corpus(cfg(tmp_path, data_dir=str(packed)))["fingerprint"] != plain
+
+
 def gzip_aligned(folder, split, pairs, src="en", tgt="it"):
     """Multi30k's raw layout: each file gzip-compressed (train.en.gz), as downloaded."""
     import gzip
@@ -333,3 +359,7 @@ def test_a_missing_file_whose_packed_copy_is_there_names_it(tmp_path):
     packed = tmp_path / "val.en.gz"
     assert str(e.value) == (f"cannot read {tmp_path / 'val.en'}: No such file or directory "
                             f"({packed} is there: name it, or unpack it with gunzip -k {packed})")
+    (tmp_path / "val.en").mkdir()  # there, but unreadable: nothing to say of the packed one
+    with pytest.raises(DataError) as e:
+        read_lines(tmp_path / "val.en")
+    assert str(e.value) == f"cannot read {tmp_path / 'val.en'}: Is a directory"
