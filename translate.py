@@ -18,6 +18,7 @@ the library this is the command line of:
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +34,9 @@ from nmt.engine import load_engine
 from nmt.metrics import papers_bleu, score
 from nmt.trained_model import load_ensemble, load_translator
 from nmt.translator import InputError, Translator, check_attention, check_sentence, check_settings
+
+
+EOF_KEYS = "Ctrl-Z then Enter" if os.name == "nt" else "Ctrl-D"  # what ends a terminal's input
 
 
 def read_lines(path_or_stdin):
@@ -251,16 +255,18 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
         return [sentence], reference, None, None
     if args.sentence is not None:
         return [check_sentence(args.sentence)], None, None, None
-    if reading_a_terminal(args):  # (it waited for Ctrl-D without a word)
-        print("reading the sentences to translate from the terminal, one a line; Ctrl-D ends",
-              file=sys.stderr)
+    if reading_a_terminal(args):  # (it waited for the end of the input without a word)
+        print(f"reading the sentences to translate from the terminal, one a line; {EOF_KEYS} "
+              f"ends", file=sys.stderr)
     sentences = read_lines(args.input)
-    if not sentences:  # (`cat missing.en | translate.py > out` wrote an empty file, exit 0)
-        raise InputError(f"{args.input or 'stdin'} is empty: nothing to translate (give a "
-                         f"sentence, --input FILE, or lines on stdin)")
+    name = "stdin" if args.input in (None, "-") else args.input
+    if not sentences and not (args.reference or args.papers_reference):  # (`cat missing.en |
+        print(f"warning: {name} is empty: nothing to translate", file=sys.stderr)  # ...` quiet)
     found = []
     for path in (args.reference, args.papers_reference):
         refs = read_lines(path) if path else None
+        if refs is not None and not sentences:
+            raise InputError(f"{name} is empty: nothing to score against {path}")
         if refs is not None and len(refs) != len(sentences):
             raise InputError(f"{path} has {len(refs)} lines but the input has "
                              f"{len(sentences)}")
@@ -276,19 +282,21 @@ def reading_a_terminal(args) -> bool:
 
 def translate_as_typed(args, translator):
     """A terminal on stdin and nothing to score or write to a file: each line is translated
-    as it is typed (Enter), until Ctrl-D."""
-    print("type a sentence and press Enter to translate it; Ctrl-D ends", file=sys.stderr)
+    as it is typed (Enter), until the end of the input (Ctrl-D)."""
+    print(f"type a sentence and press Enter to translate it; {EOF_KEYS} ends", file=sys.stderr)
     for n, line in enumerate(sys.stdin.buffer, 1):
-        sentences = decode_lines(line, "stdin", first_line=n) or [""]
+        sentences = decode_lines(line, "stdin", first_line=n)
         outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
-                                       args.batch_size, sampling=sampling(args))
-        write_outputs(args, sentences, outputs, None)
+                                       args.batch_size, sampling=sampling(args), numbers=[n])
+        write_outputs(args, sentences, outputs, None, first=n - 1)
         sys.stdout.flush()
+        if not line.endswith(b"\n"):  # (a last line ended by Ctrl-D: the next would be the
+            return  # end's second Ctrl-D, which it took; read on, it needed a third)
 
 
-def write_outputs(args, sentences, outputs, reference):
-    """Translations to --output or stdout (n-best: index, score, text a line); a validation
-    example is printed with its source and reference."""
+def write_outputs(args, sentences, outputs, reference, first: int = 0):
+    """Translations to --output or stdout (n-best: index from `first`, score, text a line); a
+    validation example is printed with its source and reference."""
     if reference is not None:
         predicted = [text for text, _ in outputs[0]] if isinstance(outputs[0], list) \
             else [outputs[0]]  # n-best or samples: each
@@ -296,7 +304,8 @@ def write_outputs(args, sentences, outputs, reference):
         print("\n".join(f"{'PREDICTED:':>12} {text}" for text in predicted))
         return
     if args.nbest > 1:
-        lines = [f"{n}\t{s:.4f}\t{text}" for n, hyps in enumerate(outputs) for text, s in hyps]
+        lines = [f"{n}\t{s:.4f}\t{text}" for n, hyps in enumerate(outputs, first)
+                 for text, s in hyps]
     elif args.sample:  # n samples an input, one a line
         lines = [text for samples in outputs for text, _ in samples]
     else:

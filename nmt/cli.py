@@ -47,16 +47,19 @@ def fail(prog: str, message: str, quiet: bool = False):
 
 
 def run_main(prog: str, main, aborted: str = "aborted"):
-    """Runs a script's `main`: a UserError becomes one line and exit 2, Ctrl-C one line and
-    exit 130 (143 for a SIGTERM that aborts), wherever it lands (also while an error unwinds,
-    as when a torchrun process's collective fails because another process was interrupted
-    first). Under torchrun only
-    rank 0 says "aborted"."""
+    """Runs a script's `main`: a UserError becomes one line and exit 2, a stdout whose reader
+    has gone a quiet exit 1, Ctrl-C one line and exit 130 (143 for a SIGTERM that aborts),
+    wherever it lands (also while an error unwinds, as when a torchrun process's collective
+    fails because another process was interrupted first). Under torchrun only rank 0 says
+    "aborted"."""
     try:
         try:
             return main()
         except UserError as e:
             fail(prog, str(e))
+        except BrokenPipeError:  # stdout's reader has gone (`translate.py ... | head -1`):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no word, and no
+            sys.exit(1)  # second failure when the exit flushes stdout (Python's own advice)
         except ReportedElsewhere:  # at once: rank 0 gone, this rank's process group is
             sys.stdout.flush()  # broken, and tearing it down at exit could abort the
             sys.stderr.flush()  # process (std::terminate, exit -6) before torchrun

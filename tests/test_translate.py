@@ -65,12 +65,22 @@ def test_translate_reads_stdin_and_handles_odd_input(trained):
     assert "sentence 5 has" in t.stderr.decode() and "are translated" in t.stderr.decode()
 
 
-@pytest.mark.parametrize("output", [False, True])
-def test_a_terminal_on_stdin_is_told_what_is_awaited_and_answered_line_by_line(trained,
-                                                                            tmp_path, output):
-    """With no sentence, translate.py read a terminal to its end without a word: it seemed to
-    hang, and answered nothing before Ctrl-D. Now it says what it waits for, and translates
-    each line as it is typed; to a file (or scored) the lines are read to Ctrl-D, as said."""
+@pytest.mark.parametrize("args", [[], ["--input", "-"], ["--input", "/dev/null"]])
+def test_an_empty_input_is_said(trained, args):
+    """`cat missing.en | translate.py > out` wrote an empty file without a word (the shell
+    alone said what was missing): the empty input is now said, and the run ends as before."""
+    home, _ = trained
+    t = run_here("translate.py", *args, cwd=home, input=b"")
+    name = "/dev/null" if "/dev/null" in args else "stdin"
+    assert t.returncode == 0 and t.stdout == b""
+    assert f"warning: {name} is empty: nothing to translate" in t.stderr.decode().splitlines()
+
+
+def on_a_terminal(home, args, typed, answers=0):
+    """translate.py run with a terminal (a pseudo-terminal) on stdin: `typed` written to it,
+    the first `answers` lines of stdout read after the first line typed and before the rest;
+    (those lines, the rest of stdout, stderr, the exit code). Its output is not unbuffered:
+    what comes before the end of the input was flushed."""
     import os
     import pty
     import select
@@ -78,34 +88,103 @@ def test_a_terminal_on_stdin_is_told_what_is_awaited_and_answered_line_by_line(t
     import sys
 
     from conftest import ROOT
-    home, _ = trained
-    expected = run_here("translate.py", "one two three.", cwd=home).stdout.decode()
     master, terminal = pty.openpty()
-    flags = ["--output", str(tmp_path / "out.hyp")] if output else []
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "translate.py"), *flags], cwd=home, stdin=terminal,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), *args], cwd=home,
+                               stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=dict(env, PYTHONIOENCODING="utf-8"))
     os.close(terminal)
+    early = b""
     try:
-        os.write(master, b"one two three.\n")
-        if not output:  # the answer comes before the end of the input
+        first, rest = typed.split(b"\n", 1) if answers else (b"", typed)
+        os.write(master, first + b"\n" if answers else b"")
+        while early.count(b"\n") < answers:  # the answers come before the end of the input
             ready, _, _ = select.select([process.stdout], [], [], 60)
-            assert ready and process.stdout.readline().decode() == expected
-        os.write(master, b"\n\x04")  # an empty line, then Ctrl-D
+            assert ready, "no answer before the end of the input"
+            early += os.read(process.stdout.fileno(), 1 << 16)
+        os.write(master, rest)
         out, err = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
         os.close(master)
-    assert process.returncode == 0, err.decode()
-    said = ("reading the sentences to translate from the terminal, one a line; Ctrl-D ends"
-            if output else "type a sentence and press Enter to translate it; Ctrl-D ends")
-    assert said in err.decode().splitlines()
-    if output:
-        assert out == b"" and (tmp_path / "out.hyp").read_text() == expected + "\n"
+    return early.decode().splitlines(keepends=True), out.decode(), err.decode(), \
+        process.returncode
+
+
+TYPE_AND_ENTER = "type a sentence and press Enter to translate it; Ctrl-D ends"
+READ_TO_THE_END = "reading the sentences to translate from the terminal, one a line; Ctrl-D ends"
+
+
+def test_a_terminal_on_stdin_is_told_what_is_awaited_and_answered_line_by_line(trained):
+    """With no sentence, translate.py read a terminal to its end without a word: it seemed to
+    hang, and answered nothing before Ctrl-D. Now it says what it waits for and translates
+    each line as it is typed, n-best lists numbered on across lines; a last line ended by
+    Ctrl-D (no Enter) is translated and a second Ctrl-D ends it (it took a third)."""
+    pytest.importorskip("pty")
+    home, _ = trained
+    nbest = run_here("translate.py", "--beam", "2", "--nbest", "2", "--input", "-", cwd=home,
+                     input=b"one two three.\n\nseven eight\n").stdout.decode().splitlines()
+    assert [line.split("\t")[0] for line in nbest] == ["0", "0", "1", "2", "2"]  # ("": one)
+    early, out, err, code = on_a_terminal(home, ["--beam", "2", "--nbest", "2"],
+                                          b"one two three.\n\nseven eight\x04\x04", answers=2)
+    assert code == 0 and TYPE_AND_ENTER in err.splitlines(), err
+    assert early + out.splitlines(keepends=True) == [line + "\n" for line in nbest]
+
+
+@pytest.mark.parametrize("args", [["--output", "out.hyp"], ["--reference", "corpus/val.it"]])
+def test_a_terminal_read_to_its_end_says_so(trained, tmp_path, args):
+    """To a file, or scored against a reference, the terminal's lines are read to Ctrl-D
+    (they are translated together), as the first line says."""
+    pytest.importorskip("pty")
+    home, _ = trained
+    args = [str(tmp_path / a) if a == "out.hyp" else a for a in args]
+    lines = (home / "corpus" / "val.en").read_bytes()
+    expected = run_here("translate.py", "--input", "corpus/val.en", cwd=home).stdout.decode()
+    _, out, err, code = on_a_terminal(home, args, lines + b"\x04")
+    assert code == 0 and READ_TO_THE_END in err.splitlines(), err
+    assert TYPE_AND_ENTER not in err
+    if "--output" in args:
+        assert out == "" and (tmp_path / "out.hyp").read_text() == expected
     else:
-        assert out.decode() == "\n"  # the empty line's empty translation
+        assert out == expected and "BLEU = " in err
+
+
+@pytest.mark.parametrize("args", [["--input", "corpus/val.en"], ["--example", "1"]])
+def test_a_terminal_on_stdin_is_not_read_where_the_input_is_named(trained, args):
+    pytest.importorskip("pty")
+    home, _ = trained
+    expected = run_here("translate.py", *args, cwd=home).stdout.decode()
+    _, out, err, code = on_a_terminal(home, args, b"")  # nothing typed, no Ctrl-D
+    assert code == 0 and out == expected and "Ctrl-D" not in err, err
+
+
+def test_a_bad_line_typed_names_its_number_and_samples_are_drawn_as_asked(trained):
+    pytest.importorskip("pty")
+    home, _ = trained
+    early, _, err, code = on_a_terminal(home, ["--sample", "3", "--seed", "1"],
+                                        b"one two three.\n" + b"nine " * 40 + b"\n\xff\xfe\n",
+                                        answers=3)
+    assert code == 2 and err.splitlines()[-1] == ("translate.py: error: stdin, line 3: not "
+                                                  "valid UTF-8 (byte 0xff)"), err
+    assert len(early) == 3  # three samples of the first line
+    assert "warning: sentence 2 has" in err  # the long line, by its number
+
+
+def test_a_reader_that_stops_early_ends_translate_quietly(trained):
+    """`translate.py ... | head -1`: the closed pipe was a BrokenPipeError's traceback."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    home, _ = trained
+    process = subprocess.Popen([sys.executable, str(ROOT / "translate.py"), "--input",
+                                "corpus/train.en"], cwd=home, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()  # the reader gone before a line is written
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 1 and "Traceback" not in err.decode(), err.decode()
+    assert "Exception ignored" not in err.decode()
 
 
 def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
@@ -176,11 +255,8 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "there: 00, 01; --preload latest for the newest checkpoint)"),
     (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
     (["--min_len", "200", "hi"], None, "--min_len 200 is more than a translation can hold"),
-    (["--reference", "corpus/val.it"], b"", "stdin is empty: nothing to translate"),
-    # `cat missing.en | translate.py > out` wrote an empty file and exited 0
-    ([], b"", "stdin is empty: nothing to translate (give a sentence, --input FILE, or lines "
-     "on stdin)"),
-    (["--input", "/dev/null"], None, "/dev/null is empty: nothing to translate"),
+    (["--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score against"),
+    (["--input", "-", "--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score"),
     (["--attention", "a.png", "--input", "corpus/val.en"], None,  # issue 45: mapped the first
      "--attention maps one sentence"),
     (["--input", "corpus/train.en", "--reference", "corpus/val.it"], None,
