@@ -57,7 +57,7 @@ from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
                           catch_stop_signals, ignore_sigint, launcher, resume_command,
                           stop_message)
 from nmt.trained_model import build_model, load_model_weights
-from nmt.training_log import carry_loss, check_updates, log_progress
+from nmt.training_log import carried_loss, check_updates, log_progress
 from tokenizer import PAD
 
 ABORTED = "aborted; the checkpoints already saved are intact"  # a second Ctrl-C's line
@@ -383,8 +383,7 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
     config, epoch, end = run.config, progress.epoch, run.batches_per_epoch
     run.model.train()
     bar = tqdm(total=end, desc=f"epoch {epoch:02d}", dynamic_ncols=True, mininterval=1.0,
-               initial=progress.batch, disable=run.rank != 0)
-    carry_loss(bar, progress)
+               initial=progress.batch, disable=run.rank != 0, postfix=carried_loss(progress))
     tokens_seen, started = 0, time.time()  # `started` moves past validations: tok_s trains
     stop = Stop.NONE
     no_sync = getattr(run.step_model, "no_sync", None)

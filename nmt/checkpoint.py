@@ -118,13 +118,20 @@ def resolve_preload(config: Config):
     path = epoch_checkpoint_path(config, int(config.preload))
     if not path.exists():
         found = list_checkpoints(config)
-        epochs = [f"{epoch:02d}" for _, epoch, step in found if step is None]
-        listed = ", ".join(epochs if len(epochs) <= 8 else epochs[:3] + ["..."] + epochs[-3:])
-        saved = f"the epochs saved there: {listed}" if epochs else "no epoch's own checkpoint there"
         raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}" + (
-            f" ({saved}; --preload latest for the newest checkpoint)" if found
+            f" ({saved_there(found)}; --preload latest for the newest checkpoint)" if found
             else elsewhere(config.model_folder)))
     return path
+
+
+def saved_there(found) -> str:
+    """What a folder holds (list_checkpoints' `found`, not empty), for a --preload N that
+    names none of its checkpoints."""
+    epochs = [f"{epoch:02d}" for _, epoch, step in found if step is None]
+    if not epochs:
+        return f"only mid-epoch checkpoints there, the newest {found[-1][0].name}"
+    shown = epochs if len(epochs) <= 8 else epochs[:3] + ["..."] + epochs[-3:]
+    return f"the epochs saved there: {', '.join(shown)}"
 
 
 def translation_checkpoint(config: Config, given: set, average: int = 1):

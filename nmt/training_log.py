@@ -29,11 +29,10 @@ def check_updates(run, progress):
 SMOOTHING = 0.9  # the progress bar's loss: each step's weight 0.1 in a moving average
 
 
-def carry_loss(bar, progress):
-    """A new epoch's bar shows the moving average it carries from its first step on (it showed
-    none before its first log, --log_every steps in)."""
-    if progress.smoothed_loss is not None:
-        bar.set_postfix(loss=f"{progress.smoothed_loss:6.3f}", refresh=False)
+def carried_loss(progress):
+    """The postfix a new epoch's bar is drawn with from the start: the moving average carried
+    from the steps before (it showed none before its first log, --log_every steps in)."""
+    return None if progress.smoothed_loss is None else {"loss": f"{progress.smoothed_loss:6.3f}"}
 
 
 def log_progress(run, progress, bar, lr: float, tokens_per_s: float):

@@ -39,17 +39,20 @@ def test_a_missing_epoch_names_the_epochs_there(tmp_path):
         (tmp_path / name).write_bytes(b"")
     with pytest.raises(CheckpointError) as e:
         resolve_preload(config)
-    assert str(e.value) == (f"--preload 99: no checkpoint {tmp_path / 'tmodel_99.pt'} (no "
-                            "epoch's own checkpoint there; --preload latest for the newest "
-                            "checkpoint)")
+    assert str(e.value) == (f"--preload 99: no checkpoint {tmp_path / 'tmodel_99.pt'} (only "
+                            "mid-epoch checkpoints there, the newest tmodel_00_s0000005.pt; "
+                            "--preload latest for the newest checkpoint)")
     for epoch in (0, 1, 2):
         (tmp_path / f"tmodel_{epoch:02d}.pt").write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"tmodel_99\.pt \(the epochs saved there: 00, 01, "
                                               r"02; --preload latest for the newest checkpoint\)$"):
         resolve_preload(config)
-    for epoch in range(3, 12):
+    for epoch in range(3, 8):  # eight are listed whole, nine elided
         (tmp_path / f"tmodel_{epoch:02d}.pt").write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"there: 00, 01, 02, \.\.\., 09, 10, 11; "):
+    with pytest.raises(CheckpointError, match=r"there: 00, 01, 02, 03, 04, 05, 06, 07; "):
+        resolve_preload(config)
+    (tmp_path / "tmodel_08.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"there: 00, 01, 02, \.\.\., 06, 07, 08; "):
         resolve_preload(config)
     with pytest.raises(CheckpointError, match=r"no checkpoint .*tmodel_99\.pt \(train one with "):
         resolve_preload(Config(model_folder=str(tmp_path / "empty"), preload="99"))

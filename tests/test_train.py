@@ -1195,21 +1195,25 @@ def test_every_epochs_bar_shows_the_loss_it_carries_from_its_first_step(tmp_path
                                                                         monkeypatch):
     """A newcomer's walk-through: from the second epoch on, each bar showed no loss for its
     first --log_every steps."""
-    shown = []
+    shown, drawn = [], []
 
     class Bar(train.tqdm):
         def set_postfix(self, *args, **kwargs):
-            shown.append((self.desc, self.n, float(kwargs["loss"])))
+            shown.append((self.desc, kwargs["loss"]))
             return super().set_postfix(*args, **kwargs)
+
+        def display(self, *args, **kwargs):
+            drawn.append((self.desc, str(self)))
+            return super().display(*args, **kwargs)
     monkeypatch.setattr(train, "tqdm", Bar)
     make_corpus(tmp_path / "c", n=150, val=2)
     code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "3", "--log_every", "50",
                               "--val_examples", "0")
     assert code == 0, err
     for epoch in (1, 2):
-        before = [loss for desc, _, loss in shown if desc == f"epoch {epoch - 1:02d}"]
-        first = next((n, loss) for desc, n, loss in shown if desc == f"epoch {epoch:02d}")
-        assert first == (0, before[-1])  # drawn with the bar, before its first step
+        before = [loss for desc, loss in shown if desc == f"epoch {epoch - 1:02d}"]
+        first = next(line for desc, line in drawn if desc == f"epoch {epoch:02d}")
+        assert "| 0/" in first and first.endswith(f"loss={before[-1].strip()}]")  # before step 1
 
 
 def test_a_corpus_mismatch_names_the_folders_as_typed_not_their_link_targets(tmp_path,
