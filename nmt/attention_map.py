@@ -23,6 +23,9 @@ from tokenizer import EOS, SOS
 
 VIEWS = {"cross": "decoder cross-attention", "encoder": "encoder self-attention",
          "decoder": "decoder self-attention"}
+AXIS_NAMES = {"cross": ("translation (queries)", "source (keys)"),  # (down, across)
+              "encoder": ("source (queries)", "source (keys)"),
+              "decoder": ("translation (queries)", "translation read (keys)")}
 
 
 @dataclass
@@ -141,7 +144,8 @@ def draw(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: s
          cell: float = CELL):
     """The one picture of attention (translate.py --attention, TensorBoard's at each
     validation): a matplotlib figure of `grid`'s panels, one heatmap each, query tokens down,
-    key tokens across, every token labelled, each panel titled by its layer and head, one
+    key tokens across, every token labelled, each axis named (at the left and the bottom),
+    each panel titled by its layer and head, one
     colour scale (viridis, 0 to the largest weight shown) with its colour bar, the view's
     name above (laid out so that nothing overlaps). Rows of one panel each (one head, or the
     heads' mean) are laid side by side. Returns the figure (the caller saves and closes it)."""
@@ -158,12 +162,16 @@ def draw(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: s
                              figsize=(width * len(rows[0]) + 1.0, height * len(rows) + 0.4),
                              dpi=DPI)
     top = max(float(matrix.max()) for row in rows for _, matrix in row)
-    for panels, row in zip(axes, rows):
-        for ax, (title, matrix) in zip(panels, row):
+    for r, (panels, row) in enumerate(zip(axes, rows)):
+        for c, (ax, (title, matrix)) in enumerate(zip(panels, row)):
             image = ax.imshow(matrix.numpy(), cmap="viridis", vmin=0.0, vmax=top, aspect="auto")
             ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=7)
             ax.set_yticks(range(len(queries)), queries, fontsize=7)
             ax.set_title(title, fontsize=8)
+            if c == 0:  # what each axis holds, once a row and once a column
+                ax.set_ylabel(AXIS_NAMES[view][0], fontsize=8)
+            if r == len(rows) - 1:
+                ax.set_xlabel(AXIS_NAMES[view][1], fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(VIEWS[view], fontsize=9)
     return fig

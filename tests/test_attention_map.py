@@ -7,7 +7,7 @@ import torch
 from conftest import TINY, make_corpus, number_pairs, run_here
 
 from config import parse_config
-from nmt.attention_map import VIEWS, attention_weights, draw, grid
+from nmt.attention_map import AXIS_NAMES, VIEWS, attention_weights, draw, grid
 from nmt.plotting import pyplot
 from nmt.trained_model import build_model
 from tokenizer import build_tokenizer
@@ -47,6 +47,12 @@ def test_every_view_is_a_grid_of_layers_by_heads_with_the_tokens_on_both_axes(pr
         ax = fig.axes[0]
         assert [t.get_text() for t in ax.get_xticklabels()] == keys
         assert [t.get_text() for t in ax.get_yticklabels()] == queries
+        # each axis named once a row (the first panel) and once a column (the bottom row)
+        panels = panel_axes(fig)
+        assert [a.get_ylabel() for a in panels[::4]] == [AXIS_NAMES[view][0]] * layers[view]
+        assert [a.get_xlabel() for a in panels[-4:]] == [AXIS_NAMES[view][1]] * 4
+        assert sum(bool(a.get_ylabel()) for a in panels) == layers[view]
+        assert sum(bool(a.get_xlabel()) for a in panels) == 4
         assert ax.images[0].get_array().shape == (len(queries), len(keys))
         pyplot().close(fig)
         # each row of weights sums to 1 over the keys; the decoder's is causal
