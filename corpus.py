@@ -274,7 +274,7 @@ def _load_local(config: Config, wanted=SPLITS):
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
         reader(folder, src, tgt, splits, wanted)
-    splits["fingerprint"] = digest(text_digests(folder, {src, tgt, "tsv", "jsonl", "json"}))
+    splits["fingerprint"] = digest(text_digests(folder, {src, tgt}, {"tsv", "jsonl", "json"}))
     if "train" in wanted and "train" not in splits:
         raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
                         f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
@@ -587,16 +587,22 @@ def file_digest(path: Path) -> str:
     return sha.hexdigest()[:32]
 
 
-def text_digests(folder: Path, readable: set) -> list:
-    """[(name, file_digest)] of the files of a folder whose language (or format) is in
-    `readable`, sorted: a packed file (train.en.gz) under its unpacked name, and where both are
-    there the unpacked one, which is what is read. Plain files alone give what they gave
-    before packed ones were read (the checkpoints of then still resume)."""
-    found = {}
-    for f in sorted(folder.iterdir(), key=lambda f: (not f.name.endswith(".gz"), f.name)):
-        if f.is_file() and text_file_name(f)[1] in readable:
-            found[f.name.removesuffix(".gz")] = file_digest(f)  # (the plain file comes last)
-    return sorted(found.items())
+def text_digests(folder: Path, languages: set, formats: set) -> list:
+    """[(name, file_digest)] of the files a language pair could read from a folder, sorted as
+    paths: its languages' text files as they are read, a packed one (train.en.gz) under its
+    unpacked name unless its unpacked twin is there (which is what is read: the twin alone is
+    digested), so that unpacking a corpus leaves it the same corpus; and the TSV and JSON lines
+    files under their own names (they are read unpacked only). A folder of plain files gives
+    the fingerprint it gave before the texts were digested unpacked."""
+    chosen = {}
+    for f in folder.iterdir():
+        kind = text_file_name(f)[1]
+        if not f.is_file() or kind not in languages | formats:
+            continue
+        name = f.name.removesuffix(".gz") if kind in languages else f.name
+        if name not in chosen or not f.name.endswith(".gz"):
+            chosen[name] = f
+    return [(name, file_digest(chosen[name])) for name in sorted(chosen, key=lambda n: folder / n)]
 
 
 def corpus_source(config: Config) -> str:

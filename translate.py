@@ -282,7 +282,7 @@ def reading_a_terminal(args) -> bool:
 
 def translate_as_typed(args, translator):
     """A terminal on stdin and nothing to score or write to a file: each line is translated
-    as it is typed (Enter), until the end of the input (Ctrl-D)."""
+    as it is typed (Enter), until the end of the input (EOF_KEYS)."""
     print(f"type a sentence and press Enter to translate it; {EOF_KEYS} ends", file=sys.stderr)
     for n, line in enumerate(sys.stdin.buffer, 1):
         sentences = decode_lines(line, "stdin", first_line=n)

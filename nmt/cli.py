@@ -8,6 +8,7 @@ this is rank 0 (`config.is_main`), stays there, below the core."""
 import argparse
 import difflib
 import os
+import select
 import signal
 import sys
 import threading
@@ -27,6 +28,16 @@ def below_a_bar() -> str:
     redirected to a file, an open bar's line has no newline yet)."""
     drawn = len(tqdm._instances) > 0  # (a disabled bar leaves them at once, a closed one too)
     return "\n" if drawn or sys.stderr.isatty() else ""
+
+
+def stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no file (a test's)
+        return False
 
 
 class ReportedElsewhere(Exception):
@@ -54,12 +65,18 @@ def run_main(prog: str, main, aborted: str = "aborted"):
     "aborted"."""
     try:
         try:
-            return main()
+            result = main()
+            sys.stdout.flush()  # (a reader gone is met here, not in the exit's own flush)
+            return result
         except UserError as e:
             fail(prog, str(e))
-        except BrokenPipeError:  # stdout's reader has gone (`translate.py ... | head -1`):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no word, and no
-            sys.exit(1)  # second failure when the exit flushes stdout (Python's own advice)
+        except BrokenPipeError:
+            if not stdout_gone():  # another pipe's: a failure to show
+                raise
+            # stdout's reader has gone (`translate.py ... | head -1`): no word, and no second
+            # failure when the exit flushes stdout again (Python's own advice)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except ReportedElsewhere:  # at once: rank 0 gone, this rank's process group is
             sys.stdout.flush()  # broken, and tearing it down at exit could abort the
             sys.stderr.flush()  # process (std::terminate, exit -6) before torchrun

@@ -35,7 +35,8 @@ def test_a_missing_epoch_names_the_epochs_there(tmp_path):
     """--preload 99 said only that tmodel_99.pt was missing, not which epochs there are."""
     from nmt.checkpoint import resolve_preload
     config = Config(model_folder=str(tmp_path), preload="99")
-    for name in ("tmodel_00_s0000005.pt", "tmodel_best.pt"):  # no epoch's own file yet
+    # no epoch's own file yet: two mid-epoch ones, the newest named
+    for name in ("tmodel_00_s0000005.pt", "tmodel_00_s0000003.pt", "tmodel_best.pt"):
         (tmp_path / name).write_bytes(b"")
     with pytest.raises(CheckpointError) as e:
         resolve_preload(config)

@@ -294,6 +294,39 @@ def test_a_corpus_unpacked_is_the_same_corpus(tmp_path, corpus):
     assert load_corpus(cfg(tmp_path, data_dir=str(packed)))["fingerprint"] == plain
     (packed / "val.en").write_text("another text\n" * 8)  # what is read is the unpacked file
     assert load_corpus(cfg(tmp_path, data_dir=str(packed)))["fingerprint"] != plain
+    mixed = tmp_path / "mixed"  # some packed, some not; a damaged packed twin is not read
+    mixed.mkdir()
+    for n, f in enumerate(sorted(corpus.iterdir())):
+        if n % 2:
+            (mixed / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+        else:
+            shutil.copy(f, mixed / f.name)
+            (mixed / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes())[:20])
+    assert load_corpus(cfg(tmp_path, data_dir=str(mixed)))["fingerprint"] == plain
+
+
+def test_the_fingerprint_folds_only_the_packed_files_that_are_read_unpacked(tmp_path, corpus):
+    """TSV and JSON lines files are read unpacked only: val.tsv.gz unpacked is a validation
+    split the corpus did not have (it was held out of train), so another corpus. A damaged
+    packed file no split reads still refuses the folder in one line."""
+    import gzip
+    import shutil
+
+    folder = tmp_path / "tsv"
+    shutil.copytree(corpus, folder)
+    (folder / "val.en").unlink()
+    (folder / "val.it").unlink()
+    lines = "".join(f"{s}\t{t}\n" for s, t in number_pairs(8, seed=5)).encode()
+    (folder / "val.tsv.gz").write_bytes(gzip.compress(lines))
+    held_out = load_corpus(cfg(tmp_path, data_dir=str(folder)))
+    (folder / "val.tsv").write_bytes(lines)
+    (folder / "val.tsv.gz").unlink()
+    read = load_corpus(cfg(tmp_path, data_dir=str(folder)))
+    assert held_out.get("held_out") and not read.get("held_out")
+    assert held_out["fingerprint"] != read["fingerprint"]
+    (folder / "notes.en.gz").write_bytes(gzip.compress(b"a note\n")[:15])  # cut short
+    with pytest.raises(DataError, match=r"cannot read .*notes\.en\.gz: "):
+        load_corpus(cfg(tmp_path, data_dir=str(folder)))
 
 
 def gzip_aligned(folder, split, pairs, src="en", tgt="it"):
