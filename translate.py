@@ -260,8 +260,9 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
               f"ends", file=sys.stderr)
     sentences = read_lines(args.input)
     name = "stdin" if args.input in (None, "-") else args.input
-    if not sentences and not (args.reference or args.papers_reference):  # (`cat missing.en |
-        print(f"warning: {name} is empty: nothing to translate", file=sys.stderr)  # ...` quiet)
+    # (`cat missing.en | translate.py > out.hyp` ended with an empty file and not a word)
+    if not sentences and not (args.reference or args.papers_reference):
+        print(f"warning: {name} is empty: nothing to translate", file=sys.stderr)
     found = []
     for path in (args.reference, args.papers_reference):
         refs = read_lines(path) if path else None
@@ -290,8 +291,10 @@ def translate_as_typed(args, translator):
                                        args.batch_size, sampling=sampling(args), numbers=[n])
         write_outputs(args, sentences, outputs, None, first=n - 1)
         sys.stdout.flush()
-        if not line.endswith(b"\n"):  # (a last line ended by Ctrl-D: the next would be the
-            return  # end's second Ctrl-D, which it took; read on, it needed a third)
+        # a last line ended by Ctrl-D, not Enter: the end's own Ctrl-D was taken by reading
+        # it (read on, the end needed a third)
+        if not line.endswith(b"\n"):
+            return
 
 
 def write_outputs(args, sentences, outputs, reference, first: int = 0):

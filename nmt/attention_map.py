@@ -145,10 +145,10 @@ def draw(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: s
     """The one picture of attention (translate.py --attention, TensorBoard's at each
     validation): a matplotlib figure of `grid`'s panels, one heatmap each, query tokens down,
     key tokens across, every token labelled, each axis named (at the left and the bottom),
-    each panel titled by its layer and head, one
-    colour scale (viridis, 0 to the largest weight shown) with its colour bar, the view's
-    name above (laid out so that nothing overlaps). Rows of one panel each (one head, or the
-    heads' mean) are laid side by side. Returns the figure (the caller saves and closes it)."""
+    each panel titled by its layer and head, one colour scale (viridis, 0 to the largest
+    weight shown) with its colour bar, the view's name above (laid out so that nothing
+    overlaps). Rows of one panel each (one head, or the heads' mean) are laid side by side.
+    Returns the figure (the caller saves and closes it)."""
     plt = pyplot()
     if plt is None:
         raise UserError("drawing attention needs matplotlib (pip install matplotlib)")
