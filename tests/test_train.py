@@ -1163,22 +1163,34 @@ def test_an_unwritable_model_folder_is_refused_before_training(tmp_path, train_h
     assert len(err.strip().splitlines()) == 1 and "epoch" not in out and "prepar" not in out
 
 
+def recorded_bars(monkeypatch):
+    """train.py's progress bars, recording each loss set ((bar, step or None while the bar is
+    made, the loss's text)) and each line drawn ((bar, line))."""
+    postfixes, drawn = [], []
+
+    class Bar(train.tqdm):
+        def set_postfix(self, *args, **kwargs):
+            postfixes.append((self.desc, getattr(self, "n", None), kwargs["loss"]))
+            return super().set_postfix(*args, **kwargs)
+
+        def display(self, *args, **kwargs):
+            drawn.append((self.desc, str(self)))
+            return super().display(*args, **kwargs)
+    monkeypatch.setattr(train, "tqdm", Bar)
+    return postfixes, drawn
+
+
 def test_the_progress_bar_shows_a_smoothed_loss_from_the_first_step(tmp_path, train_here,
                                                                      monkeypatch):
     """The bar showed no loss for the first --log_every steps, then the last window's raw
     mean: now from step 1, a moving average (SMOOTHING a step) of the means logged."""
     from nmt.training_log import SMOOTHING
-    shown = []
-
-    class Bar(train.tqdm):
-        def set_postfix(self, *args, **kwargs):
-            shown.append((self.n, float(kwargs["loss"])))
-            return super().set_postfix(*args, **kwargs)
-    monkeypatch.setattr(train, "tqdm", Bar)
+    postfixes, _ = recorded_bars(monkeypatch)
     make_corpus(tmp_path / "c", n=150, val=2)
     code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1", "--log_every", "3",
                               "--val_examples", "0")
     assert code == 0, err
+    shown = [(n, float(loss)) for _, n, loss in postfixes]
     logged = sorted(lr_scalars(tmp_path / "runs" / "tmodel", "train/loss").items())
     assert shown[0][0] == 1 and logged[0][0] == 1  # at the first step
     expected, before = [], 0
@@ -1195,21 +1207,12 @@ def test_every_epochs_bar_shows_the_loss_it_carries_from_its_first_step(tmp_path
                                                                         monkeypatch):
     """A newcomer's walk-through: from the second epoch on, each bar showed no loss for its
     first --log_every steps."""
-    shown, drawn = [], []
-
-    class Bar(train.tqdm):
-        def set_postfix(self, *args, **kwargs):
-            shown.append((self.desc, kwargs["loss"]))
-            return super().set_postfix(*args, **kwargs)
-
-        def display(self, *args, **kwargs):
-            drawn.append((self.desc, str(self)))
-            return super().display(*args, **kwargs)
-    monkeypatch.setattr(train, "tqdm", Bar)
+    postfixes, drawn = recorded_bars(monkeypatch)
     make_corpus(tmp_path / "c", n=150, val=2)
     code, _, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "3", "--log_every", "50",
                               "--val_examples", "0")
     assert code == 0, err
+    shown = [(desc, loss) for desc, _, loss in postfixes]
     for epoch in (1, 2):
         before = [loss for desc, loss in shown if desc == f"epoch {epoch - 1:02d}"]
         first = next(line for desc, line in drawn if desc == f"epoch {epoch:02d}")
