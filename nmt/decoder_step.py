@@ -21,12 +21,13 @@ laid out once per file: each layer is about twenty operations on 2-d tensors (ro
   (for 100 rows of 10,000 logits, one thread of an AMD EPYC: argmax 1.0 ms, amax 0.05 ms);
 - for the modern design (pre-norm RMSNorm, rotary positions, grouped-query attention, SwiGLU),
   every decoder layer of a step in one call of nmt/decoder_step.c, and the encoder's layers in
-  another once a batch (`NativeLayers`), compiled on first use where a C compiler is: the same
-  computation, its products through torch's own sgemm_, without the fixed cost of some hundred
-  operators a step (greedy decoding a fifth faster on 2 cores). Its cache is written once at
-  each position and does not move (unless it grows, which the searches never need): a table
-  (`where`) says which row holds each row's keys and values at each position, and beams that
-  follow other beams, and rows that stay when others finish, take their rows of it;
+  another once a batch (`NativeLayers`), built where a C compiler is (once a CPU, kept in a
+  cache: `_built`): the same computation, its products through torch's own sgemm_, without
+  the fixed cost of some hundred operators a step (greedy decoding a fifth faster on 2 cores).
+  Its cache is written once at each position and does not move (unless it grows, which the
+  searches never need): a table (`where`) says which row holds each row's keys and values at
+  each position, and beams that follow other beams, and rows that stay when others finish,
+  take their rows of it;
 - beam search's candidates over the vocabulary from one C call that visits each row once
   (`top_logits`: the log-softmax's normalizer and the k largest logits), where the log-softmax,
   the length rules and row_topk each sweep the rows and the first writes a copy of them (beam
@@ -41,8 +42,10 @@ hypotheses identical and scores within 1e-4), for the three designs and their op
 """
 
 import ctypes
+import hashlib
 import math
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -79,10 +82,12 @@ class PackedLinear(nn.Module):
 
 
 def _compiled_layers():
-    """nmt/decoder_step.c compiled for this CPU (the C compiler `CC` names, else cc or gcc, in
-    a fraction of a second, into a temporary folder) and given the sgemm_ of torch's own
-    libtorch_cpu, once a process; None, silently, where there is no compiler, the build fails
-    or this torch has no sgemm_ (the operators' step then runs)."""
+    """nmt/decoder_step.c compiled for this CPU (the C compiler `CC` names, else cc or gcc) and
+    given the sgemm_ of torch's own libtorch_cpu, once a process: built once per source,
+    compiler and CPU and kept in the build cache (`build_cache`), where later processes load it
+    (a build takes a second, about a third of translating a sentence from the command line);
+    None, silently, where there is no compiler, the build fails or this torch has no sgemm_
+    (the operators' step then runs)."""
     global _COMPILED
     with _COMPILING:  # one build, whichever thread asks first
         if _COMPILED is None:
@@ -96,12 +101,8 @@ def _compile():
         compiler = shlex.split(os.environ.get("CC", "")) or \
             [shutil.which("cc") or shutil.which("gcc") or "cc"]
         sgemm = ctypes.cast(ctypes.CDLL(str(TORCH_CPU)).sgemm_, ctypes.c_void_p)
-        with tempfile.TemporaryDirectory() as folder:
-            library = Path(folder) / "decoder_step.so"
-            subprocess.run([*compiler, "-O3", "-march=native", "-fopenmp-simd", "-shared",
-                            "-fPIC", str(Path(__file__).with_suffix(".c")), "-o", str(library),
-                            "-lm"], check=True, capture_output=True, timeout=120)
-            compiled = ctypes.CDLL(str(library))  # stays mapped once the file is gone
+        compiled = _built([*compiler, "-O3", "-march=native", "-fopenmp-simd", "-shared",
+                           "-fPIC", str(SOURCE), "-lm"])
         compiled.set_sgemm(sgemm)
         compiled.encoder_layers.restype = compiled.top_logits.restype = None
         compiled.layers.restype = ctypes.c_int
@@ -110,7 +111,82 @@ def _compile():
         return False
 
 
+def build_cache() -> Path:
+    """Where built libraries are kept: NMT_CACHE_DIR, else $XDG_CACHE_HOME/nmt, else
+    ~/.cache/nmt."""
+    named = os.environ.get("NMT_CACHE_DIR") or \
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nmt")
+    return Path(named)
+
+
+def _built(command: list) -> ctypes.CDLL:
+    """The library that `command` (a compiler's, without its -o) builds, loaded: from the build
+    cache where a process built it before for the same source, command, compiler and CPU
+    (`-march=native` builds for the CPU it runs on: a home folder shared by machines keeps one
+    a CPU), else built there, under a name of its own and renamed into place (processes that
+    build at once each write whole files); in a temporary folder where the cache cannot be
+    written."""
+    folder = build_cache()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        writable = os.access(folder, os.W_OK)
+    except OSError:
+        writable = False
+    if not writable:
+        with tempfile.TemporaryDirectory() as temporary:
+            library = Path(temporary) / SOURCE.with_suffix(".so").name
+            subprocess.run([*command, "-o", str(library)], check=True, capture_output=True,
+                           timeout=120)
+            return ctypes.CDLL(str(library))  # stays mapped once the file is gone
+    library = folder / f"{SOURCE.stem}-{_build_key(command)}.so"
+    if library.exists():
+        try:
+            return ctypes.CDLL(str(library))
+        except OSError:
+            pass  # not a library (a damaged file): built again
+    partial = folder / f".{library.name}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        subprocess.run([*command, "-o", str(partial)], check=True, capture_output=True,
+                       timeout=120)
+        compiled = ctypes.CDLL(str(partial))  # loaded by its own name: the file it maps is
+        os.replace(partial, library)  # the one renamed, whatever another process renames
+        return compiled
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _build_key(command: list) -> str:
+    """A digest of what a build's library depends on: the C source, the command, the compiler
+    program (its resolved path, size and time: an upgraded compiler builds anew) and the CPU."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update("\0".join(command).encode())
+    program = shutil.which(command[0])
+    if program is not None:
+        program = os.path.realpath(program)
+        stat = os.stat(program)
+        digest.update(f"\0{program}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    digest.update(b"\0" + cpu_identity().encode())
+    return digest.hexdigest()[:20]
+
+
+def cpu_identity() -> str:
+    """The CPU's make and instruction sets: Linux's /proc/cpuinfo lines that name them (its
+    first processor's), else the platform's words."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            first = f.read().split("\n\n")[0]
+    except OSError:
+        first = ""
+    named = [line for line in first.splitlines()
+             if line.split(":")[0].strip() in CPU_FIELDS]
+    return "\n".join(named) or f"{platform.machine()} {platform.processor()}"
+
+
 TORCH_CPU = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"  # its sgemm_: MKL's here
+SOURCE = Path(__file__).with_suffix(".c")
+CPU_FIELDS = {"vendor_id", "cpu family", "model", "model name", "stepping", "flags",  # x86
+              "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "Features",
+              "isa", "uarch"}  # ARM, RISC-V
 _COMPILED, _COMPILING = None, threading.Lock()  # the library once tried (or False); its lock
 
 

@@ -25,6 +25,12 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 # A private, empty Hugging Face cache: nothing cached on this machine can leak into a test.
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_home_")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
+# A private cache for the C decoder step's build (nmt/decoder_step.py), made by the run's first
+# process and shared by its pytest-xdist workers and the scripts they start: built once a run,
+# and nothing cached on this machine is read.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["NMT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nmt_cache_")
+    atexit.register(shutil.rmtree, os.environ["NMT_CACHE_DIR"], ignore_errors=True)
 
 # Under pytest-xdist (the README's `-n auto`), the workers share the cores: each worker's torch
 # threads, and those of the scripts it starts, get an equal share (thread pools that oversubscribe

@@ -439,6 +439,65 @@ def test_without_a_c_build_the_operators_step_runs_silently(broken, monkeypatch,
     assert capfd.readouterr() == ("", "")
 
 
+def test_a_c_build_is_kept_for_later_processes_one_per_source_command_compiler_and_cpu(
+        tmp_path, monkeypatch):
+    """A library is built once and kept in the build cache, where a later process loads it
+    without compiling; another CPU, source, command or compiler builds its own beside it; a
+    damaged file is built again; a cache folder that cannot be made builds in a temporary
+    folder; no partial file is left. (A source of one line stands for decoder_step.c.)"""
+    compiler = nmt.decoder_step.shutil.which("cc") or nmt.decoder_step.shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    calls, cache = tmp_path / "calls", tmp_path / "cache"
+    counting = tmp_path / "cc"  # the compiler, each call counted
+    counting.write_text(f'#!/bin/sh\necho >> "{calls}"\nexec "{compiler}" "$@"\n')
+    counting.chmod(0o755)
+    source = tmp_path / "decoder_step.c"
+    source.write_text("int answer(void) { return ANSWER; }\n")
+    monkeypatch.setattr(nmt.decoder_step, "SOURCE", source)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(cache))
+
+    def build(answer=42):  # as a new process would
+        library = nmt.decoder_step._built([str(counting), f"-DANSWER={answer}", "-shared",
+                                           "-fPIC", str(source)])
+        assert library.answer() == answer
+        built = len(calls.read_text().splitlines()) if calls.exists() else 0
+        return built, sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+    built, files = build()
+    assert built == 1 and len(files) == 1 and files[0].startswith("decoder_step-"), files
+    # damaged before this process opens it by its name (a process opens a name once)
+    damaged = tmp_path / "damaged"  # a new file: the one this process maps stays whole
+    damaged.write_bytes(b"half a library")
+    damaged.replace(cache / files[0])
+    assert build() == (2, files)  # built again, in its place
+    assert build() == (2, files)  # loaded, not built
+    assert build(answer=7)[0] == 3  # another command
+    monkeypatch.setattr(nmt.decoder_step, "cpu_identity", lambda: "another CPU")
+    assert build()[0] == 4
+    source.write_text("int answer(void) { return ANSWER + 0; }\n")
+    assert build()[0] == 5
+    counting.write_text(counting.read_text() + "\n")  # the compiler upgraded, the command same
+    assert build()[0] == 6
+    built, files = build()
+    assert built == 6 and len(files) == 5, files
+    monkeypatch.setenv("NMT_CACHE_DIR", str(source / "cache"))  # under a file: cannot be made
+    assert build() == (7, files)
+
+
+def test_the_cpu_identity_names_the_cpus_instruction_sets_and_nothing_that_varies():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [line.strip() for line in f.read().split("\n\n")[0].splitlines()]
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+    identity = [line.strip() for line in nmt.decoder_step.cpu_identity().splitlines()]
+    sets = [line for line in lines if line.startswith(("flags", "Features", "isa"))]
+    assert sets and all(line in identity for line in sets), identity
+    assert not [line for line in identity if line.startswith(("cpu MHz", "bogomips", "BogoMIPS",
+                                                              "processor", "core id"))]
+
+
 @pytest.mark.parametrize("width", [1000, 1024, 10007])
 def test_row_argmax_is_torchs_argmax(width):
     """The first of equal maxima, rows all -inf, widths not a multiple of the block."""
