@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 from config import Config, UserError, add_locating_arguments, checkpoint_config, fields_where
-from corpus import column, decode_lines, load_corpus, own_corpus
+from corpus import DataError, column, decode_lines, load_corpus, own_corpus
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, save_attention_map
@@ -286,11 +286,17 @@ def translate_as_typed(args, translator):
     as it is typed (Enter), until the end of the input (EOF_KEYS)."""
     print(f"type a sentence and press Enter to translate it; {EOF_KEYS} ends", file=sys.stderr)
     for n, line in enumerate(sys.stdin.buffer, 1):
-        sentences = decode_lines(line, "stdin", first_line=n)
-        outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
-                                       args.batch_size, sampling=sampling(args), numbers=[n])
-        write_outputs(args, sentences, outputs, None, first=n - 1)
-        sys.stdout.flush()
+        try:
+            sentences = decode_lines(line, "stdin", first_line=n)
+        except DataError as e:  # a terminal set to another encoding: this line is lost only
+            print(f"warning: {e}: not translated (is the terminal's encoding UTF-8?)",
+                  file=sys.stderr)
+            sentences = []
+        if sentences:
+            outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
+                                           args.batch_size, sampling=sampling(args), numbers=[n])
+            write_outputs(args, sentences, outputs, None, first=n - 1)
+            sys.stdout.flush()
         # a last line ended by Ctrl-D, not Enter: the end's own Ctrl-D was taken by reading
         # it (read on, the end needed a third)
         if not line.endswith(b"\n"):

@@ -342,7 +342,7 @@ def test_a_time_budget_under_torchrun_ends_on_every_rank_at_rank_0s_plan(tmp_pat
     make_corpus(tmp_path / "corpus", n=160, seed=5, val=4)
     write_aligned(tmp_path / "corpus", "test", number_pairs(4, seed=7))
     t = torchrun(ROOT / "train.py", "--data_dir", "corpus", *TINY, "--max_tokens", "120",
-                 "--model_folder", "w", "--experiment_name", "runs/w", "--time_budget", "0.3",
+                 "--model_folder", "w", "--experiment_name", "runs/w", "--time_budget", "0.2",
                  cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()[-3000:]
     out = t.stdout.decode()

@@ -122,19 +122,25 @@ def test_a_terminal_on_stdin_is_told_what_is_awaited_and_answered_line_by_line(t
     """With no sentence, translate.py read a terminal to its end without a word: it seemed to
     hang, and answered nothing before Ctrl-D. Now it says what it waits for and translates
     each line as it is typed, n-best lists numbered on across lines; a last line ended by
-    Ctrl-D (no Enter) is translated and a second Ctrl-D ends it (it took a third)."""
+    Ctrl-D (no Enter) is translated and a second Ctrl-D ends it (it took a third). A line
+    that is not UTF-8 (a terminal set to another encoding) is a warning: the session goes on
+    (it ended there)."""
     pytest.importorskip("pty")
     home, _ = trained
     nbest = run_here("translate.py", "--beam", "2", "--nbest", "2", "--input", "-", cwd=home,
                      input=b"one two three.\n\nseven eight\n").stdout.decode().splitlines()
     assert [line.split("\t")[0] for line in nbest] == ["0", "0", "1", "2", "2"]  # ("": one)
     early, out, err, code = on_a_terminal(home, ["--beam", "2", "--nbest", "2"],
-                                          b"one two three.\n\nseven eight\x04\x04", answers=2)
+                                          b"one two three.\n\xe9t\xe9\n\nseven eight\x04\x04",
+                                          answers=2)
     assert code == 0 and TYPE_AND_ENTER in err.splitlines(), err
+    assert "warning: stdin, line 2: not valid UTF-8 (byte 0xe9): not translated (is the " \
+           "terminal's encoding UTF-8?)" in err.splitlines(), err
     typed = [line.split("\t") for line in early + out.splitlines(keepends=True)]
     assert all(line.endswith("\n") for line in early + out.splitlines(keepends=True))
     piped = [line.split("\t") for line in nbest]  # (a batch's scores may differ a little)
-    assert [(n, t.rstrip("\n")) for n, _, t in typed] == [(n, t) for n, _, t in piped]
+    assert [n for n, _, _ in typed] == ["0", "0", "2", "3", "3"]  # line 2 was typed, not read
+    assert [t.rstrip("\n") for _, _, t in typed] == [t for _, _, t in piped]
     assert [float(s) for _, s, _ in typed] == pytest.approx([float(s) for _, s, _ in piped],
                                                             abs=2e-3)
 
