@@ -1,5 +1,6 @@
-"""nmt/cli.py's run_main where only a process shows it: a stdout whose reader has gone ends
-the script quietly, any other broken pipe is a failure shown whole."""
+"""nmt/cli.py: run_main where only a process shows it (a stdout whose reader has gone ends
+the script quietly, any other broken pipe is a failure shown whole); where a line to stderr
+starts (below_a_bar)."""
 
 import subprocess
 import sys
@@ -43,3 +44,25 @@ def test_a_reader_gone_ends_quietly_only_where_it_was_stdouts(tmp_path, pipe):
         assert err == ""
     else:
         assert "Traceback" in err and "BrokenPipeError" in err
+
+
+def test_a_line_to_stderr_starts_below_a_terminals_bar_or_an_open_one(monkeypatch):
+    """On a terminal, a bar's line (or the ^C it echoed) is under the cursor: the line starts
+    on the next; redirected to a file, only an open tqdm bar's line lacks its newline."""
+    import io
+
+    from tqdm import tqdm
+
+    from nmt.cli import below_a_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert below_a_bar() == "\n"
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a file
+    assert below_a_bar() == ""
+    with tqdm(total=2, file=io.StringIO()):
+        assert below_a_bar() == "\n"
+    assert below_a_bar() == ""
