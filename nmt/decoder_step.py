@@ -45,12 +45,12 @@ import ctypes
 import hashlib
 import math
 import os
-import platform
 import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -59,6 +59,11 @@ import torch.nn.functional as F
 
 from model import (LayerNormalization, PositionalEncoding, RMSNormalization,
                    SwiGLUFeedForwardBlock, Transformer)
+
+try:
+    import fcntl  # the build cache's lock
+except ImportError:  # Windows: no cache
+    fcntl = None
 
 
 class PackedLinear(nn.Module):
@@ -113,80 +118,93 @@ def _compile():
 
 def build_cache() -> Path:
     """Where built libraries are kept: NMT_CACHE_DIR, else $XDG_CACHE_HOME/nmt, else
-    ~/.cache/nmt."""
+    ~/.cache/nmt (an absolute path: a library is loaded by its path)."""
     named = os.environ.get("NMT_CACHE_DIR") or \
         os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nmt")
-    return Path(named)
+    return Path(named).expanduser().absolute()
 
 
 def _built(command: list) -> ctypes.CDLL:
     """The library that `command` (a compiler's, without its -o) builds, loaded: from the build
-    cache where a process built it before for the same source, command, compiler and CPU
-    (`-march=native` builds for the CPU it runs on: a home folder shared by machines keeps one
-    a CPU), else built there, under a name of its own and renamed into place (processes that
-    build at once each write whole files); in a temporary folder where the cache cannot be
-    written."""
-    folder = build_cache()
+    cache (`_kept`), else built in a temporary folder, as where the cache cannot serve."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        writable = os.access(folder, os.W_OK)
-    except OSError:
-        writable = False
-    if not writable:
-        with tempfile.TemporaryDirectory() as temporary:
-            library = Path(temporary) / SOURCE.with_suffix(".so").name
-            subprocess.run([*command, "-o", str(library)], check=True, capture_output=True,
-                           timeout=120)
-            return ctypes.CDLL(str(library))  # stays mapped once the file is gone
-    library = folder / f"{SOURCE.stem}-{_build_key(command)}.so"
-    if library.exists():
-        try:
-            return ctypes.CDLL(str(library))
-        except OSError:
-            pass  # not a library (a damaged file): built again
-    partial = folder / f".{library.name}.{os.getpid()}.{threading.get_ident()}"
-    try:
-        subprocess.run([*command, "-o", str(partial)], check=True, capture_output=True,
+        kept = _kept(command)
+        if kept is not None:
+            return kept
+    except (OSError, subprocess.SubprocessError):
+        pass  # a full disk, a folder mounted noexec...: built apart
+    with tempfile.TemporaryDirectory() as temporary:
+        library = Path(temporary) / SOURCE.with_suffix(".so").name
+        subprocess.run([*command, "-o", str(library)], check=True, capture_output=True,
                        timeout=120)
-        compiled = ctypes.CDLL(str(partial))  # loaded by its own name: the file it maps is
-        os.replace(partial, library)  # the one renamed, whatever another process renames
-        return compiled
-    finally:
-        partial.unlink(missing_ok=True)
+        return ctypes.CDLL(str(library))  # stays mapped once the file is gone
 
 
-def _build_key(command: list) -> str:
-    """A digest of what a build's library depends on: the C source, the command, the compiler
-    program (its resolved path, size and time: an upgraded compiler builds anew) and the CPU."""
+def _kept(command: list):
+    """The library loaded from the build cache, built into it first where a process has not
+    built it before for the same source, command, compiler and CPU (`_build_key`): one process
+    builds at a time (a lock), the others then load its library; it is written under a name of
+    its own and renamed into place, a damaged file built again. None where the cache is not to
+    be used: its folder another user's or writable by others (a library there runs in this
+    process), or a compiler that does not say what it builds for."""
+    key = _build_key(command)
+    if key is None or fcntl is None:
+        return None
+    folder = build_cache()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o022:
+        return None
+    library = folder / f"{SOURCE.stem}-{key}.so"
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes, or the process ends)
+        if library.exists():
+            try:
+                return ctypes.CDLL(str(library))
+            except OSError:
+                pass  # not a library (a damaged file): built again
+        for stale in folder.glob(f".{SOURCE.stem}-*"):  # a killed build's, not another's
+            if time.time() - stale.stat().st_mtime > 600:
+                stale.unlink(missing_ok=True)
+        descriptor, partial = tempfile.mkstemp(prefix=f".{library.name}.", dir=folder)
+        os.close(descriptor)
+        try:
+            subprocess.run([*command, "-o", partial], check=True, capture_output=True,
+                           timeout=120)
+            compiled = ctypes.CDLL(partial)  # by its own name: the file it maps is the one
+            os.replace(partial, library)  # renamed (never a file another process maps)
+            return compiled
+        finally:
+            Path(partial).unlink(missing_ok=True)
+
+
+def _build_key(command: list):
+    """A digest of what a build's library depends on: the C source, the command (but where
+    the source lies) and what the compiler says it builds for with the command's flags
+    (`_compiler_says`: its version, and the CPU `-march=native` resolves to, so that a home
+    folder shared by machines keeps one library a CPU); None where it does not say."""
+    flags = [a for a in command if a != str(SOURCE)]
+    said = _compiler_says(flags)
+    if said is None:
+        return None
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update("\0".join(command).encode())
-    program = shutil.which(command[0])
-    if program is not None:
-        program = os.path.realpath(program)
-        stat = os.stat(program)
-        digest.update(f"\0{program}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-    digest.update(b"\0" + cpu_identity().encode())
+    digest.update("\0".join(flags).encode() + b"\0" + said)
     return digest.hexdigest()[:20]
 
 
-def cpu_identity() -> str:
-    """The CPU's make and instruction sets: Linux's /proc/cpuinfo lines that name them (its
-    first processor's), else the platform's words."""
+def _compiler_says(flags: list):
+    """The compiler's account of what it would run for `flags` on C from stdin (gcc and
+    clang's -###: its version, and `-march=native` resolved to the CPU's name and instruction
+    sets), or None where it gives none."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            first = f.read().split("\n\n")[0]
-    except OSError:
-        first = ""
-    named = [line for line in first.splitlines()
-             if line.split(":")[0].strip() in CPU_FIELDS]
-    return "\n".join(named) or f"{platform.machine()} {platform.processor()}"
+        said = subprocess.run([*flags, "-###", "-E", "-x", "c", "-"], capture_output=True,
+                              stdin=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return said.stdout + said.stderr if said.returncode == 0 else None
 
 
 TORCH_CPU = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"  # its sgemm_: MKL's here
 SOURCE = Path(__file__).with_suffix(".c")
-CPU_FIELDS = {"vendor_id", "cpu family", "model", "model name", "stepping", "flags",  # x86
-              "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "Features",
-              "isa", "uarch"}  # ARM, RISC-V
 _COMPILED, _COMPILING = None, threading.Lock()  # the library once tried (or False); its lock
 
 

@@ -1,6 +1,14 @@
 """nmt/decoder_step.py: the decoder's one-token step laid out for CPU decoding, held to
 model.py's decoder (greedy tokens identical, beam hypotheses identical and scores within 1e-4)
-for every design, and the blockwise argmax and top-k held to torch's."""
+for every design, and the blockwise argmax and top-k held to torch's; the C step's build kept
+for later processes."""
+
+import os
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -439,63 +447,147 @@ def test_without_a_c_build_the_operators_step_runs_silently(broken, monkeypatch,
     assert capfd.readouterr() == ("", "")
 
 
-def test_a_c_build_is_kept_for_later_processes_one_per_source_command_compiler_and_cpu(
-        tmp_path, monkeypatch):
-    """A library is built once and kept in the build cache, where a later process loads it
-    without compiling; another CPU, source, command or compiler builds its own beside it; a
-    damaged file is built again; a cache folder that cannot be made builds in a temporary
-    folder; no partial file is left. (A source of one line stands for decoder_step.c.)"""
+def c_compiler():
     compiler = nmt.decoder_step.shutil.which("cc") or nmt.decoder_step.shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler here")
+    return compiler
+
+
+@pytest.fixture
+def one_line_builds(tmp_path, monkeypatch):
+    """A source of one line standing for decoder_step.c (`int answer(void)`), a compiler that
+    counts its builds (calls with -o; each `tmp_path/pause` seconds long, where it is written),
+    the build cache in tmp_path/cache. Returns build(answer): the library of -DANSWER=answer
+    built or loaded as a new process would, checked to answer it; then (builds so far, the
+    cache's library files)."""
+    compiler = c_compiler()
     calls, cache = tmp_path / "calls", tmp_path / "cache"
-    counting = tmp_path / "cc"  # the compiler, each call counted
-    counting.write_text(f'#!/bin/sh\necho >> "{calls}"\nexec "{compiler}" "$@"\n')
+    counting = tmp_path / "cc"
+    counting.write_text(f'#!/bin/sh\ncase " $* " in *" -o "*) echo >> "{calls}"; sleep '
+                        f'"$(cat "{tmp_path / "pause"}" 2>/dev/null || echo 0)";; esac\n'
+                        f'exec "{compiler}" "$@"\n')
     counting.chmod(0o755)
     source = tmp_path / "decoder_step.c"
     source.write_text("int answer(void) { return ANSWER; }\n")
     monkeypatch.setattr(nmt.decoder_step, "SOURCE", source)
     monkeypatch.setenv("NMT_CACHE_DIR", str(cache))
 
-    def build(answer=42):  # as a new process would
+    def build(answer=42):
         library = nmt.decoder_step._built([str(counting), f"-DANSWER={answer}", "-shared",
-                                           "-fPIC", str(source)])
+                                           "-fPIC", str(nmt.decoder_step.SOURCE)])
         assert library.answer() == answer
         built = len(calls.read_text().splitlines()) if calls.exists() else 0
-        return built, sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+        return built, sorted(p.name for p in cache.glob("decoder_step-*")) if cache.exists() \
+            else []
+    return build
 
+
+def test_a_c_build_is_kept_for_later_processes_one_per_source_command_compiler_and_cpu(
+        one_line_builds, monkeypatch):
+    """A library is built once and kept in the build cache, where a later process loads it
+    without compiling; another CPU or compiler (what the compiler says it builds for), source
+    or command builds its own beside it; a damaged file is built again."""
+    build = one_line_builds
+    says = b"-march=this CPU"  # what the compiler says (its own words: the next test)
+    monkeypatch.setattr(nmt.decoder_step, "_compiler_says", lambda flags: says)
     built, files = build()
-    assert built == 1 and len(files) == 1 and files[0].startswith("decoder_step-"), files
+    assert built == 1 and len(files) == 1, files
     # damaged before this process opens it by its name (a process opens a name once)
-    damaged = tmp_path / "damaged"  # a new file: the one this process maps stays whole
+    cache = nmt.decoder_step.build_cache()
+    damaged = cache / "damaged"  # a new file: the one this process maps stays whole
     damaged.write_bytes(b"half a library")
     damaged.replace(cache / files[0])
     assert build() == (2, files)  # built again, in its place
     assert build() == (2, files)  # loaded, not built
     assert build(answer=7)[0] == 3  # another command
-    monkeypatch.setattr(nmt.decoder_step, "cpu_identity", lambda: "another CPU")
+    says = b"-march=another CPU"
     assert build()[0] == 4
+    source = nmt.decoder_step.SOURCE
     source.write_text("int answer(void) { return ANSWER + 0; }\n")
-    assert build()[0] == 5
-    counting.write_text(counting.read_text() + "\n")  # the compiler upgraded, the command same
-    assert build()[0] == 6
     built, files = build()
-    assert built == 6 and len(files) == 5, files
-    monkeypatch.setenv("NMT_CACHE_DIR", str(source / "cache"))  # under a file: cannot be made
-    assert build() == (7, files)
+    assert built == 5 and len(files) == 4, files
+    moved = source.parent / "elsewhere" / source.name  # another checkout of the same source
+    moved.parent.mkdir()
+    moved.write_bytes(source.read_bytes())
+    monkeypatch.setattr(nmt.decoder_step, "SOURCE", moved)
+    assert build() == (5, files)
+    # a killed build's partial file goes at the next build; one being written stays
+    killed, building = cache / f".{files[0]}.killed", cache / f".{files[0]}.building"
+    killed.write_bytes(b"half")
+    building.write_bytes(b"half")
+    os.utime(killed, (time.time() - 3600,) * 2)
+    assert build(answer=8)[0] == 6
+    assert not killed.exists() and building.exists()
+    building.unlink()
+    assert not [p.name for p in cache.iterdir() if not p.name.startswith("decoder_step-")
+                and p.name != ".lock"]
 
 
-def test_the_cpu_identity_names_the_cpus_instruction_sets_and_nothing_that_varies():
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [line.strip() for line in f.read().split("\n\n")[0].splitlines()]
-    except OSError:
-        pytest.skip("no /proc/cpuinfo here")
-    identity = [line.strip() for line in nmt.decoder_step.cpu_identity().splitlines()]
-    sets = [line for line in lines if line.startswith(("flags", "Features", "isa"))]
-    assert sets and all(line in identity for line in sets), identity
-    assert not [line for line in identity if line.startswith(("cpu MHz", "bogomips", "BogoMIPS",
-                                                              "processor", "core id"))]
+def test_the_cache_key_has_the_cpu_that_march_native_resolves_to():
+    """gcc and clang say which CPU -march=native builds for (its name: -march=znver3,
+    "-target-cpu" "skylake"...)."""
+    said = nmt.decoder_step._compiler_says([c_compiler(), "-O3", "-march=native"])
+    assert said is not None
+    assert re.search(rb"-march=(?!native)\w|\"-target-cpu\" \"(?!native)", said), said
+    for silent in (["sh", "-c", "exit 1"], ["/no/such/compiler"]):  # a compiler without -###
+        assert nmt.decoder_step._compiler_says(silent) is None
+
+
+@pytest.mark.parametrize("refused", ["writable by others", "writable by its group",
+                                     "another user's", "no account", "cannot be made",
+                                     "a failing build"])
+def test_where_the_cache_cannot_serve_the_library_is_built_apart(one_line_builds, refused,
+                                                                 monkeypatch, tmp_path):
+    """A cache folder that others can write or that another user owns (what it holds would run
+    in this process), a compiler that does not say what it builds for, a folder that cannot
+    be made: built in a temporary folder, nothing kept. A build that fails in the cache leaves
+    nothing there, and fails apart too (the C step is then off)."""
+    build = one_line_builds
+    cache = tmp_path / "cache"
+    if refused.startswith("writable by"):
+        cache.mkdir()
+        cache.chmod(0o702 if refused == "writable by others" else 0o720)
+    elif refused == "another user's":
+        if os.getuid() != 0:
+            pytest.skip("only root gives a folder away")
+        cache.mkdir()
+        os.chown(cache, 12345, -1)
+    elif refused == "no account":
+        monkeypatch.setattr(nmt.decoder_step, "_compiler_says", lambda flags: None)
+    elif refused == "cannot be made":
+        monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cc" / "cache"))  # under a file
+    else:
+        with pytest.raises(subprocess.CalledProcessError):
+            build(answer="(")  # `return (;`: not C
+        assert sorted(p.name for p in cache.iterdir()) == [".lock"]
+        return
+    assert build() == (1, [])
+    assert build() == (2, [])
+    assert not cache.exists() or not list(cache.iterdir())
+
+
+def test_processes_that_build_at_once_build_once(one_line_builds, tmp_path):
+    """torchrun's ranks validate at once: the first builds, the others wait and load it."""
+    (tmp_path / "pause").write_text("0.3")  # each build takes that longer
+    with ThreadPoolExecutor(3) as pool:  # a thread stands for a process: a lock of its own
+        results = list(pool.map(lambda _: one_line_builds(), range(3)))
+    assert [built for built, _ in results] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("environment, expected", [
+    ({"NMT_CACHE_DIR": "."}, "{cwd}"), ({"NMT_CACHE_DIR": "~/c"}, "{home}/c"),
+    ({"XDG_CACHE_HOME": "/x"}, "/x/nmt"), ({}, "{home}/.cache/nmt")])
+def test_the_build_cache_lies_where_the_environment_says(environment, expected, monkeypatch,
+                                                         tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("NMT_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert nmt.decoder_step.build_cache() == \
+        Path(expected.format(cwd=tmp_path, home=tmp_path / "home"))
 
 
 @pytest.mark.parametrize("width", [1000, 1024, 10007])
