@@ -41,6 +41,7 @@ is held to model.py's decoder by tests/test_decoder_step.py (greedy tokens ident
 hypotheses identical and scores within 1e-4), for the three designs and their options.
 """
 
+import contextlib
 import ctypes
 import hashlib
 import math
@@ -59,11 +60,6 @@ import torch.nn.functional as F
 
 from model import (LayerNormalization, PositionalEncoding, RMSNormalization,
                    SwiGLUFeedForwardBlock, Transformer)
-
-try:
-    import fcntl  # the build cache's lock
-except ImportError:  # Windows: no cache
-    fcntl = None
 
 
 class PackedLinear(nn.Module):
@@ -125,56 +121,70 @@ def build_cache() -> Path:
 
 
 def _built(command: list) -> ctypes.CDLL:
-    """The library that `command` (a compiler's, without its -o) builds, loaded: from the build
-    cache (`_kept`), else built in a temporary folder, as where the cache cannot serve."""
-    try:
-        kept = _kept(command)
-        if kept is not None:
-            return kept
-    except (OSError, subprocess.SubprocessError):
-        pass  # a full disk, a folder mounted noexec...: built apart
-    with tempfile.TemporaryDirectory() as temporary:
-        library = Path(temporary) / SOURCE.with_suffix(".so").name
-        subprocess.run([*command, "-o", str(library)], check=True, capture_output=True,
-                       timeout=120)
-        return ctypes.CDLL(str(library))  # stays mapped once the file is gone
-
-
-def _kept(command: list):
-    """The library loaded from the build cache, built into it first where a process has not
-    built it before for the same source, command, compiler and CPU (`_build_key`): one process
-    builds at a time (a lock), the others then load its library; it is written under a name of
-    its own and renamed into place, a damaged file built again. None where the cache is not to
-    be used: its folder another user's or writable by others (a library there runs in this
-    process), or a compiler that does not say what it builds for."""
-    key = _build_key(command)
-    if key is None or fcntl is None:
-        return None
-    folder = build_cache()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o022:
-        return None
-    library = folder / f"{SOURCE.stem}-{key}.so"
-    with open(folder / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes, or the process ends)
-        if library.exists():
-            try:
-                return ctypes.CDLL(str(library))
-            except OSError:
-                pass  # not a library (a damaged file): built again
-        for stale in folder.glob(f".{SOURCE.stem}-*"):  # a killed build's, not another's
-            if time.time() - stale.stat().st_mtime > 600:
-                stale.unlink(missing_ok=True)
-        descriptor, partial = tempfile.mkstemp(prefix=f".{library.name}.", dir=folder)
-        os.close(descriptor)
+    """The library that `command` (a compiler's, without its -o) builds, loaded: the one kept in
+    the build cache where a process built it before for the same source, command, compiler and
+    CPU (`_build_key`), else built, once, in a temporary folder, and kept for the next
+    (`_keep`). The cache is passed over where it cannot serve: a folder another user owns or
+    others can write (a library there would run in this process), or a compiler that does not
+    say what it builds for. A kept file that does not load (damaged, a noexec mount) is built
+    again."""
+    folder, key = build_cache(), _build_key(command)
+    library = folder / f"{SOURCE.stem}-{key}.so" if key and _ours(folder) else None
+    damaged = False
+    if library is not None and library.exists():
         try:
-            subprocess.run([*command, "-o", partial], check=True, capture_output=True,
-                           timeout=120)
-            compiled = ctypes.CDLL(partial)  # by its own name: the file it maps is the one
-            os.replace(partial, library)  # renamed (never a file another process maps)
-            return compiled
-        finally:
-            Path(partial).unlink(missing_ok=True)
+            return ctypes.CDLL(str(library))
+        except OSError:
+            damaged = True
+    with tempfile.TemporaryDirectory() as temporary:
+        built = Path(temporary) / SOURCE.with_suffix(".so").name
+        subprocess.run([*command, "-o", str(built)], check=True, capture_output=True,
+                       timeout=120)
+        compiled = ctypes.CDLL(str(built))  # stays mapped once the file is gone
+        if library is not None:
+            _keep(built, library, damaged)
+    return compiled
+
+
+def _ours(folder: Path) -> bool:
+    """Whether `folder` (made where missing, for this user alone) may hold libraries this
+    process loads: it is this user's, and no one else can write in it."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        held = folder.stat()
+    except OSError:
+        return False
+    return held.st_uid == os.getuid() and not held.st_mode & 0o022
+
+
+def _keep(built: Path, library: Path, damaged: bool):
+    """`built` kept as `library`, whole or not at all: copied under a name of its own and
+    linked into place, never over a library another process may have mapped (processes that
+    build at once keep the first), but over a damaged one; a killed copy's leftovers swept.
+    Nothing where the folder cannot take it (a full disk): the next process builds again."""
+    for stale in library.parent.glob(f".{SOURCE.stem}-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - stale.lstat().st_mtime > STALE:
+                stale.unlink()
+    try:
+        descriptor, partial = tempfile.mkstemp(prefix=f".{library.name}.", dir=library.parent)
+    except OSError:
+        return
+    try:
+        with os.fdopen(descriptor, "wb") as copy, open(built, "rb") as original:
+            shutil.copyfileobj(original, copy)
+        try:
+            os.link(partial, library)
+        except FileExistsError:
+            if damaged:
+                os.replace(partial, library)
+        except OSError:  # a file system without hard links
+            os.replace(partial, library)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
 
 
 def _build_key(command: list):
@@ -195,9 +205,11 @@ def _compiler_says(flags: list):
     """The compiler's account of what it would run for `flags` on C from stdin (gcc and
     clang's -###: its version, and `-march=native` resolved to the CPU's name and instruction
     sets), or None where it gives none."""
-    try:
+    try:  # (from / and in the C locale: clang names the working folder, gcc speaks the
+        # locale's language)
         said = subprocess.run([*flags, "-###", "-E", "-x", "c", "-"], capture_output=True,
-                              stdin=subprocess.DEVNULL, timeout=30)
+                              stdin=subprocess.DEVNULL, timeout=30, cwd="/",
+                              env=dict(os.environ, LC_ALL="C"))
     except (OSError, subprocess.SubprocessError):
         return None
     return said.stdout + said.stderr if said.returncode == 0 else None
@@ -205,6 +217,7 @@ def _compiler_says(flags: list):
 
 TORCH_CPU = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"  # its sgemm_: MKL's here
 SOURCE = Path(__file__).with_suffix(".c")
+STALE = 600  # seconds: a partial copy in the build cache older than this was a killed one's
 _COMPILED, _COMPILING = None, threading.Lock()  # the library once tried (or False); its lock
 
 

@@ -458,11 +458,11 @@ def c_compiler():
 def one_line_builds(tmp_path, monkeypatch):
     """A source of one line standing for decoder_step.c (`int answer(void)`), a compiler that
     counts its builds (calls with -o; each `tmp_path/pause` seconds long, where it is written),
-    the build cache in tmp_path/cache. Returns build(answer): the library of -DANSWER=answer
-    built or loaded as a new process would, checked to answer it; then (builds so far, the
-    cache's library files)."""
+    the build cache in tmp_path/home/cache (its parent missing). Returns build(answer): the
+    library of -DANSWER=answer built or loaded as a new process would, checked to answer it;
+    then (builds so far, the cache's library files)."""
     compiler = c_compiler()
-    calls, cache = tmp_path / "calls", tmp_path / "cache"
+    calls, cache = tmp_path / "calls", tmp_path / "home" / "cache"
     counting = tmp_path / "cc"
     counting.write_text(f'#!/bin/sh\ncase " $* " in *" -o "*) echo >> "{calls}"; sleep '
                         f'"$(cat "{tmp_path / "pause"}" 2>/dev/null || echo 0)";; esac\n'
@@ -485,16 +485,18 @@ def one_line_builds(tmp_path, monkeypatch):
 
 def test_a_c_build_is_kept_for_later_processes_one_per_source_command_compiler_and_cpu(
         one_line_builds, monkeypatch):
-    """A library is built once and kept in the build cache, where a later process loads it
-    without compiling; another CPU or compiler (what the compiler says it builds for), source
-    or command builds its own beside it; a damaged file is built again."""
+    """A library is built once and kept in the build cache (a folder for this user alone),
+    where a later process loads it without compiling; another CPU or compiler (what the
+    compiler says it builds for), source or command builds its own beside it, another checkout
+    of the same source does not; a damaged file is built again; a killed copy's leftovers go."""
     build = one_line_builds
     says = b"-march=this CPU"  # what the compiler says (its own words: the next test)
     monkeypatch.setattr(nmt.decoder_step, "_compiler_says", lambda flags: says)
     built, files = build()
     assert built == 1 and len(files) == 1, files
-    # damaged before this process opens it by its name (a process opens a name once)
     cache = nmt.decoder_step.build_cache()
+    assert cache.stat().st_mode & 0o777 == 0o700
+    # damaged before this process opens it by its name (a process opens a name once)
     damaged = cache / "damaged"  # a new file: the one this process maps stays whole
     damaged.write_bytes(b"half a library")
     damaged.replace(cache / files[0])
@@ -512,67 +514,100 @@ def test_a_c_build_is_kept_for_later_processes_one_per_source_command_compiler_a
     moved.write_bytes(source.read_bytes())
     monkeypatch.setattr(nmt.decoder_step, "SOURCE", moved)
     assert build() == (5, files)
-    # a killed build's partial file goes at the next build; one being written stays
-    killed, building = cache / f".{files[0]}.killed", cache / f".{files[0]}.building"
-    killed.write_bytes(b"half")
-    building.write_bytes(b"half")
-    os.utime(killed, (time.time() - 3600,) * 2)
+    # a copy killed 11 minutes ago goes at the next build; one 8 minutes old may be writing
+    killed, copying = cache / f".{files[0]}.killed", cache / f".{files[0]}.copying"
+    for partial, age in ((killed, 660), (copying, 480)):
+        partial.write_bytes(b"half")
+        os.utime(partial, (time.time() - age,) * 2)
     assert build(answer=8)[0] == 6
-    assert not killed.exists() and building.exists()
-    building.unlink()
-    assert not [p.name for p in cache.iterdir() if not p.name.startswith("decoder_step-")
-                and p.name != ".lock"]
+    assert not killed.exists() and copying.exists()
+    copying.unlink()
+    assert sorted(p.name for p in cache.iterdir()) == sorted(build()[1])  # nothing else
 
 
-def test_the_cache_key_has_the_cpu_that_march_native_resolves_to():
+def test_the_cache_key_has_the_cpu_that_march_native_resolves_to(monkeypatch, tmp_path):
     """gcc and clang say which CPU -march=native builds for (its name: -march=znver3,
-    "-target-cpu" "skylake"...)."""
+    "-target-cpu" "skylake"...), the same from any folder; a compiler that says nothing
+    (no -###) gives no key, and the cache is passed over."""
     said = nmt.decoder_step._compiler_says([c_compiler(), "-O3", "-march=native"])
     assert said is not None
     assert re.search(rb"-march=(?!native)\w|\"-target-cpu\" \"(?!native)", said), said
-    for silent in (["sh", "-c", "exit 1"], ["/no/such/compiler"]):  # a compiler without -###
+    monkeypatch.chdir(tmp_path)
+    assert nmt.decoder_step._compiler_says([c_compiler(), "-O3", "-march=native"]) == said
+    for silent in (["sh", "-c", "exit 1"], ["/no/such/compiler"]):
         assert nmt.decoder_step._compiler_says(silent) is None
+    keys = []
+    for checkout in ("one", "another"):  # the same source elsewhere: the same key
+        source = tmp_path / checkout / "decoder_step.c"
+        source.parent.mkdir()
+        source.write_text("int answer(void) { return 42; }\n")
+        monkeypatch.setattr(nmt.decoder_step, "SOURCE", source)
+        keys.append(nmt.decoder_step._build_key([c_compiler(), "-march=native", str(source)]))
+    assert keys[0] is not None and keys[0] == keys[1]
 
 
 @pytest.mark.parametrize("refused", ["writable by others", "writable by its group",
                                      "another user's", "no account", "cannot be made",
-                                     "a failing build"])
+                                     "a full disk"])
 def test_where_the_cache_cannot_serve_the_library_is_built_apart(one_line_builds, refused,
                                                                  monkeypatch, tmp_path):
     """A cache folder that others can write or that another user owns (what it holds would run
     in this process), a compiler that does not say what it builds for, a folder that cannot
-    be made: built in a temporary folder, nothing kept. A build that fails in the cache leaves
-    nothing there, and fails apart too (the C step is then off)."""
+    be made or take the file: each process builds its library, once, nothing is kept."""
     build = one_line_builds
-    cache = tmp_path / "cache"
+    cache = tmp_path / "home" / "cache"
     if refused.startswith("writable by"):
-        cache.mkdir()
+        cache.mkdir(parents=True)
         cache.chmod(0o702 if refused == "writable by others" else 0o720)
     elif refused == "another user's":
-        if os.getuid() != 0:
-            pytest.skip("only root gives a folder away")
-        cache.mkdir()
-        os.chown(cache, 12345, -1)
+        uid = os.getuid()
+        monkeypatch.setattr(nmt.decoder_step.os, "getuid", lambda: uid + 1)
     elif refused == "no account":
         monkeypatch.setattr(nmt.decoder_step, "_compiler_says", lambda flags: None)
     elif refused == "cannot be made":
         monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cc" / "cache"))  # under a file
     else:
-        with pytest.raises(subprocess.CalledProcessError):
-            build(answer="(")  # `return (;`: not C
-        assert sorted(p.name for p in cache.iterdir()) == [".lock"]
-        return
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(nmt.decoder_step.tempfile, "mkstemp", full)
     assert build() == (1, [])
     assert build() == (2, [])
     assert not cache.exists() or not list(cache.iterdir())
 
 
-def test_processes_that_build_at_once_build_once(one_line_builds, tmp_path):
-    """torchrun's ranks validate at once: the first builds, the others wait and load it."""
+def test_a_failing_build_compiles_once_says_nothing_and_leaves_nothing(one_line_builds,
+                                                                       tmp_path, capfd):
+    with pytest.raises(subprocess.CalledProcessError):
+        one_line_builds(answer="(")  # `return (;`: not C
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+    assert capfd.readouterr() == ("", "")
+    assert list((tmp_path / "home" / "cache").iterdir()) == []
+
+
+def test_processes_that_build_at_once_keep_one_whole_library(one_line_builds, tmp_path):
+    """torchrun's ranks validate at once: each builds (none waits on another), one library is
+    kept, linked into place whole, never over one another process may have mapped."""
     (tmp_path / "pause").write_text("0.3")  # each build takes that longer
-    with ThreadPoolExecutor(3) as pool:  # a thread stands for a process: a lock of its own
+    with ThreadPoolExecutor(3) as pool:  # a thread stands for a process
         results = list(pool.map(lambda _: one_line_builds(), range(3)))
-    assert [built for built, _ in results] == [1, 1, 1]
+    assert sorted(built for built, _ in results)[-1] == 3
+    files = results[-1][1]
+    kept = sorted(p.name for p in (tmp_path / "home" / "cache").iterdir())
+    assert len(files) == 1 and kept == files  # no copy left
+    assert one_line_builds()[0] == 3  # loaded
+
+
+def test_a_kept_library_is_never_written_over_but_where_damaged(tmp_path):
+    """A process may have mapped the library in place: a second build of it is not linked
+    over it (on a network file system, the first's pages would go); a damaged one is."""
+    library, built = tmp_path / "decoder_step-key.so", tmp_path / "built.so"
+    library.write_bytes(b"the first")
+    built.write_bytes(b"the second")
+    nmt.decoder_step._keep(built, library, damaged=False)
+    assert library.read_bytes() == b"the first"
+    nmt.decoder_step._keep(built, library, damaged=True)
+    assert library.read_bytes() == b"the second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["built.so", "decoder_step-key.so"]
 
 
 @pytest.mark.parametrize("environment, expected", [
