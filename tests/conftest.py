@@ -26,7 +26,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="hf_home_")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 # A private cache for the C decoder step's build (nmt/decoder_step.py), made by the run's first
-# process and shared by its pytest-xdist workers and the scripts they start: built once a run,
+# process and shared by its pytest-xdist workers and the scripts they start: built at its start,
 # and nothing cached on this machine is read (a worker given none makes its own).
 if "PYTEST_XDIST_WORKER" not in os.environ or "NMT_CACHE_DIR" not in os.environ:
     os.environ["NMT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nmt_cache_")

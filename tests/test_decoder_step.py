@@ -577,6 +577,8 @@ def test_where_the_cache_cannot_serve_the_library_is_built_apart(one_line_builds
 
 def test_a_failing_build_compiles_once_says_nothing_and_leaves_nothing(one_line_builds,
                                                                        tmp_path, capfd):
+    """A compiler that fails (the C step is then off, silently) is not asked twice, and its
+    words go nowhere; the cache keeps nothing of it."""
     with pytest.raises(subprocess.CalledProcessError):
         one_line_builds(answer="(")  # `return (;`: not C
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
