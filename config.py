@@ -500,14 +500,16 @@ class RaisingParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see python train.py --help)")
 
 
-def parse_config(argv=None, parser=None):
+def parse_config(argv=None, parser=None, settings=None):
     """The train.py command line: every Config field as a flag. Returns (config, names of the
     flags given). A bad value is one line: `parser`'s error (the scripts': exit 2), or without
-    one a UserError."""
+    one a UserError. `settings(config, given)`: the settings the run will train with, checked
+    in place of the command line's with the defaults (train.py's: a resumed run's own, with
+    the flags given over them)."""
     parser = parser or RaisingParser()
     add_config_arguments(parser)
     config, given = config_from_args(parser.parse_args(argv))
-    problem = config.validate()
+    problem = (settings(config, given) if settings else config).validate()
     if problem:
         parser.error(problem)
     return config, given

@@ -48,7 +48,7 @@ from nmt.model_card import CARD_NAME, write_run_card
 from nmt.resume import (Progress, after_smaller_batches, check_corpus, check_resume_data,
                         copy_tokenizers, coverage_note, init_state, nothing_to_do,
                         restore_progress, restore_rng, restore_training, resume_state, rng_states,
-                        set_aside_later, write_history)
+                        set_aside_later, settings_to_check, write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, data_parallel,
                          gather_to_main, get_device, is_out_of_memory, main_first,
                          max_over_ranks, note_precision, out_of_memory, say_device, setup_device,
@@ -530,7 +530,7 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
 def main(argv=None):
     parser = ArgumentParser(description="Train a Transformer for translation. Every flag "
                                         "defaults to config.py; on resume, to the checkpoint's.")
-    config, given = parse_config(argv, parser)
+    config, given = parse_config(argv, parser, settings_to_check)
 
     def train_here():
         with removed_if_left_empty(config.model_folder):

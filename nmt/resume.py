@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from config import Config, fields_where
+from config import Config, UserError, fields_where
 import nmt.budget
 from nmt.budget import completed
 from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
@@ -300,17 +300,7 @@ def init_state(config: Config, given: set):
     history start afresh; the source folder is only read."""
     if not config.init_from:
         return None, config
-    source = Path(config.init_from)
-    if source.is_dir():
-        found = dataclasses.replace(config, model_folder=str(source), preload="latest")
-        path = best_checkpoint_path(found) if best_checkpoint_path(found).exists() else \
-            resolve_preload(found)
-        if path is None:
-            raise CheckpointError(f"--init_from {source}: no checkpoint in it{elsewhere(source)}")
-    elif source.is_file():
-        path = source
-    else:
-        raise CheckpointError(f"--init_from {source}: no such model folder or checkpoint file")
+    path = init_source(config)
     state = load_checkpoint(path)
     saved = Config.from_dict(state["config"])
     for name in sorted(given & fields_where(group="model")):
@@ -319,9 +309,7 @@ def init_state(config: Config, given: set):
                 f"--{name} {getattr(config, name)}: the model of --init_from {path} has --{name} "
                 f"{getattr(saved, name)}, and a run started from it keeps its architecture and "
                 f"vocabulary; drop the flag")
-    merged = dataclasses.replace(config)  # this command's settings and the defaults, as a
-    for name in fields_where(group="model"):  # fresh run has them; the model's are the source's
-        setattr(merged, name, getattr(saved, name))
+    merged = with_architecture(config, saved)
     if Path(saved.tokenizer_file).is_absolute():  # the source's tokenizers lay elsewhere: the
         merged.tokenizer_file = own_tokenizer_file(saved.tokenizer_file)  # new run keeps copies
     merged.preload, merged.init_from = "latest", str(path)
@@ -329,6 +317,52 @@ def init_state(config: Config, given: set):
     if problem:
         raise CheckpointError(f"with the settings of --init_from {path}: {problem}")
     return (path, state), merged
+
+
+def init_source(config: Config) -> Path:
+    """The checkpoint --init_from names: a file, or a model folder's best checkpoint (before
+    any validation, its newest)."""
+    source = Path(config.init_from)
+    if source.is_file():
+        return source
+    if not source.is_dir():
+        raise CheckpointError(f"--init_from {source}: no such model folder or checkpoint file")
+    found = dataclasses.replace(config, model_folder=str(source), preload="latest")
+    path = best_checkpoint_path(found) if best_checkpoint_path(found).exists() else \
+        resolve_preload(found)
+    if path is None:
+        raise CheckpointError(f"--init_from {source}: no checkpoint in it{elsewhere(source)}")
+    return path
+
+
+def with_architecture(config: Config, saved: Config) -> Config:
+    """This command's settings and the defaults, as a fresh run has them, with the model
+    fields (architecture, languages, vocabulary, seq_len) of the trained model `saved`."""
+    merged = dataclasses.replace(config)
+    for name in fields_where(group="model"):
+        setattr(merged, name, getattr(saved, name))
+    return merged
+
+
+def settings_to_check(config: Config, given: set) -> Config:
+    """The settings a start of train.py will train with, as far as its folders tell before any
+    work: its flags are checked against these (Config.validate), not against the defaults, so
+    a run trained with --seq_len 24 resumes with --max_tokens 32. A resume's are its
+    checkpoint's with the flags given over them; a new run from --init_from has its source's
+    architecture. Where a folder holds nothing to go by, or what the start will refuse with a
+    line of its own, the command line's and the defaults."""
+    try:
+        path = resolve_preload(config)
+        if path is not None:
+            saved = Config.from_dict(load_checkpoint(path, mmap=True)["config"])
+            return merge_config(saved, config, given, path, NOT_THE_MODEL)
+        if config.init_from:
+            path = init_source(config)
+            return with_architecture(config, Config.from_dict(
+                load_checkpoint(path, mmap=True)["config"]))
+    except (UserError, OSError, ValueError):  # (a bad --preload is validate's to report)
+        pass
+    return config
 
 
 def own_tokenizer_file(absolute: str) -> str:

@@ -1,6 +1,7 @@
 """train.py: the schedule, the step, resuming exactly, stopping (signals, max_steps, patience),
 validation and test scoring, end to end."""
 
+import dataclasses
 import json
 import math
 import os
@@ -218,6 +219,32 @@ def test_a_resume_with_nothing_to_do_writes_no_event_file_and_says_so(tmp_path, 
     code, out, err = train_here("--num_epochs", "1")
     assert code == 0 and "all 1 epochs are trained" in out, out + err
     assert set((tmp_path / "runs" / "tmodel").iterdir()) == events
+
+
+def test_a_resumes_flags_are_checked_with_the_runs_own_settings(tmp_path, train_here):
+    """A resume's flags were checked against the defaults, not the run's: --max_tokens 32 on
+    a run of --seq_len 24 was refused as shorter than the default --seq_len (350), and so was
+    the out-of-memory advice (halve --max_tokens, then resume). A new run from --init_from is
+    checked with its source's architecture; a combination wrong with the run's own settings
+    is still refused in one line."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    code, out, err = train_here("--data_dir", "c", *TINY, "--num_epochs", "1",
+                                "--val_examples", "0")
+    assert code == 0, err
+    code, out, err = train_here("--max_tokens", "32", "--num_epochs", "1")
+    assert code == 0 and "all 1 epochs are trained" in out, out + err
+    code, out, err = train_here("--max_tokens", "10")
+    assert code == 2 and err.strip().splitlines()[-1] == \
+        "train.py: error: --max_tokens (10) must be at least --seq_len (24) (see --help)", err
+    code, out, err = train_here("--preload", "bad")  # no checkpoint to go by: its own line
+    assert code == 2 and "--preload must be latest, none or an epoch" in err, err
+    code, out, err = train_here("--model_folder", "new", "--max_tokens", "32")  # a fresh run
+    assert code == 2 and "--max_tokens (32) must be at least --seq_len (350)" in err, err
+    from nmt.resume import settings_to_check
+    config = Config(init_from=str(tmp_path / "weights"), model_folder=str(tmp_path / "new"),
+                    max_tokens=32)
+    assert settings_to_check(config, {"init_from", "model_folder", "max_tokens"}) == \
+        dataclasses.replace(config, seq_len=24, d_model=32, N=1, h=2, d_ff=64, vocab_size=300)
 
 
 def fake_run(tmp_path, patience=0):
