@@ -15,6 +15,7 @@ newest checkpoint in --model_folder by default (--preload latest).
 
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -470,7 +471,7 @@ def train_loop(run: Run, progress: Progress, argv=None):
     """The run, set up: (--init_from's model validated first,) the epochs, the test sets scored
     with the best checkpoint, the model card. Returns the signal that stopped it, or None."""
     script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
-    progress.commands.append(f"{launcher(run.world_size)} {' '.join([script, *args])}")
+    progress.commands.append(f"{launcher(run.world_size)} {shlex.join([script, *args])}")
     progress.started, stop = clock(), Stop.NONE
     if run.budget:
         tqdm.write(run.budget.start())

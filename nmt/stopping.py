@@ -171,6 +171,8 @@ def stop_message(run, progress, stop: Stop) -> str:
            f"{budget.seconds / 60:g} minutes spent)" if ended else
            f"reached --max_steps {run.config.max_steps}")
     resume = "" if ended else f". Resume with: {resume_command(run.config, run.world_size)}"
+    if stop is Stop.MAX_STEPS and not ended:  # (the step limit kept would stop it at once)
+        resume += " --max_steps 0 (no step limit; or a larger --max_steps)"
     return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
             f"{run.batches_per_epoch} (step {progress.step}); saved "
             f"{latest_checkpoint_path(run.config)}{resume}")

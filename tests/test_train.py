@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -180,7 +181,10 @@ def test_max_steps_on_an_epochs_last_batch_validates_those_weights_once(tmp_path
     assert f"reached --max_steps {steps} in epoch 0 after batch" in out
     assert sorted(p.name for p in (tmp_path / "weights").glob("*.pt")) == [
         "tmodel_00.pt", "tmodel_best.pt"]  # the epoch's own checkpoint, no mid-epoch one
-    code, out, err = train_here("--max_steps", "0")
+    # the command it prints trains on (the step limit kept would stop it before a step)
+    command = re.search(r"Resume with: (python train\.py .*?) \(no step limit", out).group(1)
+    assert command == "python train.py --model_folder weights --max_steps 0", out
+    code, out, err = train_here(*shlex.split(command)[2:])
     assert code == 0, err
     assert "resumed from weights/tmodel_00.pt: epoch 1, batch 0" in out
     assert [h["step"] for h in history(tmp_path / "weights")] == [steps, 2 * steps]
@@ -938,8 +942,9 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
     test scores with sacreBLEU's signatures (those of results.json), samples, how to use it."""
     make_corpus(tmp_path / "c", n=40, val=4)
     write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
-    code, _, err = train_here("--data_dir", "c", *TINY, "--N", "2", "--N_dec", "1",
-                              "--num_epochs", "1")
+    first = ["--data_dir", "c", *TINY, "--N", "2", "--N_dec", "1", "--num_epochs", "1",
+             "--experiment_name", "runs/a <b>"]  # (a value a shell must have quoted)
+    code, _, err = train_here(*first)
     assert code == 0, err
     code, _, err = train_here("--num_epochs", "2")  # resumed: the depths from the checkpoint
     assert code == 0, err
@@ -947,9 +952,9 @@ def test_a_finished_run_leaves_a_model_card_of_what_made_it(tmp_path, train_here
     card = (folder / "MODEL_CARD.md").read_text(encoding="utf-8")
     results = json.loads((folder / "results.json").read_text())
     commands = card.split("## Made by")[1].split("```")[1].strip().splitlines()
-    assert [c.split("train.py ", 1)[1] for c in commands] == [
-        " ".join(["--data_dir", "c", *TINY, "--N", "2", "--N_dec", "1", "--num_epochs", "1"]),
-        "--num_epochs 2"]
+    # each as a shell reads it back: pasted, it runs the same command
+    assert [shlex.split(c.split("train.py ", 1)[1]) for c in commands] == [
+        first, ["--num_epochs", "2"]]
     assert "parameters: 32/2+1 layers/2 heads/feed-forward 64" in card
     assert "40 training pairs, 4 validation pairs, 4 test pairs (test)" in card
     steps = load_checkpoint(folder / "tmodel_01.pt")["global_step"]
