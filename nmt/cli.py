@@ -53,6 +53,8 @@ def fail(prog: str, message: str, quiet: bool = False):
     if quiet:
         time.sleep(10)  # torchrun usually ends this process sooner, when rank 0 exits
     else:
+        for bar in list(tqdm._instances):  # an open bar ended first (its line, then a newline):
+            bar.close()  # the error is a line of its own, the last (in a log too)
         sys.stderr.write(f"{prog}: error: {message}\n")
     sys.exit(2)
 

@@ -162,7 +162,10 @@ def after_smaller_batches(config: Config) -> str:
     batches it was saved with only, so the advice names the newest per-epoch checkpoint, or,
     with none, a start in another folder."""
     found = list_checkpoints(config)
-    if not found or found[-1][2] is None:
+    if not found:
+        return (f"nothing was saved in {config.model_folder} yet: run the same command again "
+                f"with them")
+    if found[-1][2] is None:
         return "the checkpoints already saved are intact, resume from them"
     epochs = [epoch for _, epoch, step in found if step is None]
     if epochs:

@@ -6,7 +6,7 @@ come in a row."""
 import torch
 from tqdm import tqdm
 
-from nmt.checkpoint import CheckpointError
+from nmt.checkpoint import CheckpointError, list_checkpoints
 
 
 def check_updates(run, progress):
@@ -20,10 +20,13 @@ def check_updates(run, progress):
     tqdm.write(f"step {progress.step}: non-finite loss or gradient, update skipped "
                f"({bad} in a row)")
     if bad >= run.config.max_bad_steps:
-        raise CheckpointError(
-            f"{bad} non-finite updates in a row: training stopped without saving the diverged "
-            f"weights; lower --lr or use --precision fp32, then resume from the last checkpoint "
-            f"in {run.config.model_folder}")
+        fix = "lower --lr" + ("" if run.precision == "fp32" else " or use --precision fp32")
+        then = (f"then resume from the last checkpoint in {run.config.model_folder}"
+                if list_checkpoints(run.config) else
+                f"then run the same command again with it (nothing was saved in "
+                f"{run.config.model_folder} yet)")
+        raise CheckpointError(f"{bad} non-finite updates in a row: training stopped without "
+                              f"saving the diverged weights; {fix}, {then}")
 
 
 SMOOTHING = 0.9  # the progress bar's loss: each step's weight 0.1 in a moving average

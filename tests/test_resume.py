@@ -198,7 +198,8 @@ def test_the_out_of_memory_advice_names_a_resume_that_is_taken(tmp_path):
     from nmt.resume import after_smaller_batches
     config = Config(model_folder=str(tmp_path), max_tokens=4000)
     smaller = dataclasses.replace(config, max_tokens=2000, accum_steps=2)
-    assert after_smaller_batches(config).endswith("intact, resume from them")  # nothing saved
+    assert after_smaller_batches(config) == (  # nothing saved: nothing to resume
+        f"nothing was saved in {tmp_path} yet: run the same command again with them")
     save_checkpoint(tiny_state(0, step=13, optimizer_state_dict={}, config=config.to_dict()),
                     tmp_path / "tmodel_00_s0000013.pt")
     assert "start again with them in another --model_folder" in after_smaller_batches(config)

@@ -609,9 +609,20 @@ def test_non_finite_updates_are_skipped_then_training_stops_without_saving_them(
     assert t.returncode == 2, err[-2000:]
     assert "update skipped (1 in a row)" in err + t.stdout.decode()
     assert "3 non-finite updates in a row: training stopped" in err
+    # the error ends the output on a line of its own, after the bar's (a log's grep finds it)
+    assert err.splitlines()[-1] == "train.py: error: 3 non-finite updates in a row: training " \
+        "stopped without saving the diverged weights; lower --lr, then resume from the last " \
+        "checkpoint in diverged", err[-2000:]
     for p in (home / "diverged").glob("*.pt"):
         state = load_checkpoint(p)
         assert all(torch.isfinite(v).all() for v in state["model_state_dict"].values())
+    # diverged before any checkpoint, in bf16: nothing to resume, and fp32 is a fix to try
+    t = run_here("train.py", *args, "--save_every", "0", "--model_folder", "fresh",
+                 "--precision", "bf16", cwd=home)
+    assert t.returncode == 2 and t.stderr.decode().splitlines()[-1].endswith(
+        "lower --lr or use --precision fp32, then run the same command again with it (nothing "
+        "was saved in fresh yet)"), t.stderr.decode()[-2000:]
+    assert not list((home / "fresh").glob("*.pt"))
 
 
 def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained, tmp_path):
