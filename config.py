@@ -48,7 +48,7 @@ class Config:
                          "Hugging Face dataset (hub name, or a local folder laid out like a hub "
                          "repo): its subset '{lang_src}-{lang_tgt}' with a translation column, "
                          "or one column per language", group="data", translate=True)
-    data_dir: str = _f("", "folder of local parallel files (train.en/train.de, pairs.tsv or "
+    data_dir: str = _f("", "folder of local parallel files (train.en/train.de, train.tsv or "
                            "train.jsonl); empty = load `datasource` from the hub", group="data",
                            translate=True)
     extra_data_dir: str = _f("", "folder of extra training pairs, such as back-translations "

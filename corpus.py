@@ -276,8 +276,11 @@ def _load_local(config: Config, wanted=SPLITS):
         reader(folder, src, tgt, splits, wanted)
     splits["fingerprint"] = digest(text_digests(folder, {src, tgt}, {"tsv", "jsonl", "json"}))
     if "train" in wanted and "train" not in splits:
+        unnamed = [f.name for f in sorted(folder.glob("*.tsv")) if not _split_name(f.stem)]
         raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
-                        f"train.{src} + train.{tgt}, train.tsv or train.jsonl)")
+                        f"train.{src} + train.{tgt}, train.tsv or train.jsonl)" + (
+                            f"; {unnamed[0]} is read as the training pairs only where it is "
+                            f"the folder's one .tsv: name it train.tsv" if unnamed else ""))
     return splits
 
 

@@ -20,13 +20,12 @@ def check_updates(run, progress):
     tqdm.write(f"step {progress.step}: non-finite loss or gradient, update skipped "
                f"({bad} in a row)")
     if bad >= run.config.max_bad_steps:
-        fix = "lower --lr" + ("" if run.precision == "fp32" else " or use --precision fp32")
-        then = (f"then resume from the last checkpoint in {run.config.model_folder}"
-                if list_checkpoints(run.config) else
-                f"then run the same command again with it (nothing was saved in "
-                f"{run.config.model_folder} yet)")
-        raise CheckpointError(f"{bad} non-finite updates in a row: training stopped without "
-                              f"saving the diverged weights; {fix}, {then}")
+        folder, fp32 = run.config.model_folder, run.precision == "fp32"
+        raise CheckpointError(
+            f"{bad} non-finite updates in a row: training stopped without saving the diverged "
+            f"weights; lower --lr{'' if fp32 else ' or use --precision fp32'}, then " + (
+                f"resume from the last checkpoint in {folder}" if list_checkpoints(run.config)
+                else f"run the same command again with it (nothing was saved in {folder} yet)"))
 
 
 SMOOTHING = 0.9  # the progress bar's loss: each step's weight 0.1 in a moving average

@@ -164,7 +164,10 @@ def test_a_hub_dataset_with_one_column_per_language_loads_like_a_translation_col
 
 @pytest.mark.parametrize("problem, message", [
     ("missing_dir", "no such folder"),
-    ("no_train", "found no training data"),
+    ("no_train", r"found no training data for en-it \(expected train.en \+ train.it, "
+                 r"train.tsv or train.jsonl\)$"),
+    ("two_tsv", r"\); pairs.tsv is read as the training pairs only where it is the folder's one "
+                r"\.tsv: name it train.tsv$"),
     ("line_counts", "train.en has 3 lines but .*train.it has 2"),
     ("bad_utf8", "train.it, line 2: not valid UTF-8"),
     ("no_target", "has no train.it \\(training files there: train.en\\); check --lang_src"),
@@ -177,6 +180,9 @@ def test_bad_local_data_is_refused_with_a_clear_message(tmp_path, problem, messa
     folder.mkdir()
     if problem == "no_train":
         write_aligned(folder, "val", number_pairs(3))
+    elif problem == "two_tsv":  # one of any name is the training pairs; beside val.tsv, not
+        (folder / "pairs.tsv").write_text("one.\tuno.\n")
+        (folder / "val.tsv").write_text("two.\tdue.\n")
     elif problem == "line_counts":
         (folder / "train.en").write_text("a\nb\nc\n")
         (folder / "train.it").write_text("a\nb\n")
