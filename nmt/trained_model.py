@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from config import TRANSLATE_FIELDS, Config
+from config import TRANSLATE_FIELDS, Config, is_main
 from model import build_transformer
 from nmt.checkpoint import (CheckpointError, check_tokenizers, load_averaged, merge_config,
                             translation_checkpoint)
@@ -68,12 +68,12 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     state, paths = load_averaged(config, path, average)
     if len(paths) > 1:
         loaded = f"the average of {', '.join(str(p) for p in paths)}"
-        print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}",
-              file=sys.stderr)
+        said = f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}"
     else:
         loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
-        print(f"loaded {loaded}" + (f": {why}" if not checkpoint and why else ""),
-              file=sys.stderr)
+        said = f"loaded {loaded}" + (f": {why}" if not checkpoint and why else "")
+    if is_main():  # (under torchrun, each process loads its teachers: rank 0 says so)
+        print(said, file=sys.stderr)
     config, tokenizer_src, tokenizer_tgt = with_tokenizers(
         merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS,
                      translating=True))

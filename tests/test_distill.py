@@ -374,6 +374,9 @@ def test_two_ranks_translate_and_train(teachers, tmp_path):
     assert result.returncode == 0, result.stderr.decode()[-3000:]
     assert lines(tmp_path / "w/distilled/train.tgt") == \
         ensemble_output(home, "--model_folder", "weights/t1")
+    # one voice: each process loads the teacher, rank 0 alone says so
+    assert result.stderr.decode().count(f"loaded {home / 'weights/t1'}") == 1, \
+        result.stderr.decode()[-3000:]
 
 
 def test_other_settings_or_sources_translate_again_and_no_part_of_them_is_reused(
