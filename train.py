@@ -16,7 +16,6 @@ newest checkpoint in --model_folder by default (--preload latest).
 import math
 import os
 import shlex
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -55,8 +54,8 @@ from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, data_par
                          max_over_ranks, note_precision, out_of_memory, say_device, setup_device,
                          start_distributed, stop_distributed, sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
-                          catch_stop_signals, ignore_sigint, launcher, resume_command,
-                          stop_message)
+                          catch_stop_signals, exit_code, ignore_sigint, launcher,
+                          resume_command, stop_message)
 from nmt.trained_model import build_model, load_model_weights
 from nmt.training_log import carried_loss, check_updates, log_progress
 from tokenizer import PAD
@@ -537,11 +536,11 @@ def main(argv=None):
         with removed_if_left_empty(config.model_folder):
             return train_model(config, given, argv)
     try:
-        stopped_by = run_main("train.py", train_here, aborted=ABORTED)
+        code = exit_code(run_main("train.py", train_here, aborted=ABORTED))
     finally:
         stop_distributed()
-    if stopped_by and "WORLD_SIZE" not in os.environ:  # (under torchrun, torchrun's own code)
-        sys.exit(128 + signal.Signals[stopped_by])  # saved, and stopped: 130 or 143, not 0
+    if code:
+        sys.exit(code)  # saved, and stopped: 130 or 143, not 0
 
 
 if __name__ == "__main__":

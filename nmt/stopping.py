@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from tqdm import tqdm
 
 from config import Config, is_main
+from nmt.runtime import max_over_ranks
 from nmt.checkpoint import latest_checkpoint_path
 from nmt.cli import ABORT_SAID, below_a_bar
 
@@ -130,6 +131,17 @@ def _watch(reader, line: str, grace: float, over: threading.Event):
 
 def ignore_sigint(_worker_id):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # DataLoader workers: the main process decides
+
+
+def exit_code(stopped_by) -> int:
+    """The exit code of a run that `stopped_by` a signal (its name, or None: finished), so that
+    a script or a scheduler tells a stopped run from a finished one: 130 after SIGINT, 143
+    after SIGTERM, 0 at the end. Under torchrun every process calls it (the exchange is also
+    the wait for rank 0's save): rank 0 exits with the signal that any process got, the
+    others with 0, and torchrun reports rank 0's code as a failure once the save is done (a
+    scheduler stopping one machine's process stops every process)."""
+    code = max_over_ranks(128 + signal.Signals[stopped_by] if stopped_by else 0)
+    return code if is_main() else 0
 
 
 def launcher(world_size: int) -> str:
