@@ -499,17 +499,25 @@ class RaisingParser(argparse.ArgumentParser):
     def error(self, message):
         raise UserError(f"{message} (see python train.py --help)")
 
+    def refuse(self, message):
+        raise UserError(message)
+
 
 def parse_config(argv=None, parser=None, settings=None):
     """The train.py command line: every Config field as a flag. Returns (config, names of the
     flags given). A bad value is one line: `parser`'s error (the scripts': exit 2), or without
     one a UserError. `settings(config, given)`: the settings the run will train with, checked
     in place of the command line's with the defaults (train.py's: a resumed run's own, with
-    the flags given over them)."""
+    the flags given over them); a UserError it raises (a checkpoint the start would refuse) is
+    `parser.refuse`d: its one line, without --help's pointer."""
     parser = parser or RaisingParser()
     add_config_arguments(parser)
     config, given = config_from_args(parser.parse_args(argv))
-    problem = (settings(config, given) if settings else config).validate()
+    try:
+        checked = settings(config, given) if settings else config
+    except UserError as e:
+        parser.refuse(str(e))
+    problem = checked.validate()
     if problem:
         parser.error(problem)
     return config, given

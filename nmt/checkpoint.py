@@ -102,6 +102,26 @@ def latest_checkpoint_path(config: Config):
     return found[-1][0] if found else None
 
 
+def run_files(config: Config) -> list:
+    """The names of the files a run's validations and test scoring left in its folder (the
+    best checkpoint, the history, results.json): a fresh start there would overwrite them."""
+    return [p.name for p in (best_checkpoint_path(config), history_path(config),
+                             Path(config.model_folder) / "results.json") if p.exists()]
+
+
+def start_again(config: Config, fix: str = "it") -> str:
+    """How a run stopped before it saved a checkpoint goes on with `fix` (the end of the
+    divergence and out-of-memory lines): the same command again, or, where a validation
+    already left its files, into another folder."""
+    found = run_files(config)
+    if found:
+        return (f"nothing to resume from in {config.model_folder}, whose {', '.join(found)} a "
+                f"fresh start would overwrite: run the same command again with {fix} and "
+                f"another --model_folder")
+    return (f"run the same command again with {fix} (nothing was saved in "
+            f"{config.model_folder} yet)")
+
+
 def resolve_preload(config: Config):
     """The checkpoint `--preload` names, or None for a fresh start or an empty folder."""
     if config.preload == "none":

@@ -123,9 +123,13 @@ class ArgumentParser(argparse.ArgumentParser):
             f"; {self.leftover}" if self.leftover else "")
 
     def error(self, message):
+        self.refuse(f"{message} (see --help)")
+
+    def refuse(self, message):
+        """A command line refused for what it names (a checkpoint), not for its flags: the one
+        line, from rank 0 alone under torchrun, and exit code 2."""
         under_torchrun = "WORLD_SIZE" in os.environ  # as nmt.runtime.start_distributed tells
-        fail(self.prog, f"{message} (see --help)",
-             quiet=under_torchrun and not is_main())
+        fail(self.prog, message, quiet=under_torchrun and not is_main())
 
 
 def nearest_flag(typed: str, flags: list):

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from config import Config, UserError, fields_where
+from config import Config, fields_where
 import nmt.budget
 from nmt.budget import completed
 from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
                             history_path, list_checkpoints, load_checkpoint, merge_config,
-                            resolve_preload)
+                            resolve_preload, run_files, start_again)
 from nmt.files import write_text_atomic
 from nmt.trained_model import load_model_weights
 from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
@@ -41,9 +41,7 @@ def refuse_to_overwrite(config: Config):
     """A fresh start writes a new best checkpoint, validation history and test results: refused
     in a folder that holds a run's files (--preload none there, or --preload latest where the
     checkpoints were deleted but the best checkpoint or the history remain)."""
-    found = [p.name for p, _, _ in list_checkpoints(config)[-1:]]
-    found += [p.name for p in (best_checkpoint_path(config), history_path(config),
-                               Path(config.model_folder) / "results.json") if p.exists()]
+    found = [p.name for p, _, _ in list_checkpoints(config)[-1:]] + run_files(config)
     if not found:
         return
     if config.preload == "none":
@@ -163,8 +161,7 @@ def after_smaller_batches(config: Config) -> str:
     with none, a start in another folder."""
     found = list_checkpoints(config)
     if not found:
-        return (f"nothing was saved in {config.model_folder} yet: run the same command again "
-                f"with them")
+        return start_again(config, "them")
     if found[-1][2] is None:
         return "the checkpoints already saved are intact, resume from them"
     epochs = [epoch for _, epoch, step in found if step is None]
@@ -352,19 +349,20 @@ def settings_to_check(config: Config, given: set) -> Config:
     work: its flags are checked against these (Config.validate), not against the defaults, so
     a run trained with --seq_len 24 resumes with --max_tokens 32. A resume's are its
     checkpoint's with the flags given over them; a new run from --init_from has its source's
-    architecture. Where a folder holds nothing to go by, or what the start will refuse with a
-    line of its own, the command line's and the defaults."""
+    architecture; where the folder holds nothing to go by, the command line's and the defaults.
+    Raises the start's own CheckpointError for a checkpoint it would refuse (damaged, another
+    architecture given), rather than checking the flags against the defaults."""
     try:
         path = resolve_preload(config)
-        if path is not None:
-            saved = Config.from_dict(load_checkpoint(path, mmap=True)["config"])
-            return merge_config(saved, config, given, path, NOT_THE_MODEL)
-        if config.init_from:
-            path = init_source(config)
-            return with_architecture(config, Config.from_dict(
-                load_checkpoint(path, mmap=True)["config"]))
-    except (UserError, OSError, ValueError):  # (a bad --preload is validate's to report)
-        pass
+    except ValueError:  # --preload neither a word nor a number: validate's to say
+        return config
+    if path is not None:
+        saved = Config.from_dict(load_checkpoint(path, mmap=True)["config"])
+        return merge_config(saved, config, given, path, NOT_THE_MODEL)
+    if config.init_from:
+        path = init_source(config)
+        return with_architecture(config, Config.from_dict(
+            load_checkpoint(path, mmap=True)["config"]))
     return config
 
 

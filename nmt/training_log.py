@@ -6,7 +6,7 @@ come in a row."""
 import torch
 from tqdm import tqdm
 
-from nmt.checkpoint import CheckpointError, list_checkpoints
+from nmt.checkpoint import CheckpointError, list_checkpoints, start_again
 
 
 def check_updates(run, progress):
@@ -25,7 +25,7 @@ def check_updates(run, progress):
             f"{bad} non-finite updates in a row: training stopped without saving the diverged "
             f"weights; lower --lr{'' if fp32 else ' or use --precision fp32'}, then " + (
                 f"resume from the last checkpoint in {folder}" if list_checkpoints(run.config)
-                else f"run the same command again with it (nothing was saved in {folder} yet)"))
+                else start_again(run.config)))
 
 
 SMOOTHING = 0.9  # the progress bar's loss: each step's weight 0.1 in a moving average

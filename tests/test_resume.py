@@ -199,7 +199,16 @@ def test_the_out_of_memory_advice_names_a_resume_that_is_taken(tmp_path):
     config = Config(model_folder=str(tmp_path), max_tokens=4000)
     smaller = dataclasses.replace(config, max_tokens=2000, accum_steps=2)
     assert after_smaller_batches(config) == (  # nothing saved: nothing to resume
-        f"nothing was saved in {tmp_path} yet: run the same command again with them")
+        f"run the same command again with them (nothing was saved in {tmp_path} yet)")
+    # a validation's files but no checkpoint (--eval_every, --init_from's first validation):
+    # the same command in the same folder would be refused as overwriting them
+    history_path(config).write_text("[]")
+    assert after_smaller_batches(config).endswith(
+        "tmodel_validation.json a fresh start would overwrite: run the same command again with "
+        "them and another --model_folder")
+    with pytest.raises(CheckpointError, match="a fresh start would overwrite them"):
+        resume_state(config, set())
+    history_path(config).unlink()
     save_checkpoint(tiny_state(0, step=13, optimizer_state_dict={}, config=config.to_dict()),
                     tmp_path / "tmodel_00_s0000013.pt")
     assert "start again with them in another --model_folder" in after_smaller_batches(config)

@@ -240,10 +240,18 @@ def test_a_resumes_flags_are_checked_with_the_runs_own_settings(tmp_path, train_
     code, out, err = train_here("--max_tokens", "10")
     assert code == 2 and err.strip().splitlines()[-1] == \
         "train.py: error: --max_tokens (10) must be at least --seq_len (24) (see --help)", err
+    # a checkpoint the start refuses: its own line, not a check against the defaults
+    (tmp_path / "weights" / "tmodel_01.pt").write_bytes(
+        (tmp_path / "weights" / "tmodel_00.pt").read_bytes()[:1000])
+    code, out, err = train_here("--max_tokens", "32")
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        "train.py: error: checkpoint weights/tmodel_01.pt is truncated or damaged"), err
+    (tmp_path / "weights" / "tmodel_01.pt").unlink()
     code, out, err = train_here("--preload", "bad")  # no checkpoint to go by: its own line
     assert code == 2 and "--preload must be latest, none or an epoch" in err, err
-    code, out, err = train_here("--model_folder", "new", "--max_tokens", "32")  # a fresh run
-    assert code == 2 and "--max_tokens (32) must be at least --seq_len (350)" in err, err
+    for fresh in (["--model_folder", "new"], ["--preload", "none"]):  # a fresh run's defaults
+        code, out, err = train_here(*fresh, "--max_tokens", "32")
+        assert code == 2 and "--max_tokens (32) must be at least --seq_len (350)" in err, err
     from nmt.resume import settings_to_check
     config = Config(init_from=str(tmp_path / "weights"), model_folder=str(tmp_path / "new"),
                     max_tokens=32)
@@ -623,6 +631,13 @@ def test_non_finite_updates_are_skipped_then_training_stops_without_saving_them(
         "lower --lr or use --precision fp32, then run the same command again with it (nothing "
         "was saved in fresh yet)"), t.stderr.decode()[-2000:]
     assert not list((home / "fresh").glob("*.pt"))
+    # validated before it diverged, still no checkpoint: the same folder would refuse the same
+    # command (its validation's files), so another one
+    t = run_here("train.py", *args, "--save_every", "0", "--eval_every", "1", "--model_folder",
+                 "validated", cwd=home)
+    assert t.returncode == 2 and t.stderr.decode().splitlines()[-1].endswith(
+        "a fresh start would overwrite: run the same command again with it and another "
+        "--model_folder"), t.stderr.decode()[-2000:]
 
 
 def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained, tmp_path):
