@@ -493,7 +493,8 @@ def finish_run(run: Run, progress: Progress):
     """The end of a run: the test sets scored with the best checkpoint (every rank translates
     its share), then the model card. Returns the signal that stopped it, or None."""
     results, samples = score_test_sets(run, progress)
-    if run.rank == 0 and not progress.signal:  # a finished run: its model card
+    stopped = max_over_ranks(progress.signal is not None)  # a signal to any process stops all
+    if run.rank == 0 and not stopped:  # a finished run: its model card
         tqdm.write(f"wrote {write_run_card(run, progress, results, samples)}")
     run.writer.close()
     return progress.signal

@@ -139,8 +139,16 @@ def exit_code(stopped_by) -> int:
     after SIGTERM, 0 at the end. Under torchrun every process calls it (the exchange is also
     the wait for rank 0's save): rank 0 exits with the signal that any process got, the
     others with 0, and torchrun reports rank 0's code as a failure once the save is done (a
-    scheduler stopping one machine's process stops every process)."""
-    code = max_over_ranks(128 + signal.Signals[stopped_by] if stopped_by else 0)
+    scheduler stopping one machine's process stops every process). The run is over and saved
+    (or saving, on rank 0, while the others wait here): a signal from now on is ignored, not
+    an abort raised outside run_main; a process gone leaves this one its own code."""
+    code = 128 + signal.Signals[stopped_by] if stopped_by else 0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        code = max_over_ranks(code)
+    except RuntimeError:  # (Gloo's error for a peer that has gone: torchrun ending the job)
+        pass
     return code if is_main() else 0
 
 
@@ -184,7 +192,8 @@ def stop_message(run, progress, stop: Stop) -> str:
            f"reached --max_steps {run.config.max_steps}")
     resume = "" if ended else f". Resume with: {resume_command(run.config, run.world_size)}"
     if stop is Stop.MAX_STEPS and not ended:  # (the step limit kept would stop it at once)
-        resume += " --max_steps 0 (no step limit; or a larger --max_steps)"
+        resume = (f". Resume with no step limit (or a larger --max_steps): "
+                  f"{resume_command(run.config, run.world_size)} --max_steps 0")
     return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
             f"{run.batches_per_epoch} (step {progress.step}); saved "
             f"{latest_checkpoint_path(run.config)}{resume}")

@@ -65,6 +65,39 @@ def test_an_error_after_a_lost_abort_is_reported_as_the_abort(monkeypatch, tmp_p
             signal.signal(s, handler)
 
 
+def test_the_exit_code_exchange_ignores_a_late_signal_and_a_process_gone(monkeypatch):
+    """Under torchrun the other processes wait in exit_code's exchange for rank 0's save: a
+    second signal there aborted outside run_main (a traceback, and rank 0 ended by SIGABRT);
+    it is ignored now. A process gone (Gloo's RuntimeError) leaves this one its own code."""
+    import os
+    import signal
+    import types
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stopping.catch_stop_signals(types.SimpleNamespace(signal="SIGTERM"))  # stopped once
+
+        def exchange(code):  # a second SIGTERM lands while the others wait
+            os.kill(os.getpid(), signal.SIGTERM)
+            return code
+        monkeypatch.setattr(stopping, "max_over_ranks", exchange)
+        assert stopping.exit_code("SIGTERM") == 143 and not stopping.aborting()
+        assert stopping.exit_code(None) == 0
+        monkeypatch.setattr(stopping, "max_over_ranks", lambda code: {}[code])  # not that error
+        with pytest.raises(KeyError):
+            stopping.exit_code("SIGINT")
+
+        def gone(code):
+            raise RuntimeError("Connection closed by peer")
+        monkeypatch.setattr(stopping, "max_over_ranks", gone)
+        assert stopping.exit_code("SIGINT") == 130
+        monkeypatch.setenv("RANK", "1")  # the other processes: 0, torchrun hears rank 0
+        assert stopping.exit_code("SIGINT") == 0
+    finally:
+        stopping._aborting = None
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 def test_the_resume_command_keeps_the_threads_and_every_run_flag():
     """Issue 56, 7: the command printed on Ctrl-C/SIGTERM dropped --threads, so a run started on
     part of the cores resumed on all of them. Every flag of the run group (which a resume

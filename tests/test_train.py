@@ -182,7 +182,8 @@ def test_max_steps_on_an_epochs_last_batch_validates_those_weights_once(tmp_path
     assert sorted(p.name for p in (tmp_path / "weights").glob("*.pt")) == [
         "tmodel_00.pt", "tmodel_best.pt"]  # the epoch's own checkpoint, no mid-epoch one
     # the command it prints trains on (the step limit kept would stop it before a step)
-    command = re.search(r"Resume with: (python train\.py .*?) \(no step limit", out).group(1)
+    command = re.search(r"Resume with no step limit \(or a larger --max_steps\): (.*)$", out,
+                        re.M).group(1)  # (the line's end: pasted, nothing after it)
     assert command == "python train.py --model_folder weights --max_steps 0", out
     code, out, err = train_here(*shlex.split(command)[2:])
     assert code == 0, err
@@ -257,6 +258,23 @@ def test_a_resumes_flags_are_checked_with_the_runs_own_settings(tmp_path, train_
                     max_tokens=32)
     assert settings_to_check(config, {"init_from", "model_folder", "max_tokens"}) == \
         dataclasses.replace(config, seq_len=24, d_model=32, N=1, h=2, d_ff=64, vocab_size=300)
+
+
+def test_a_run_stopped_on_another_process_while_scoring_writes_no_model_card(monkeypatch):
+    """Under torchrun a signal to one process stops every process's test scoring, but only
+    that process knew it: rank 0 wrote the model card of a finished run (a restart then said
+    "all epochs are trained" and never scored the tests) while its exit code said stopped.
+    The processes agree first."""
+    written, run = [], types.SimpleNamespace(rank=0, writer=types.SimpleNamespace(
+        close=lambda: None))
+    monkeypatch.setattr(train, "score_test_sets", lambda run, progress: (None, []))
+    monkeypatch.setattr(train, "write_run_card", lambda *a: written.append(a) or "card")
+    progress = types.SimpleNamespace(signal=None)
+    monkeypatch.setattr(train, "max_over_ranks", lambda flag: 1)  # another process's signal
+    assert train.finish_run(run, progress) is None and written == []
+    monkeypatch.setattr(train, "max_over_ranks", lambda flag: int(flag))  # none anywhere
+    train.finish_run(run, progress)
+    assert len(written) == 1
 
 
 def fake_run(tmp_path, patience=0):
