@@ -354,8 +354,9 @@ def validate(run: Run, progress: Progress) -> Stop:
     if patience has run out, Stop.SIGNAL if a stop signal interrupted it, or Stop.NONE."""
     stop, config, history = Stop.NONE, run.config, progress.history
     began = clock()
-    try:
-        metrics = run_validation(run, progress)  # None on ranks other than 0
+    try:  # (the random state as it was after: the epoch's checkpoint, saved before, resumes)
+        with torch.random.fork_rng([run.device] if run.device.type == "cuda" else []):
+            metrics = run_validation(run, progress)  # None on ranks other than 0
     except StopRequested:  # (every rank, told by any)
         run.model.train()
         return Stop(max_over_ranks(Stop.SIGNAL))

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -625,6 +626,27 @@ def test_sigint_saves_mid_epoch_exits_130_and_resumes_there(kill_corpus):
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     assert (f"epoch {state['next_epoch']}, batch {state['next_batch']}, step "
             f"{state['global_step']}") in resumed.stdout.decode()
+
+
+def test_a_resume_from_an_epochs_checkpoint_trains_as_the_run_that_was_not_stopped(tmp_path,
+                                                                                 train_here):
+    """A run killed while it validated resumes from the epoch's checkpoint, saved before the
+    validation; the validation drew from the random generator (its DataLoader's seed), so the
+    uninterrupted run's next epoch had other dropout masks than the resumed one's: the weights
+    parted. Validation now leaves the generator as it found it."""
+    make_corpus(tmp_path / "c", n=60, val=4)
+    flags = ["--data_dir", "c", *TINY, "--num_epochs", "2", "--keep_optimizer", "0",
+             "--val_examples", "0", "--max_tokens", "120"]
+    code, out, err = train_here(*flags, "--model_folder", "straight")
+    assert code == 0, err
+    killed = tmp_path / "killed"  # as a kill during epoch 0's validation leaves the folder
+    shutil.copytree(tmp_path / "straight", killed,
+                    ignore=lambda folder, names: [n for n in names if n.startswith("tmodel_")
+                                                  and n != "tmodel_00.pt" or n.endswith(".md")])
+    code, out, err = train_here(*flags, "--model_folder", "killed")
+    assert code == 0 and "resumed from killed/tmodel_00.pt: epoch 1, batch 0" in out, out + err
+    same_weights(load_checkpoint(tmp_path / "straight" / "tmodel_01.pt"),
+                 load_checkpoint(killed / "tmodel_01.pt"))
 
 
 def test_non_finite_updates_are_skipped_then_training_stops_without_saving_them(kill_corpus):
