@@ -45,6 +45,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -250,10 +251,15 @@ def save_checkpoint(state: dict, path: Path):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        if not isinstance(e, OSError) and "inline_container" not in str(e):
+            raise  # (torch's zip writer reports a write cut short, a full disk, as this)
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"could not write checkpoint {path}: {e.strerror or e}; the "
-                              f"checkpoints already saved are untouched") from None
+        why = getattr(e, "strerror", None) or (
+            f"the write stopped short ({shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB "
+            f"free on its disk)" if not isinstance(e, OSError) else e)
+        raise CheckpointError(f"could not write checkpoint {path}: {why}; the checkpoints "
+                              f"already saved are untouched") from None
 
 
 FORMAT = 2
