@@ -189,8 +189,8 @@ def score_test_sets(run, progress):
                                       numbers=range(1, len(sources) + 1)[share]))
             except StopRequested:
                 tqdm.write(f"test scoring stopped by {progress.signal or 'a signal'}: no "
-                           f"results.json written (translate.py --preload best --input ... "
-                           f"--reference ... scores it)")
+                           f"results.json written; the same train.py command started again "
+                           f"scores the test sets, training nothing")
                 return None, []
             if run.rank:
                 continue

@@ -1367,6 +1367,33 @@ def test_the_start_line_says_which_precision_auto_chose_and_why(tmp_path, train_
             "that much slower (--precision auto: fp32 here)\n") in err
 
 
+def test_a_stop_while_scoring_the_test_sets_says_what_scores_them(tmp_path, train_here,
+                                                                   monkeypatch):
+    """A signal during the test sets' scoring: no card, exit 143, and a line whose advice
+    works (it named translate.py without the model's folder, which failed pasted); the same
+    command started again scores them."""
+    import nmt.evaluation
+    from nmt.stopping import StopRequested
+    make_corpus(tmp_path / "c", n=40, val=4)
+    write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
+    real = nmt.evaluation.shared_out
+
+    def stopped(run, progress, n, desc, *args):  # (validation's decoding goes on)
+        if not desc.startswith("test, "):
+            return real(run, progress, n, desc, *args)
+        progress.signal = "SIGTERM"
+        raise StopRequested()
+    monkeypatch.setattr(nmt.evaluation, "shared_out", stopped)
+    flags = ["--data_dir", "c", *TINY, "--num_epochs", "1", "--val_examples", "0"]
+    code, out, err = train_here(*flags)
+    assert code == 143 and not (tmp_path / "weights" / "MODEL_CARD.md").exists(), out + err
+    assert "test scoring stopped by SIGTERM: no results.json written; the same train.py " \
+        "command started again scores the test sets, training nothing" in out, out
+    monkeypatch.setattr(nmt.evaluation, "shared_out", real)
+    code, out, err = train_here(*flags)
+    assert code == 0 and (tmp_path / "weights" / "results.json").exists(), out + err
+
+
 def test_a_run_stopped_while_scoring_its_test_sets_scores_them_when_started_again(trained,
                                                                                   tmp_path):
     """A run whose epochs are all trained but whose end (the test sets' scores, the model
