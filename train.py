@@ -45,10 +45,11 @@ from nmt.distill import finish_translation, plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
 from nmt.model_card import CARD_NAME, write_run_card
-from nmt.resume import (Progress, after_smaller_batches, check_corpus, check_resume_data,
-                        copy_tokenizers, coverage_note, init_state, nothing_to_do,
-                        restore_progress, restore_rng, restore_training, resume_state, rng_states,
-                        set_aside_later, settings_to_check, write_history)
+from nmt.resume import (Progress, after_smaller_batches, best_validation, check_corpus,
+                        check_resume_data, copy_tokenizers, coverage_note, init_state,
+                        nothing_to_do, restore_progress, restore_rng, restore_training,
+                        resume_state, rng_states, set_aside_later, settings_to_check,
+                        validations_since_best, write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, data_parallel,
                          gather_to_main, get_device, is_out_of_memory, main_first,
                          max_over_ranks, note_precision, out_of_memory, say_device, setup_device,
@@ -367,13 +368,13 @@ def validate(run: Run, progress: Progress) -> Stop:
         history.append({"step": progress.step, "epoch": progress.epoch,
                         **{k: v for k, v in metrics.items() if k != "report"}})
         write_history(config, history)
-        best = max(history, key=lambda h: (h["bleu"], -h["loss"]))
+        best = best_validation(history)
         if best is history[-1]:
             save_checkpoint(best_checkpoint(run, progress.step, progress.epoch, best),
                             best_checkpoint_path(config))
             tqdm.write(f"new best validation BLEU {best['bleu']:.2f} (loss {best['loss']:.3f}): "
                        f"saved {best_checkpoint_path(config)}")
-        since = len(history) - 1 - history.index(best)
+        since = validations_since_best(history)
         stop = Stop.PATIENCE if config.patience and since >= config.patience else Stop.NONE
     return Stop(max_over_ranks(stop))
 

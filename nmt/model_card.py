@@ -11,6 +11,7 @@ import torch
 from config import Config
 from nmt.files import write_text_atomic
 from nmt.plotting import pyplot
+from nmt.resume import best_validation
 
 CARD_NAME = "MODEL_CARD.md"
 CURVE_NAME = "validation_curve.png"
@@ -71,7 +72,7 @@ def scores_section(results: dict) -> list:
 
 def training_section(card: dict) -> list:
     config, history = card["config"], card["history"]
-    best = max(history, key=lambda h: (h["bleu"], -h["loss"])) if history else None
+    best = best_validation(history) if history else None
     lines = [f"- {card['steps']} optimizer steps in {card['epochs']:g} epoch(s), "
              f"{card['seconds'] / 60:.1f} minutes of training (validations included)",
              f"- device: {card['device']}, precision {card['precision']}; torch "

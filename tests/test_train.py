@@ -283,7 +283,7 @@ def fake_run(tmp_path, patience=0):
     data = types.SimpleNamespace(corpus=None, tokenizers=None, coverage=None)
     return types.SimpleNamespace(config=Config(model_folder=str(tmp_path), patience=patience),
                                  model=model, data=data, rank=0, budget=None,
-                                 steps=lambda: 0)
+                                 steps=lambda: 0, device=torch.device("cpu"))
 
 
 def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatch):
@@ -778,6 +778,18 @@ def test_patience_stops_training_and_says_so(tmp_path, train_here):
     assert sorted(p.name for p in (tmp_path / "weights").glob("tmodel_0*.pt")) == [
         "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
     assert load_checkpoint(tmp_path / "weights" / "tmodel_best.pt")["epoch"] == 0
+    # the same command again: stopped there, so nothing to train (it trained on, scored the
+    # tests again and rewrote the card, every time)
+    card = (tmp_path / "weights" / "MODEL_CARD.md").read_text(encoding="utf-8")
+    code, out, err = train_here(*args)
+    assert code == 0 and "no better validation in the last 2 validations (--patience 2): " \
+        "training stopped there; raise --patience to train on" in out, out + err
+    assert sorted(p.name for p in (tmp_path / "weights").glob("tmodel_0*.pt")) == [
+        "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
+    assert (tmp_path / "weights" / "MODEL_CARD.md").read_text(encoding="utf-8") == card
+    code, out, err = train_here(*args[:-1], "3")  # patience raised: it trains on
+    assert code == 0 and "resumed from" in out and "tmodel_03.pt" in os.listdir(
+        tmp_path / "weights"), out + err
 
 
 def test_eval_every_validates_at_its_steps_and_at_the_end_of_each_epoch(tmp_path, train_here):
