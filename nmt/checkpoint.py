@@ -189,14 +189,15 @@ def folders_with_checkpoints(folder) -> list:
                   if sub.is_dir() and any(sub.glob("*.pt")))
 
 
-def elsewhere(folder) -> str:
+def elsewhere(folder, flag: str = "--model_folder") -> str:
     """What to say when `folder` holds no checkpoint: the folders below it that do (a preset
-    trains into weights/<preset>), or how to make one."""
+    trains into weights/<preset>), to give as `flag`, or how to make one."""
     found = folders_with_checkpoints(folder) if Path(folder).is_dir() else []
     if not found:
-        return " (train one with python train.py, or pass --checkpoint PATH)"
+        return (" (train one with python train.py, or pass --checkpoint PATH)"
+                if flag == "--model_folder" else " (give a trained model's folder or file)")
     return (f"; these folders below it hold checkpoints: {', '.join(found[:6])}"
-            f"{' ...' if len(found) > 6 else ''} (give one as --model_folder)")
+            f"{' ...' if len(found) > 6 else ''} (give one as {flag})")
 
 
 def prune_checkpoints(config: Config):

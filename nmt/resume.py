@@ -80,6 +80,7 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     saved = Config.from_dict(state["config"])
     merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
     check_distillation(saved, merged, path)
+    check_init_from(saved, config, path)
     if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
         for name in BATCH_ORDER_FIELDS:
             if getattr(saved, name) != getattr(merged, name):
@@ -128,6 +129,21 @@ class Progress:
         """What a checkpoint keeps of how the run was made, for its model card."""
         return {"commands": self.commands,
                 "seconds": self.seconds_before + nmt.budget.clock() - self.started}
+
+
+def check_init_from(saved: Config, config: Config, path: Path):
+    """--init_from given where there is a run to resume: the same command again (a run started
+    from that model) resumes it; any other run in the folder is refused, where the flag would
+    have been dropped without a word."""
+    if not config.init_from:
+        return
+    started = Path(saved.init_from).resolve() if saved.init_from else None
+    if started and Path(config.init_from).resolve() in (started, started.parent):
+        return
+    raise CheckpointError(
+        f"--init_from {config.init_from}: {config.model_folder} holds a run to resume ({path}, "
+        f"{f'started from {saved.init_from}' if saved.init_from else 'trained from scratch'}); "
+        f"train the new run into another --model_folder, or resume this one without --init_from")
 
 
 def check_distillation(saved: Config, merged: Config, path: Path):
@@ -331,7 +347,8 @@ def init_source(config: Config) -> Path:
     path = best_checkpoint_path(found) if best_checkpoint_path(found).exists() else \
         resolve_preload(found)
     if path is None:
-        raise CheckpointError(f"--init_from {source}: no checkpoint in it{elsewhere(source)}")
+        raise CheckpointError(f"--init_from {source}: no checkpoint in it"
+                              f"{elsewhere(source, '--init_from')}")
     return path
 
 

@@ -1134,9 +1134,16 @@ def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_
     source = home / "weights"
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.pt").write_text("{}")
+    (tmp_path / "parent" / "run").mkdir(parents=True)  # a trained run one folder down
+    (tmp_path / "parent" / "run" / "tmodel_best.pt").write_bytes(
+        (source / "tmodel_best.pt").read_bytes())
     for args, said in (
             (["--init_from", tmp_path / "nowhere"], "no such model folder or checkpoint file"),
-            (["--init_from", tmp_path / "empty"], "no checkpoint in it"),
+            (["--init_from", tmp_path / "empty"], "no checkpoint in it (give a trained model's "
+                                                  "folder or file)"),  # (not translate's flags)
+            (["--init_from", tmp_path / "parent"], f"below it hold checkpoints: "
+                                                   f"{tmp_path / 'parent' / 'run'} (give one as "
+                                                   f"--init_from)"),
             (["--init_from", tmp_path / "notes.pt"], "is a JSON file, not a checkpoint"),
             (["--init_from", source, "--d_model", "64"], "--d_model 64: the model of --init_from"),
             (["--init_from", source, "--vocab_size", "500"], "keeps its architecture and vocab"),
@@ -1148,6 +1155,29 @@ def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_
                                     else []))
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "new").exists()
+
+
+def test_init_from_into_a_folder_that_holds_another_run_is_refused(trained, tmp_path,
+                                                                    train_here):
+    """--init_from where the folder holds a run to resume: the same fine-tuning command again
+    resumes it; another run's folder was resumed with the flag dropped without a word, and is
+    refused now."""
+    import shutil
+    home, _ = trained
+    source = home / "weights"
+    flags = ["--init_from", str(source), "--data_dir", str(home / "corpus"), "--val_examples",
+             "0"]
+    code, out, err = train_here(*flags, "--model_folder", "ft", "--num_epochs", "1")
+    assert code == 0, err
+    code, out, err = train_here(*flags, "--model_folder", "ft", "--num_epochs", "2")
+    assert code == 0 and "resumed from ft/tmodel_00.pt" in out, out + err
+    shutil.copytree(source, tmp_path / "other")  # a run trained from scratch
+    code, out, err = train_here(*flags, "--model_folder", "other", "--num_epochs", "3")
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        f"train.py: error: --init_from {source}: other holds a run to resume "), err
+    assert err.strip().endswith("(other/tmodel_01.pt, trained from scratch); train the new "
+                                "run into another --model_folder, or resume this one without "
+                                "--init_from"), err
 
 
 def source_with(home, folder, **settings):
