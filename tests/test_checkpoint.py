@@ -112,12 +112,17 @@ def test_truncated_corrupt_foreign_and_mismatched_checkpoints_are_refused(tmp_pa
     data = good.read_bytes()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    (tmp_path / "tmodel_03.pt").write_bytes(b"\x00" * 64)  # a run's own name: damaged
     (tmp_path / "tokenizer_en.json").write_text('{"version": "1.0"}')
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
     for name, message in (
+            # (earlier epochs keep the weights only, by default: the advice names a way on)
             ("truncated.pt", "truncated.pt is truncated or damaged (an interrupted copy?); use "
-                             "another, such as an earlier epoch with --preload NN"),
+                             "another: --preload NN, or a new run from one's weights "
+                             "(--init_from FILE --model_folder NEW)"),
             ("garbage.pt", "garbage.pt is not a PyTorch checkpoint, not a checkpoint"),
+            ("tmodel_03.pt", "tmodel_03.pt is damaged (its bytes are not a PyTorch checkpoint); "
+                             "use another, as for a truncated one"),
             ("tokenizer_en.json", "tokenizer_en.json is a JSON file, not a checkpoint: give a "
                                   "tmodel_*.pt file")):
         with pytest.raises(CheckpointError) as e:
