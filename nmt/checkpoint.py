@@ -333,7 +333,8 @@ def unreadable(path: Path, head: bytes) -> str:
                 f"--model_folder NEW)")
     if Path(path).name.startswith("tmodel_"):  # one of a run's, its bytes not a checkpoint's
         return (f"checkpoint {path} is damaged (its bytes are not a PyTorch checkpoint); use "
-                f"another, as for a truncated one")
+                f"another: --preload NN, or a new run from one's weights (--init_from FILE "
+                f"--model_folder NEW)")
     kind = "a JSON file" if head[:1] in (b"{", b"[") else "not a PyTorch checkpoint"
     return f"{path} is {kind}, not a checkpoint: give a tmodel_*.pt file"
 

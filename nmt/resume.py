@@ -81,6 +81,7 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
     check_distillation(saved, merged, path)
     check_init_from(saved, config, path)
+    merged.init_from = saved.init_from  # (where the run started from stays as recorded)
     if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
         for name in BATCH_ORDER_FIELDS:
             if getattr(saved, name) != getattr(merged, name):
@@ -137,8 +138,11 @@ def check_init_from(saved: Config, config: Config, path: Path):
     have been dropped without a word."""
     if not config.init_from:
         return
-    started = Path(saved.init_from).resolve() if saved.init_from else None
-    if started and Path(config.init_from).resolve() in (started, started.parent):
+
+    def source_folder(name):  # a checkpoint file stands for its folder: the same source run
+        path = Path(name).resolve()
+        return path.parent if path.suffix == ".pt" else path
+    if saved.init_from and source_folder(config.init_from) == source_folder(saved.init_from):
         return
     raise CheckpointError(
         f"--init_from {config.init_from}: {config.model_folder} holds a run to resume ({path}, "
@@ -328,7 +332,7 @@ def init_state(config: Config, given: set):
     merged = with_architecture(config, saved)
     if Path(saved.tokenizer_file).is_absolute():  # the source's tokenizers lay elsewhere: the
         merged.tokenizer_file = own_tokenizer_file(saved.tokenizer_file)  # new run keeps copies
-    merged.preload, merged.init_from = "latest", str(path)
+    merged.preload, merged.init_from = "latest", str(Path(path).resolve())  # (from any folder)
     problem = merged.validate()
     if problem:
         raise CheckpointError(f"with the settings of --init_from {path}: {problem}")
@@ -485,19 +489,17 @@ def validations_since_best(history: list) -> int:
 def nothing_to_do(config: Config, progress):
     """Why a resumed run (train.py's Progress: its step, epoch and validations) has no step
     left to train (said instead of starting), or None."""
-    since = validations_since_best(progress.history)
-    if config.patience and since >= config.patience:
-        return (f"no better validation in the last {since} validations (--patience "
-                f"{config.patience}): training stopped there; raise --patience to train on")
     if config.max_steps and progress.step >= config.max_steps:
         return (f"already at step {progress.step} of --max_steps {config.max_steps}; raise "
                 f"it to train on")
-    if config.time_budget:  # (epochs do not bound it)
-        if getattr(progress, "complete", False):
-            return (f"the --time_budget {config.time_budget:g} minutes' schedule is complete "
-                    f"(step {progress.step}); raise --time_budget to train on")
-        return None
-    if progress.epoch >= config.num_epochs:
+    if config.time_budget and getattr(progress, "complete", False):
+        return (f"the --time_budget {config.time_budget:g} minutes' schedule is complete "
+                f"(step {progress.step}); raise --time_budget to train on")
+    if not config.time_budget and progress.epoch >= config.num_epochs:  # (a budget's are not)
         return (f"all {config.num_epochs} epochs are trained (step {progress.step}); raise "
                 f"--num_epochs to train on")
+    since = validations_since_best(progress.history)
+    if config.patience and since >= config.patience:  # (the limits above: said first)
+        return (f"no better validation in the last {since} validations (--patience "
+                f"{config.patience}): training ends here; raise --patience to train on")
     return None

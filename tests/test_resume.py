@@ -236,3 +236,20 @@ def test_the_out_of_memory_advice_names_a_resume_that_is_taken(tmp_path):
     (path, _), _ = resume_state(dataclasses.replace(smaller, preload="1"),
                                 {"max_tokens", "accum_steps", "preload"})
     assert path.name == "tmodel_01.pt"
+
+
+def test_a_finished_runs_line_names_the_limit_to_raise():
+    """A run whose epochs are all trained and whose patience has also run out: raising
+    --patience alone would not train on, so the epochs are named; before its last epoch, the
+    patience; within it, nothing stops the run."""
+    import types
+
+    from nmt.resume import nothing_to_do
+    history = [{"step": s, "bleu": b, "loss": 1.0} for s, b in ((1, 5.0), (2, 4.0), (3, 4.0))]
+    progress = types.SimpleNamespace(step=3, epoch=3, history=history, complete=False)
+    assert nothing_to_do(Config(patience=2, num_epochs=3), progress).startswith(
+        "all 3 epochs are trained (step 3); raise --num_epochs")
+    assert nothing_to_do(Config(patience=2, num_epochs=5), progress) == (
+        "no better validation in the last 2 validations (--patience 2): training ends here; "
+        "raise --patience to train on")
+    assert nothing_to_do(Config(patience=3, num_epochs=5), progress) is None

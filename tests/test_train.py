@@ -783,7 +783,7 @@ def test_patience_stops_training_and_says_so(tmp_path, train_here):
     card = (tmp_path / "weights" / "MODEL_CARD.md").read_text(encoding="utf-8")
     code, out, err = train_here(*args)
     assert code == 0 and "no better validation in the last 2 validations (--patience 2): " \
-        "training stopped there; raise --patience to train on" in out, out + err
+        "training ends here; raise --patience to train on" in out, out + err
     assert sorted(p.name for p in (tmp_path / "weights").glob("tmodel_0*.pt")) == [
         "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
     assert (tmp_path / "weights" / "MODEL_CARD.md").read_text(encoding="utf-8") == card
@@ -1157,6 +1157,12 @@ def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_
         assert not (tmp_path / "new").exists()
 
 
+def run_command_in(folder, *args):
+    """train.py's main in this process, in `folder`: (exit code, stdout, stderr)."""
+    t = run_here("train.py", *map(str, args), cwd=folder)
+    return t.returncode, t.stdout.decode(), t.stderr.decode()
+
+
 def test_init_from_into_a_folder_that_holds_another_run_is_refused(trained, tmp_path,
                                                                     train_here):
     """--init_from where the folder holds a run to resume: the same fine-tuning command again
@@ -1171,7 +1177,16 @@ def test_init_from_into_a_folder_that_holds_another_run_is_refused(trained, tmp_
     assert code == 0, err
     code, out, err = train_here(*flags, "--model_folder", "ft", "--num_epochs", "2")
     assert code == 0 and "resumed from ft/tmodel_00.pt" in out, out + err
+    # the source given as its checkpoint file, from another working folder: the same source
+    (tmp_path / "sub").mkdir()
+    code, out, err = run_command_in(tmp_path / "sub", *flags[:1], str(source / "tmodel_best.pt"),
+                                    *flags[2:], "--model_folder", "../ft", "--num_epochs", "3")
+    assert code == 0 and "resumed from ../ft/tmodel_01.pt" in out, out + err
     shutil.copytree(source, tmp_path / "other")  # a run trained from scratch
+    # another source than the run's: refused, naming the one it started from
+    code, out, err = train_here(*flags[:1], str(tmp_path / "other"), *flags[2:],
+                                "--model_folder", "ft", "--num_epochs", "4")
+    assert code == 2 and f"started from {source / 'tmodel_best.pt'})" in err, err
     code, out, err = train_here(*flags, "--model_folder", "other", "--num_epochs", "3")
     assert code == 2 and err.strip().splitlines()[-1].startswith(
         f"train.py: error: --init_from {source}: other holds a run to resume "), err
