@@ -171,6 +171,10 @@ def score_test_sets(run, progress):
     config, data = run.config, run.data
     path = best_checkpoint_path(config)
     if not data.test or not path.exists():
+        if data.test and run.rank == 0:  # (a validation cut short before any was recorded)
+            tqdm.write(f"no best checkpoint {path}: the test sets are not scored (translate.py "
+                       f"--model_folder {config.model_folder} --preload latest --input ... "
+                       f"--reference ... scores one)")
         return None, []
     best = build_model(config, data.tokenizer_src.get_vocab_size(),
                        data.tokenizer_tgt.get_vocab_size())

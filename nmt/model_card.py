@@ -48,7 +48,11 @@ def plot_curve(history: list, path: Path) -> bool:
     return True
 
 
-def scores_section(results: dict) -> list:
+def scores_section(results: dict, test_sets=()) -> list:
+    if not results and test_sets:  # (no best checkpoint: its validations were cut short)
+        return [f"The test sets ({', '.join(test_sets)}) were not scored: the run has no best "
+                f"checkpoint. Score one with", "`python translate.py --preload latest --input "
+                "SRC --reference REF`.", ""]
     if not results:
         return ["The corpus has no test split: no test score. Score a test set with",
                 "`python translate.py --preload best --input SRC --reference REF`.", ""]
@@ -128,7 +132,7 @@ def card_text(card: dict) -> str:
     lines += training_section(card)
     if card["curve"]:
         lines += [f"![validation BLEU and loss]({CURVE_NAME})", ""]
-    lines += ["## Scores", ""] + scores_section(card["results"])
+    lines += ["## Scores", ""] + scores_section(card["results"], card.get("test_sets", ()))
     if card["samples"]:
         lines += ["## Sample translations (the first test set, greedy)", ""]
         for source, reference, output in card["samples"]:
@@ -173,4 +177,5 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
         "epochs": round(progress.epoch + progress.batch / run.batches_per_epoch, 1),
         "seconds": progress.provenance()["seconds"], "precision": run.precision,
         "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",
-        "history": progress.history, "results": results, "samples": samples})
+        "history": progress.history, "results": results, "samples": samples,
+        "test_sets": list(data.test or {})})

@@ -210,3 +210,28 @@ def test_the_picture_shows_the_tokens_the_model_generated_not_their_text_encoded
     source = run.data.validation.src_ids[0]
     assert seen["columns"] == ["[SOS]"] + [run.data.tokenizer_src.decode([int(i)])
                                            for i in source] + ["[EOS]"]
+
+
+def test_test_sets_without_a_best_checkpoint_are_said_not_scored(tmp_path, capsys):
+    """A run whose validations were all cut short has no best checkpoint: its test sets were
+    skipped without a word and its model card said the corpus had no test split. Both say
+    what happened now."""
+    import types
+
+    from config import Config
+    from nmt.model_card import card_text
+    config = Config(model_folder=str(tmp_path))
+    run = types.SimpleNamespace(config=config, rank=0, data=types.SimpleNamespace(
+        test={"test_2016_flickr": (["a ."], ["b ."])}))
+    assert score_test_sets(run, None) == (None, [])
+    assert capsys.readouterr().out.strip() == (
+        f"no best checkpoint {tmp_path}/tmodel_best.pt: the test sets are not scored "
+        f"(translate.py --model_folder {tmp_path} --preload latest --input ... --reference ... "
+        f"scores one)")
+    card = card_text({"config": config, "folder": "w", "vocab": (300, 300), "parameters": 1e5,
+                      "commands": [], "corpus": "c", "sizes": "", "history": [], "curve": False,
+                      "results": None, "samples": [], "test_sets": ["test_2016_flickr"],
+                      "steps": 1, "epochs": 1, "seconds": 1.0, "precision": "fp32",
+                      "device": "cpu"})
+    assert "The test sets (test_2016_flickr) were not scored: the run has no best checkpoint" \
+        in card and "no test split" not in card
