@@ -327,14 +327,12 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict:
 
 def unreadable(path: Path, head: bytes) -> str:
     """What to say of a file torch cannot load: a damaged checkpoint, or no checkpoint."""
+    instead = "use another: --preload NN, or a new run from one's weights (--init_from FILE " \
+        "--model_folder NEW)"
     if head.startswith(b"PK"):  # a zip archive, torch's format: cut short or damaged
-        return (f"checkpoint {path} is truncated or damaged (an interrupted copy?); use "
-                f"another: --preload NN, or a new run from one's weights (--init_from FILE "
-                f"--model_folder NEW)")
+        return f"checkpoint {path} is truncated or damaged (an interrupted copy?); {instead}"
     if Path(path).name.startswith("tmodel_"):  # one of a run's, its bytes not a checkpoint's
-        return (f"checkpoint {path} is damaged (its bytes are not a PyTorch checkpoint); use "
-                f"another: --preload NN, or a new run from one's weights (--init_from FILE "
-                f"--model_folder NEW)")
+        return f"checkpoint {path} is damaged (its bytes are not a PyTorch checkpoint); {instead}"
     kind = "a JSON file" if head[:1] in (b"{", b"[") else "not a PyTorch checkpoint"
     return f"{path} is {kind}, not a checkpoint: give a tmodel_*.pt file"
 

@@ -131,10 +131,10 @@ def test_under_fp16_every_rank_skips_an_update_any_rank_found_non_finite(monkeyp
 
 @pytest.fixture
 def train_here(tmp_path):
-    """Runs train.py's main in this process, in tmp_path (conftest.run_here): returns
+    """Runs train.py's main in this process, in tmp_path or `cwd` (conftest.run_here): returns
     (exit code, stdout, stderr)."""
-    def run(*args):
-        t = run_here("train.py", *args, cwd=tmp_path)
+    def run(*args, cwd=tmp_path):
+        t = run_here("train.py", *map(str, args), cwd=cwd)
         return t.returncode, t.stdout.decode(), t.stderr.decode()
     return run
 
@@ -1157,18 +1157,11 @@ def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_
         assert not (tmp_path / "new").exists()
 
 
-def run_command_in(folder, *args):
-    """train.py's main in this process, in `folder`: (exit code, stdout, stderr)."""
-    t = run_here("train.py", *map(str, args), cwd=folder)
-    return t.returncode, t.stdout.decode(), t.stderr.decode()
-
-
 def test_init_from_into_a_folder_that_holds_another_run_is_refused(trained, tmp_path,
                                                                     train_here):
     """--init_from where the folder holds a run to resume: the same fine-tuning command again
     resumes it; another run's folder was resumed with the flag dropped without a word, and is
     refused now."""
-    import shutil
     home, _ = trained
     source = home / "weights"
     flags = ["--init_from", str(source), "--data_dir", str(home / "corpus"), "--val_examples",
@@ -1179,8 +1172,9 @@ def test_init_from_into_a_folder_that_holds_another_run_is_refused(trained, tmp_
     assert code == 0 and "resumed from ft/tmodel_00.pt" in out, out + err
     # the source given as its checkpoint file, from another working folder: the same source
     (tmp_path / "sub").mkdir()
-    code, out, err = run_command_in(tmp_path / "sub", *flags[:1], str(source / "tmodel_best.pt"),
-                                    *flags[2:], "--model_folder", "../ft", "--num_epochs", "3")
+    code, out, err = train_here(*flags[:1], source / "tmodel_best.pt", *flags[2:],
+                                "--model_folder", "../ft", "--num_epochs", "3",
+                                cwd=tmp_path / "sub")
     assert code == 0 and "resumed from ../ft/tmodel_01.pt" in out, out + err
     shutil.copytree(source, tmp_path / "other")  # a run trained from scratch
     # another source than the run's: refused, naming the one it started from
