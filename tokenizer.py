@@ -131,9 +131,12 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
         for key, value in recipe.items():
             if was.get(key) != value and key != "extra_tag":  # (a tag: dataset.get_ds's note)
                 flag = "lang_src/--lang_tgt" if key == "lang" else key
-                raise DataError(f"tokenizer file {path} was trained with --{flag} {was.get(key)}"
-                                f", not {value}; keep that value, or train into another "
-                                f"--model_folder (these files belong to its checkpoints)")
+                why = f"tokenizer file {path} was trained with --{flag} {was.get(key)}, not {value}"
+                if not any(path.parent.glob("*.pt")):  # (a first start stopped before a save)
+                    raise DataError(f"{why}, by a start that saved no checkpoint: delete it and "
+                                    f"{saved.name} to train a new one, or keep that value")
+                raise DataError(f"{why}; keep that value, or train into another --model_folder "
+                                f"(these files belong to its checkpoints)")
     tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
     return tok
 

@@ -81,8 +81,17 @@ def test_tokenizer_files_of_another_recipe_are_refused(tmp_path):
     texts = [s for s, _ in number_pairs(40)]
     config = Config(model_folder=str(tmp_path), vocab_size=300)
     get_tokenizer(config, "en", texts)
-    with pytest.raises(DataError, match="was trained with --vocab_size 300, not 500"):
-        get_tokenizer(Config(model_folder=str(tmp_path), vocab_size=500), "en", texts)
+    larger = Config(model_folder=str(tmp_path), vocab_size=500)
+    # a folder with no checkpoint: a first start stopped after training them left them there
+    with pytest.raises(DataError, match=r"was trained with --vocab_size 300, not 500, by a start "
+                       r"that saved no checkpoint: delete it and tokenizer_en.meta.json to train "
+                       r"a new one, or keep that value$"):
+        get_tokenizer(larger, "en", texts)
+    (tmp_path / "tmodel_00_s0000005.pt").write_bytes(b"")
+    with pytest.raises(DataError, match=r"was trained with --vocab_size 300, not 500; keep that "
+                       r"value, or train into another --model_folder \(these files belong to "
+                       r"its checkpoints\)$"):
+        get_tokenizer(larger, "en", texts)
     renamed = Config(model_folder=str(tmp_path), vocab_size=300,
                      tokenizer_file=str(tmp_path / "tokenizer_en.json").replace("_en", "_{0}"))
     (tmp_path / "tokenizer_en.json").rename(tmp_path / "tokenizer_fr.json")
