@@ -35,9 +35,8 @@ from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.batching import TokenBatchSampler
 from nmt.bpe_dropout import training_batches
 from nmt.checkpoint import (best_checkpoint, best_checkpoint_path,
-                            check_tokenizers, epoch_checkpoint_path, latest_checkpoint_path,
-                            prune_checkpoints, save_checkpoint, step_checkpoint_path,
-                            training_checkpoint)
+                            check_tokenizers, epoch_checkpoint_path, prune_checkpoints,
+                            save_checkpoint, step_checkpoint_path, training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
 from nmt.budget import Budget, budget_for, clock
 from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
@@ -49,14 +48,14 @@ from nmt.resume import (Progress, after_smaller_batches, best_validation, check_
                         check_resume_data, copy_tokenizers, coverage_note, init_state,
                         nothing_to_do, restore_progress, restore_rng, restore_training,
                         resume_state, rng_states, set_aside_later, settings_to_check,
-                        validations_since_best, write_history)
+                        validation_cut_short, validations_since_best, write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, data_parallel,
                          gather_to_main, get_device, is_out_of_memory, main_first,
                          max_over_ranks, note_precision, out_of_memory, say_device, setup_device,
                          start_distributed, stop_distributed, sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
                           catch_stop_signals, exit_code, ignore_sigint, launcher,
-                          resume_command, stop_message)
+                          stop_message, validation_stop_message)
 from nmt.trained_model import build_model, load_model_weights
 from nmt.training_log import carried_loss, check_updates, log_progress
 from tokenizer import PAD
@@ -365,17 +364,19 @@ def validate(run: Run, progress: Progress) -> Stop:
     if run.budget:  # its cost, in the plan (--time_budget)
         tqdm.write(run.budget.validated(clock() - began, progress.step))
     if run.rank == 0:
-        history.append({"step": progress.step, "epoch": progress.epoch,
+        history.append({"step": progress.step, "epoch": progress.validated_epoch(),
                         **{k: v for k, v in metrics.items() if k != "report"}})
         write_history(config, history)
         best = best_validation(history)
         if best is history[-1]:
-            save_checkpoint(best_checkpoint(run, progress.step, progress.epoch, best),
+            save_checkpoint(best_checkpoint(run, progress.step, best["epoch"], best),
                             best_checkpoint_path(config))
             tqdm.write(f"new best validation BLEU {best['bleu']:.2f} (loss {best['loss']:.3f}): "
                        f"saved {best_checkpoint_path(config)}")
-        since = validations_since_best(history)
-        stop = Stop.PATIENCE if config.patience and since >= config.patience else Stop.NONE
+        if config.patience and validations_since_best(history) >= config.patience:
+            stop = Stop.PATIENCE
+            tqdm.write(f"no better validation in the last {config.patience} validations "
+                       f"(--patience {config.patience}): training stops")
     return Stop(max_over_ranks(stop))
 
 
@@ -457,31 +458,27 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
         stop = max(stop, validate(run, progress))
     run.writer.flush()
     if stop is Stop.SIGNAL:
-        tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating epoch "
-                   f"{progress.epoch} (not recorded); saved {latest_checkpoint_path(config)}. "
-                   f"Resume with: {resume_command(config, run.world_size)}")
-    elif stop is Stop.PATIENCE:
-        print(f"no better validation in the last {config.patience} validations "
-              f"(--patience {config.patience}): training stops")
+        tqdm.write(validation_stop_message(run, progress, epoch_end=True))
     if ended:
         progress.epoch, progress.batch = progress.epoch + 1, 0
     return stop
 
 
-def train_loop(run: Run, progress: Progress, argv=None):
-    """The run, set up: (--init_from's model validated first,) the epochs, the test sets scored
+def train_loop(run: Run, progress: Progress, argv=None, idle: str = None):
+    """The run, set up: a validation first (--init_from's model, or the resumed checkpoint's if
+    a stop cut it short), the epochs (none if `idle`: all are trained), the test sets scored
     with the best checkpoint, the model card. Returns the signal that stopped it, or None."""
     script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
     progress.commands.append(f"{launcher(run.world_size)} {shlex.join([script, *args])}")
     progress.started, stop = clock(), Stop.NONE
-    if run.budget:
+    if run.budget and not idle:
         tqdm.write(run.budget.start())
-    if run.config.init_from and progress.step == 0 and not progress.history:
-        stop = validate(run, progress)  # the source model on the new data, before a step
-        if stop:  # (a signal: nothing trained, so nothing saved)
-            tqdm.write(f"stopped by {progress.signal or 'a signal'} while validating the "
-                       "model of --init_from, before any step: start the same command again")
-    while (run.budget or progress.epoch < run.config.num_epochs) and not stop:
+    again = validation_cut_short(run.config, progress)
+    if again or run.config.init_from and progress.step == 0 and not progress.history:
+        stop = validate(run, progress)  # (--init_from's: the source model on the new data)
+        if stop is Stop.SIGNAL:  # (nothing trained: nothing to save)
+            tqdm.write(validation_stop_message(run, progress, epoch_end=False))
+    while not idle and (run.budget or progress.epoch < run.config.num_epochs) and not stop:
         stop = train_epoch(run, progress)
         if stop is not Stop.SIGNAL:
             stop = end_epoch(run, progress, stop)
@@ -517,11 +514,12 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
             print(idle)
             return
         catch_stop_signals(progress)
-        if idle:  # trained, but stopped while scoring the test sets: scored now
-            print(f"{idle}; the test sets are not scored yet (the run stopped at its end): "
-                  f"scoring them")
+        if idle:  # trained, but stopped while validating or scoring the test sets
+            print(f"{idle}; " + ("its last validation and " if validation_cut_short(
+                run.config, progress) else "") + "the test sets are not scored yet (the run "
+                "stopped at its end): scoring them")
         with abort_watch(f"train.py: {ABORTED}"):  # a second signal: out within seconds
-            return finish_run(run, progress) if idle else train_loop(run, progress, argv)
+            return train_loop(run, progress, argv, idle)
     except Exception:
         if aborting():  # an abort's aftermath (nmt.stopping.aborting): reported as the abort
             raise aborted() from None

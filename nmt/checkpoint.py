@@ -103,6 +103,9 @@ def latest_checkpoint_path(config: Config):
     return found[-1][0] if found else None
 
 
+CARD_NAME, CURVE_NAME = "MODEL_CARD.md", "validation_curve.png"  # a finished run's (model_card)
+
+
 def run_files(config: Config) -> list:
     """The names of the files a run's validations and test scoring left in its folder (the
     best checkpoint, the history, results.json): a fresh start there would overwrite them."""
@@ -265,6 +268,7 @@ def save_checkpoint(state: dict, path: Path):
 
 FORMAT = 2
 CHECKPOINT_KEYS = ("model_state_dict", "config", "epoch", "global_step")
+BEST_KEYS = (*CHECKPOINT_KEYS, "corpus", "tokenizers", "coverage")  # (+ "validation")
 
 
 def training_checkpoint(run, step: int, epoch: int, next_epoch: int, next_batch: int,

@@ -9,12 +9,10 @@ from pathlib import Path
 import torch
 
 from config import Config
+from nmt.checkpoint import CARD_NAME, CURVE_NAME
 from nmt.files import write_text_atomic
 from nmt.plotting import pyplot
 from nmt.resume import best_validation
-
-CARD_NAME = "MODEL_CARD.md"
-CURVE_NAME = "validation_curve.png"
 
 
 def design(config: Config) -> str:

@@ -19,9 +19,10 @@ import torch
 from config import Config, fields_where
 import nmt.budget
 from nmt.budget import completed
-from nmt.checkpoint import (CheckpointError, best_checkpoint_path, check_tokenizers, elsewhere,
-                            history_path, list_checkpoints, load_checkpoint, merge_config,
-                            resolve_preload, run_files, start_again)
+from nmt.checkpoint import (BEST_KEYS, CARD_NAME, CURVE_NAME, FORMAT, CheckpointError,
+                            best_checkpoint_path, check_tokenizers, elsewhere, history_path,
+                            list_checkpoints, load_checkpoint, merge_config, resolve_preload,
+                            run_files, save_checkpoint, start_again)
 from nmt.files import write_text_atomic
 from nmt.trained_model import load_model_weights
 from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
@@ -105,6 +106,14 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     problem = merged.validate()
     if problem:
         raise CheckpointError(f"with the resumed checkpoint's settings: {problem}")
+    if config.preload not in ("latest", "none"):  # a new line, which moves the later files
+        at = Progress(step=state["global_step"], epoch=state["next_epoch"],
+                      history=read_history(merged, up_to_step=state["global_step"]),
+                      complete=completed(merged, state))
+        idle = nothing_to_do(merged, at)
+        if idle:
+            raise CheckpointError(f"--preload {config.preload}: {idle} from it (nothing was "
+                                  f"moved)")
     return (path, state), merged
 
 
@@ -125,6 +134,11 @@ class Progress:
     complete: bool = False  # a --time_budget run resumed after its schedule completed
     validated_at: int = -1  # the step of the last validation (on every rank)
     started: float = field(default_factory=lambda: nmt.budget.clock())  # this start's beginning
+
+    def validated_epoch(self) -> int:
+        """The epoch a validation now belongs to: the one being trained, or, at an epoch's
+        start, the one just ended (a resume validating the checkpoint at its end again)."""
+        return self.epoch - 1 if self.batch == 0 and self.step else self.epoch
 
     def provenance(self) -> dict:
         """What a checkpoint keeps of how the run was made, for its model card."""
@@ -285,26 +299,51 @@ def restore_rng(state: dict, rank: int, world_size: int, device, seed: int):
 
 def set_aside_later(config: Config, path: Path):
     """Training on from an earlier epoch (--preload N) starts a new line of training: the
-    checkpoints saved after `path`, a best checkpoint and test results from after it belong to
-    the abandoned line. They are moved, never deleted, into a subfolder (with a copy of the
-    validation history, whose later entries the new line drops), so that pruning and
-    --preload latest see the new line only."""
+    checkpoints saved after `path`, a best checkpoint, test results and model card from after
+    it belong to the abandoned line. They are moved, never deleted, into a subfolder (with a
+    copy of the validation history, whose later entries the new line drops), so that pruning
+    and --preload latest see the new line only. The best of the validations kept gets its best
+    checkpoint back from its own checkpoint, where one is left."""
     found = [p for p, _, _ in list_checkpoints(config)]
     later = found[found.index(path) + 1:] if path in found else []
-    best = best_checkpoint_path(config)
+    best, folder = best_checkpoint_path(config), Path(config.model_folder)
     if best.exists() and load_checkpoint(best, mmap=True)["epoch"] > int(config.preload):
         later.append(best)
-    if not later:
+    ended = [p for p in (folder / "results.json", folder / CARD_NAME, folder / CURVE_NAME)
+             if p.exists()]
+    if not later and not ended:
         return
-    folder = Path(config.model_folder) / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
-    folder.mkdir()
-    results = Path(config.model_folder) / "results.json"
-    for p in later + ([results] if results.exists() else []):
-        os.replace(p, folder / p.name)
+    aside = folder / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
+    while aside.exists():  # (two in a second)
+        aside = aside.with_name(aside.name + "+")
+    aside.mkdir()
+    for p in later + ended:
+        os.replace(p, aside / p.name)
     if history_path(config).exists():
-        shutil.copy2(history_path(config), folder / history_path(config).name)
+        shutil.copy2(history_path(config), aside / history_path(config).name)
     print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
-          f"({', '.join(p.name for p in later)}) to {folder}; training goes on from {path.name}")
+          f"({', '.join(p.name for p in later)}) to {aside}; training goes on from {path.name}")
+    if best in later:
+        restore_best(config, path, found[:found.index(path) + 1] if path in found else [path])
+
+
+def restore_best(config: Config, path: Path, kept: list):
+    """The best checkpoint of the validations up to `path` (--preload N's), written from the
+    checkpoint of its step among `kept`; said, where none is left (pruned by --keep_epochs)."""
+    history = read_history(config, up_to_step=load_checkpoint(path, mmap=True)["global_step"])
+    if not history:
+        return
+    best = best_validation(history)
+    for p in reversed(kept):
+        state = load_checkpoint(p, mmap=True)
+        if state["global_step"] == best["step"]:
+            save_checkpoint({"format": FORMAT, **{k: state[k] for k in BEST_KEYS},
+                             "validation": best}, best_checkpoint_path(config))
+            print(f"the best validation up to it (BLEU {best['bleu']:.2f}, step {best['step']}): "
+                  f"{best_checkpoint_path(config)} written again from {p.name}")
+            return
+    print(f"the best validation up to it (BLEU {best['bleu']:.2f}, step {best['step']}) has no "
+          f"checkpoint left: a best checkpoint is saved when a validation beats it")
 
 
 # ---- a new run from a trained model's weights (--init_from) ------------------------------------
@@ -484,6 +523,18 @@ def best_validation(history: list) -> dict:
 def validations_since_best(history: list) -> int:
     """How many validations came after the best (--patience counts them)."""
     return len(history) - 1 - history.index(best_validation(history)) if history else 0
+
+
+def validation_cut_short(config: Config, progress) -> bool:
+    """Whether a resumed run's checkpoint was to be validated and was not: each checkpoint
+    that a validation follows (an epoch's end, every --eval_every steps, the run's end) is
+    saved first, so a stop or a crash while validating leaves it unvalidated. train.py then
+    validates it before anything else: otherwise that step is never validated, and a run cut
+    short in its last validation would end with no best checkpoint to score the test sets."""
+    if progress.step == 0 or any(h["step"] == progress.step for h in progress.history):
+        return False
+    return (progress.batch == 0 or bool(config.eval_every and progress.step % config.eval_every
+                                        == 0) or nothing_to_do(config, progress) is not None)
 
 
 def nothing_to_do(config: Config, progress):

@@ -197,3 +197,17 @@ def stop_message(run, progress, stop: Stop) -> str:
     return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
             f"{run.batches_per_epoch} (step {progress.step}); saved "
             f"{latest_checkpoint_path(run.config)}{resume}")
+
+
+def validation_stop_message(run, progress, epoch_end: bool) -> str:
+    """What a stop while validating says (that validation is not recorded): at an epoch's end,
+    whose checkpoint was just saved; or in a start's first validation: the resumed
+    checkpoint's, again, or --init_from's model before any step (nothing to resume)."""
+    why, config = f"stopped by {progress.signal or 'a signal'} while validating", run.config
+    resume = f"Resume with: {resume_command(config, run.world_size)}"
+    if epoch_end:
+        return (f"{why} epoch {progress.epoch} (not recorded); saved "
+                f"{latest_checkpoint_path(config)}. {resume}")
+    if progress.step:
+        return f"{why} step {progress.step} again (not recorded). {resume}"
+    return f"{why} the model of --init_from, before any step: start the same command again"

@@ -9,7 +9,8 @@ from conftest import number_pairs, tiny_state, write_aligned
 
 from config import Config
 from corpus import load_corpus
-from nmt.checkpoint import CheckpointError, best_checkpoint_path, history_path, save_checkpoint
+from nmt.checkpoint import (CheckpointError, best_checkpoint_path, history_path, load_checkpoint,
+                            save_checkpoint)
 from nmt.files import FolderError
 from nmt.resume import (check_split, read_history, resume_state, rng_states, set_rng_states,
                         write_history)
@@ -253,3 +254,79 @@ def test_a_finished_runs_line_names_the_limit_to_raise():
         "no better validation in the last 2 validations (--patience 2): training ends here; "
         "raise --patience to train on")
     assert nothing_to_do(Config(patience=3, num_epochs=5), progress) is None
+
+
+def test_a_checkpoint_whose_validation_a_stop_cut_short_is_validated_on_resume():
+    """A checkpoint is saved before the validation that follows it (an epoch's end, every
+    --eval_every steps, the run's end): one with no validation at its step in the history
+    is validated first on resume; one mid-epoch between validations, or already validated,
+    is not."""
+    from nmt.resume import Progress, validation_cut_short
+    done = [{"step": 10, "bleu": 1.0, "loss": 1.0}]
+
+    def cut_short(step, batch, history=(), epoch=1, **flags):
+        progress = Progress(step=step, epoch=epoch, batch=batch, history=list(history))
+        return validation_cut_short(Config(num_epochs=3, **flags), progress)
+    assert cut_short(20, 0)  # an epoch's checkpoint, its validation missing
+    assert not cut_short(20, 0, done + [{"step": 20, "bleu": 2.0, "loss": 1.0}])
+    assert not cut_short(0, 0, epoch=0)  # a fresh start
+    assert not cut_short(13, 3, done)  # mid-epoch, no validation due at step 13
+    assert cut_short(15, 5, done, eval_every=5)  # an --eval_every validation cut short
+    assert not cut_short(14, 4, done, eval_every=5)
+    assert cut_short(13, 3, done, max_steps=13)  # the run's end, mid-epoch
+    assert cut_short(13, 3, done, epoch=3)  # (all epochs trained)
+
+
+def test_training_on_from_an_earlier_epoch_puts_that_lines_best_checkpoint_back(tmp_path,
+                                                                                 capsys):
+    """--preload 01 where epoch 02 was the best: its best checkpoint is set aside with it, and
+    the best of the validations kept (epoch 00) gets its best checkpoint back from its own
+    checkpoint; without one, a new line that never beat it ended with no best checkpoint (its
+    test sets unscored). The abandoned line's card and results go aside too (a stale card made
+    a later start skip the scoring)."""
+    from nmt.checkpoint import BEST_KEYS
+    from nmt.resume import set_aside_later
+    config = Config(model_folder=str(tmp_path), preload="01")
+    history = [{"step": 10 * (e + 1), "epoch": e, "bleu": b, "loss": 1.0}
+               for e, b in enumerate((5.0, 4.0, 7.0))]
+    write_history(config, history)
+    states = [tiny_state(e, corpus={"source": "c"}, tokenizers={}, coverage={}) for e in range(3)]
+    for e, state in enumerate(states):
+        save_checkpoint(state, tmp_path / f"tmodel_{e:02d}.pt")
+    save_checkpoint({**states[2], "validation": history[2]}, best_checkpoint_path(config))
+    for name in ("results.json", "MODEL_CARD.md", "validation_curve.png"):
+        (tmp_path / name).write_text("the abandoned line's")
+    set_aside_later(config, tmp_path / "tmodel_01.pt")
+    aside = next(tmp_path.glob("superseded_*"))
+    assert sorted(p.name for p in aside.iterdir()) == sorted([
+        "MODEL_CARD.md", "results.json", "tmodel_02.pt", "tmodel_best.pt",
+        "tmodel_validation.json", "validation_curve.png"])
+    assert load_checkpoint(aside / "tmodel_best.pt")["global_step"] == 30
+    best = load_checkpoint(best_checkpoint_path(config))
+    assert best["validation"] == history[0] and set(best) == {"format", *BEST_KEYS, "validation"}
+    assert all(torch.equal(best["model_state_dict"][k], v)
+               for k, v in states[0]["model_state_dict"].items())
+    assert "the best validation up to it (BLEU 5.00, step 10): " in capsys.readouterr().out
+    # its checkpoint gone (--keep_epochs): said, and no best checkpoint is made up
+    (tmp_path / "tmodel_00.pt").unlink()
+    best_checkpoint_path(config).unlink()
+    save_checkpoint({**states[2], "validation": history[2]}, best_checkpoint_path(config))
+    config.preload = "01"
+    set_aside_later(config, tmp_path / "tmodel_01.pt")
+    assert not best_checkpoint_path(config).exists()
+    assert "(BLEU 5.00, step 10) has no checkpoint left: a best checkpoint is saved when a " \
+        "validation beats it" in capsys.readouterr().out
+
+
+def test_training_on_from_an_epoch_with_nothing_left_to_train_is_refused(tmp_path):
+    """--preload 01 of a 2-epoch run: nothing to train from it, so nothing is moved (the later
+    files were set aside, and the run then said it had nothing to do)."""
+    config = Config(model_folder=str(tmp_path), num_epochs=2)
+    for e in range(2):
+        save_checkpoint(tiny_state(e, config=config.to_dict(), optimizer_state_dict={}),
+                        tmp_path / f"tmodel_{e:02d}.pt")
+    with pytest.raises(CheckpointError, match=r"^--preload 01: all 2 epochs are trained \(step "
+                       r"20\); raise --num_epochs to train on from it \(nothing was moved\)$"):
+        resume_state(dataclasses.replace(config, preload="01"), {"preload"})
+    (path, _), _ = resume_state(dataclasses.replace(config, preload="00"), {"preload"})
+    assert path.name == "tmodel_00.pt" and not list(tmp_path.glob("superseded_*"))
