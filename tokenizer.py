@@ -107,9 +107,10 @@ def tokenizer_recipe(config: Config, lang: str) -> dict:
             "vocab_size": config.vocab_size, **({"extra_tag": config.extra_tag} if tagged else {})}
 
 
-def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
+def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: bool = False):
     """A tokenizer file, refused with one line if it is not what `kind` / `recipe` say (files
-    saved before recipes were recorded are checked for their kind only)."""
+    saved before recipes were recorded are checked for their kind only). `unsaved`: it lies in
+    a model folder with no checkpoint (a first start stopped before its first save left it)."""
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(str(path))
@@ -132,7 +133,7 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None):
             if was.get(key) != value and key != "extra_tag":  # (a tag: dataset.get_ds's note)
                 flag = "lang_src/--lang_tgt" if key == "lang" else key
                 why = f"tokenizer file {path} was trained with --{flag} {was.get(key)}, not {value}"
-                if not any(path.parent.glob("*.pt")):  # (a first start stopped before a save)
+                if unsaved:
                     raise DataError(f"{why}, by a start that saved no checkpoint: delete it and "
                                     f"{saved.name} to train a new one, or keep that value")
                 raise DataError(f"{why}; keep that value, or train into another --model_folder "
@@ -157,7 +158,9 @@ def get_tokenizer(config: Config, lang: str, texts):
     path = tokenizer_path(config, lang)
     recipe = tokenizer_recipe(config, lang)
     if path.exists():
-        return load_tokenizer(path, config.tokenizer_type, recipe)
+        folder = Path(config.model_folder).resolve()
+        unsaved = folder in path.resolve().parents and not any(folder.glob("*.pt"))
+        return load_tokenizer(path, config.tokenizer_type, recipe, unsaved)
     tok = build_tokenizer(config.tokenizer_type, config.vocab_size,
                           texts() if callable(texts) else texts, recipe.get("extra_tag", ""))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +169,6 @@ def get_tokenizer(config: Config, lang: str, texts):
     recipe_path(path).write_text(json.dumps(recipe), encoding="utf-8")
     os.replace(tmp, path)
     return tok
-
 
 
 def sample_texts(ds, columns, n: int):

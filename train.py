@@ -43,7 +43,7 @@ from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
 from nmt.distill import finish_translation, plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
-from nmt.model_card import CARD_NAME, write_run_card
+from nmt.model_card import card_step, write_run_card
 from nmt.resume import (Progress, after_smaller_batches, best_validation, check_corpus,
                         check_resume_data, copy_tokenizers, coverage_note, init_state,
                         nothing_to_do, restore_progress, restore_rng, restore_training,
@@ -366,13 +366,13 @@ def validate(run: Run, progress: Progress) -> Stop:
     if run.rank == 0:
         history.append({"step": progress.step, "epoch": progress.validated_epoch(),
                         **{k: v for k, v in metrics.items() if k != "report"}})
-        write_history(config, history)
         best = best_validation(history)
-        if best is history[-1]:
+        if best is history[-1]:  # (first: a history naming a best has its checkpoint)
             save_checkpoint(best_checkpoint(run, progress.step, best["epoch"], best),
                             best_checkpoint_path(config))
             tqdm.write(f"new best validation BLEU {best['bleu']:.2f} (loss {best['loss']:.3f}): "
                        f"saved {best_checkpoint_path(config)}")
+        write_history(config, history)
         if config.patience and validations_since_best(history) >= config.patience:
             stop = Stop.PATIENCE
             tqdm.write(f"no better validation in the last {config.patience} validations "
@@ -510,7 +510,7 @@ def train_model(config: Config, given: set = frozenset(), argv=None):
     try:
         run, progress = set_up(config, given, lock, started)
         idle = nothing_to_do(run.config, progress)
-        if idle and (Path(config.model_folder) / CARD_NAME).exists():
+        if idle and card_step(config.model_folder) == progress.step:  # (its end is done)
             print(idle)
             return
         catch_stop_signals(progress)

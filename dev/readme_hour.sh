@@ -16,14 +16,15 @@ DATA=$(realpath "${2:-data/multi30k}")
 BASELINE=${3:+$(realpath "$3")}
 if [ -e "$OUT" ]; then echo "$OUT exists: name a new folder" >&2; exit 2; fi
 for f in train.en train.de val.en val.de test_2016_flickr.en test_2016_flickr.de; do
-    [ -f "$DATA/$f" ] || { echo "$DATA/$f is missing (Multi30k's data/task1/raw, unpacked)" >&2; exit 2; }
+    [ -f "$DATA/$f" ] || { echo "$DATA/$f is missing (Multi30k's data/task1/raw)" >&2; exit 2; }
 done
 mkdir -p "$OUT/src" && OUT=$(realpath "$OUT")
 git archive HEAD | tar -x -C "$OUT/src"
 exec > >(tee "$OUT/summary.txt") 2>&1
-echo "code $(git rev-parse --short HEAD); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
-    "$(nproc) cores; flags: $(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo \
-    | sort -u | paste -sd ' ')"
+field() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2 | xargs; }  # the first core's
+flags=$(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | paste -sd ' ')
+echo "code $(git rev-parse --short HEAD); $(field 'model name'), family $(field 'cpu family')," \
+    "$(nproc) cores; flags: $flags"
 cd "$OUT/src"
 score() {  # score HYP REF: sacreBLEU's cased corpus BLEU
     python -c "import sys, sacrebleu; h, r = (open(f).read().splitlines() for f in sys.argv[1:]);
@@ -32,14 +33,16 @@ print(f'{sacrebleu.corpus_bleu(h, [r]).score:.2f}')" "$1" "$2"
 
 echo "train: $(date -u +%T)"
 python train.py --preset multi30k_modern --data_dir "$DATA" --time_budget "${MINUTES:-60}" \
-    --model_folder "$OUT/model" --experiment_name "$OUT/tb" > "$OUT/train.log" 2>&1
+    --model_folder "$OUT/model" --experiment_name "$OUT/tb" > "$OUT/train.log" 2>&1 \
+    || { tail -c 2000 "$OUT/train.log" | tr '\r' '\n' | tail -3; echo "train.py failed"; exit 1; }
 echo "trained: $(date -u +%T)"
 log=$(tr '\r' '\n' < "$OUT/train.log")
-grep -m1 "^device " <<< "$log"; grep "schedule is complete" <<< "$log" || true
-grep "^new best" <<< "$log" | tail -1; grep -E "^test |^(BLEU|chrF2) = " <<< "$log" | cut -c1-100
+{ grep -m1 "^device " <<< "$log"; grep "schedule is complete" <<< "$log"
+  grep "^new best" <<< "$log" | tail -1; grep -E "^test |^(BLEU|chrF2) = " <<< "$log" \
+  | cut -c1-100; } || true  # (a line not found is no failure)
 
 # The decoding chosen on validation: best, latest, or the last 3 or 5 averaged; beam 4 or 5.
-best_bleu=-1
+best_bleu=-1 best=""
 for choice in "--preload best" "--preload latest" "--average 3" "--average 5"; do
     for beam in 4 5; do
         # shellcheck disable=SC2086  # the choice is two words
@@ -55,6 +58,7 @@ for choice in "--preload best" "--preload latest" "--average 3" "--average 5"; d
     done
 done
 rm -f "$OUT/val.hyp" "$OUT/val.err"
+[ -n "$best" ] || { echo "no decoding of val succeeded"; exit 1; }
 echo "chosen on val: $best (BLEU $best_bleu)"
 
 # Test once, with the choice.

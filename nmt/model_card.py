@@ -4,6 +4,7 @@ what data, how long, how good (sacreBLEU with signatures), a few translations, a
 it, so that a model handed to someone else says what it is."""
 
 import platform
+import re
 from pathlib import Path
 
 import torch
@@ -75,7 +76,7 @@ def scores_section(results: dict, test_sets=()) -> list:
 def training_section(card: dict) -> list:
     config, history = card["config"], card["history"]
     best = best_validation(history) if history else None
-    lines = [f"- {card['steps']} optimizer steps in {card['epochs']:g} epoch(s), "
+    lines = [f"- {card['steps']} optimizer steps in {card['epochs']:g} epoch(s), "  # card_step
              f"{card['seconds'] / 60:.1f} minutes of training (validations included)",
              f"- device: {card['device']}, precision {card['precision']}; torch "
              f"{torch.__version__}, Python {platform.python_version()}",
@@ -154,6 +155,17 @@ def write_card(card: dict) -> Path:
     path = folder / CARD_NAME
     write_text_atomic(path, card_text(card))
     return path
+
+
+def card_step(folder) -> int:
+    """The optimizer step a run's model card was written at (its end), or None without one:
+    a card of an earlier end (a run lengthened since) does not say this end is done."""
+    try:
+        found = re.search(r"^- (\d+) optimizer steps in ", (Path(folder) / CARD_NAME).read_text(
+            encoding="utf-8"), re.MULTILINE)
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
 
 
 def write_run_card(run, progress, results: dict, samples: list) -> Path:

@@ -319,10 +319,12 @@ def set_aside_later(config: Config, path: Path):
     aside.mkdir()
     for p in later + ended:
         os.replace(p, aside / p.name)
-    if history_path(config).exists():
+    if history_path(config).exists():  # the whole copied aside; the new line's kept here
         shutil.copy2(history_path(config), aside / history_path(config).name)
-    print(f"--preload {config.preload}: moved {len(later)} later checkpoint(s) "
-          f"({', '.join(p.name for p in later)}) to {aside}; training goes on from {path.name}")
+        write_history(config, read_history(config, load_checkpoint(path, mmap=True)[
+            "global_step"]))
+    print(f"--preload {config.preload}: moved {', '.join(p.name for p in later + ended)} to "
+          f"{aside}; training goes on from {path.name}")
     if best in later:
         restore_best(config, path, found[:found.index(path) + 1] if path in found else [path])
 
@@ -337,7 +339,7 @@ def restore_best(config: Config, path: Path, kept: list):
     for p in reversed(kept):
         state = load_checkpoint(p, mmap=True)
         if state["global_step"] == best["step"]:
-            save_checkpoint({"format": FORMAT, **{k: state[k] for k in BEST_KEYS},
+            save_checkpoint({"format": FORMAT, **{k: state[k] for k in BEST_KEYS if k in state},
                              "validation": best}, best_checkpoint_path(config))
             print(f"the best validation up to it (BLEU {best['bleu']:.2f}, step {best['step']}): "
                   f"{best_checkpoint_path(config)} written again from {p.name}")
@@ -526,11 +528,12 @@ def validations_since_best(history: list) -> int:
 
 
 def validation_cut_short(config: Config, progress) -> bool:
-    """Whether a resumed run's checkpoint was to be validated and was not: each checkpoint
-    that a validation follows (an epoch's end, every --eval_every steps, the run's end) is
-    saved first, so a stop or a crash while validating leaves it unvalidated. train.py then
-    validates it before anything else: otherwise that step is never validated, and a run cut
-    short in its last validation would end with no best checkpoint to score the test sets."""
+    """Whether a resumed run's checkpoint is at a step the run validates (an epoch's end,
+    every --eval_every steps, the run's end, by the settings it now has) and that step has no
+    validation: the checkpoint was saved before it (an epoch's end, the run's), or by a stop
+    that cut it short. train.py then validates it before anything else: otherwise that step is
+    never validated, and a run cut short in its last validation would end with no best
+    checkpoint to score the test sets."""
     if progress.step == 0 or any(h["step"] == progress.step for h in progress.history):
         return False
     return (progress.batch == 0 or bool(config.eval_every and progress.step % config.eval_every

@@ -2,6 +2,8 @@
 the validation history."""
 
 import dataclasses
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,58 +277,103 @@ def test_a_checkpoint_whose_validation_a_stop_cut_short_is_validated_on_resume()
     assert not cut_short(14, 4, done, eval_every=5)
     assert cut_short(13, 3, done, max_steps=13)  # the run's end, mid-epoch
     assert cut_short(13, 3, done, epoch=3)  # (all epochs trained)
+    # the epoch a validation is recorded under: at an epoch's start, the one just ended
+    assert [Progress(step=s, epoch=e, batch=b).validated_epoch()
+            for s, e, b in ((20, 2, 0), (15, 1, 5), (0, 0, 0))] == [1, 1, 0]
 
 
 def test_training_on_from_an_earlier_epoch_puts_that_lines_best_checkpoint_back(tmp_path,
                                                                                  capsys):
-    """--preload 01 where epoch 02 was the best: its best checkpoint is set aside with it, and
-    the best of the validations kept (epoch 00) gets its best checkpoint back from its own
-    checkpoint; without one, a new line that never beat it ended with no best checkpoint (its
-    test sets unscored). The abandoned line's card and results go aside too (a stale card made
-    a later start skip the scoring)."""
-    from nmt.checkpoint import BEST_KEYS
+    """--preload 02 where epoch 03 was the best: its best checkpoint is set aside with it, and
+    the best of the validations kept gets its best checkpoint back from its own checkpoint
+    (without one, a new line that never beat it ended with no best checkpoint, its test sets
+    unscored); never from another step's. The history file keeps the new line's validations
+    only (a step validated in the abandoned line was not validated again when cut short). The
+    abandoned line's card and results go aside too, also with no later checkpoint (a stale
+    card made a later start skip the scoring)."""
     from nmt.resume import set_aside_later
-    config = Config(model_folder=str(tmp_path), preload="01")
-    history = [{"step": 10 * (e + 1), "epoch": e, "bleu": b, "loss": 1.0}
-               for e, b in enumerate((5.0, 4.0, 7.0))]
-    write_history(config, history)
-    states = [tiny_state(e, corpus={"source": "c"}, tokenizers={}, coverage={}) for e in range(3)]
-    for e, state in enumerate(states):
-        save_checkpoint(state, tmp_path / f"tmodel_{e:02d}.pt")
-    save_checkpoint({**states[2], "validation": history[2]}, best_checkpoint_path(config))
+    config = Config(model_folder=str(tmp_path), preload="02")
+    best_keys = {"format", "model_state_dict", "config", "epoch", "global_step", "corpus",
+                 "tokenizers", "coverage", "validation"}  # (train.py's best checkpoint)
+
+    def line(bleus, kept=range(4), old=False):  # 4 epochs, their validations and the best
+        for p in tmp_path.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        history = [{"step": 10 * (e + 1), "epoch": e, "bleu": b, "loss": 1.0}
+                   for e, b in enumerate(bleus)]
+        write_history(config, history)
+        made = {} if old else {"corpus": {"source": "c"}, "tokenizers": {}, "coverage": {}}
+        states = [tiny_state(e, **made) for e in range(4)]
+        for e in kept:
+            save_checkpoint(states[e], tmp_path / f"tmodel_{e:02d}.pt")
+        top = max(range(4), key=lambda e: bleus[e])
+        save_checkpoint({**states[top], "validation": history[top]}, best_checkpoint_path(config))
+        return history, states
+
+    def moved():
+        return sorted(p.name for p in next(tmp_path.glob("superseded_*")).iterdir())
+    history, states = line((4.0, 6.0, 5.0, 7.0))  # the kept best: epoch 01, before --preload's
     for name in ("results.json", "MODEL_CARD.md", "validation_curve.png"):
         (tmp_path / name).write_text("the abandoned line's")
-    set_aside_later(config, tmp_path / "tmodel_01.pt")
-    aside = next(tmp_path.glob("superseded_*"))
-    assert sorted(p.name for p in aside.iterdir()) == sorted([
-        "MODEL_CARD.md", "results.json", "tmodel_02.pt", "tmodel_best.pt",
-        "tmodel_validation.json", "validation_curve.png"])
-    assert load_checkpoint(aside / "tmodel_best.pt")["global_step"] == 30
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert moved() == sorted(["MODEL_CARD.md", "results.json", "tmodel_03.pt", "tmodel_best.pt",
+                              "tmodel_validation.json", "validation_curve.png"])
+    assert read_history(config) == history[:3]  # (the whole copied aside)
     best = load_checkpoint(best_checkpoint_path(config))
-    assert best["validation"] == history[0] and set(best) == {"format", *BEST_KEYS, "validation"}
+    assert best["validation"] == history[1] and set(best) == best_keys
     assert all(torch.equal(best["model_state_dict"][k], v)
-               for k, v in states[0]["model_state_dict"].items())
-    assert "the best validation up to it (BLEU 5.00, step 10): " in capsys.readouterr().out
-    # its checkpoint gone (--keep_epochs): said, and no best checkpoint is made up
-    (tmp_path / "tmodel_00.pt").unlink()
-    best_checkpoint_path(config).unlink()
-    save_checkpoint({**states[2], "validation": history[2]}, best_checkpoint_path(config))
-    config.preload = "01"
-    set_aside_later(config, tmp_path / "tmodel_01.pt")
+               for k, v in states[1]["model_state_dict"].items())
+    out = capsys.readouterr().out
+    assert "moved tmodel_03.pt, tmodel_best.pt, results.json, MODEL_CARD.md, validation_curve" \
+        ".png to " in out and "the best validation up to it (BLEU 6.00, step 20): " in out
+    # the kept best is --preload's own checkpoint; checkpoints of earlier versions lack keys
+    line((4.0, 5.0, 6.0, 7.0), old=True)
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert load_checkpoint(best_checkpoint_path(config))["global_step"] == 30
+    # its checkpoint pruned (--keep_epochs): said, and an older one is not taken for it
+    line((4.0, 6.0, 5.0, 7.0), kept=(0, 2, 3))
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
     assert not best_checkpoint_path(config).exists()
-    assert "(BLEU 5.00, step 10) has no checkpoint left: a best checkpoint is saved when a " \
+    assert "(BLEU 6.00, step 20) has no checkpoint left: a best checkpoint is saved when a " \
         "validation beats it" in capsys.readouterr().out
+    # no history: nothing to restore; no later checkpoint, but the card and results go aside
+    line((4.0, 6.0, 5.0, 7.0))
+    history_path(config).unlink()
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert not best_checkpoint_path(config).exists()
+    line((4.0, 6.0, 7.0, 5.0), kept=range(3))
+    (tmp_path / "MODEL_CARD.md").write_text("the abandoned line's")
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert moved() == ["MODEL_CARD.md", "tmodel_validation.json"]
+    assert best_checkpoint_path(config).exists()  # (its best is the kept line's)
 
 
 def test_training_on_from_an_epoch_with_nothing_left_to_train_is_refused(tmp_path):
-    """--preload 01 of a 2-epoch run: nothing to train from it, so nothing is moved (the later
-    files were set aside, and the run then said it had nothing to do)."""
-    config = Config(model_folder=str(tmp_path), num_epochs=2)
-    for e in range(2):
-        save_checkpoint(tiny_state(e, config=config.to_dict(), optimizer_state_dict={}),
-                        tmp_path / f"tmodel_{e:02d}.pt")
-    with pytest.raises(CheckpointError, match=r"^--preload 01: all 2 epochs are trained \(step "
-                       r"20\); raise --num_epochs to train on from it \(nothing was moved\)$"):
-        resume_state(dataclasses.replace(config, preload="01"), {"preload"})
-    (path, _), _ = resume_state(dataclasses.replace(config, preload="00"), {"preload"})
-    assert path.name == "tmodel_00.pt" and not list(tmp_path.glob("superseded_*"))
+    """--preload NN where nothing is left to train from it (every epoch, its patience, its
+    --time_budget's schedule): refused, nothing moved (the later files were set aside, and the
+    run then said it had nothing to do)."""
+    def run(folder, **settings):  # 3 epochs of 10 steps, validated
+        config = Config(model_folder=str(folder), num_epochs=3, **settings)
+        for e in range(3):
+            save_checkpoint(tiny_state(e, config=config.to_dict(), optimizer_state_dict={},
+                                       schedule_steps=30), folder / f"tmodel_{e:02d}.pt")
+        write_history(config, [{"step": 10 * (e + 1), "epoch": e, "bleu": b, "loss": 1.0}
+                               for e, b in enumerate((5.0, 4.0, 3.0))])
+        return config
+
+    def refused(config, **flags):
+        with pytest.raises(CheckpointError) as e:
+            resume_state(dataclasses.replace(config, **flags), {"preload", *flags})
+        assert not list(Path(config.model_folder).glob("superseded_*"))
+        return str(e.value)
+    config = run(tmp_path)
+    assert refused(config, preload="02") == (
+        "--preload 02: all 3 epochs are trained (step 30); raise --num_epochs to train on from "
+        "it (nothing was moved)")
+    assert refused(config, preload="01", patience=1).startswith(
+        "--preload 01: no better validation in the last 1 validations (--patience 1)")
+    (tmp_path / "b").mkdir()
+    assert refused(run(tmp_path / "b", time_budget=5.0), preload="02").startswith(
+        "--preload 02: the --time_budget 5 minutes' schedule is complete (step 30)")
+    (path, _), _ = resume_state(dataclasses.replace(config, preload="01"), {"preload"})
+    assert path.name == "tmodel_01.pt" and not list(tmp_path.glob("superseded_*"))

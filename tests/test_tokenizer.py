@@ -1,6 +1,8 @@
 """Tokenizers: trained on train only, saved with their recipe and reused, exact round trips,
 special tokens in text stay text."""
 
+import dataclasses
+
 import pytest
 from conftest import number_pairs, write_aligned
 
@@ -87,6 +89,11 @@ def test_tokenizer_files_of_another_recipe_are_refused(tmp_path):
                        r"that saved no checkpoint: delete it and tokenizer_en.meta.json to train "
                        r"a new one, or keep that value$"):
         get_tokenizer(larger, "en", texts)
+    # a --tokenizer_file outside the model folder: not that folder's to delete
+    elsewhere = dataclasses.replace(larger, model_folder=str(tmp_path / "run"),
+                                    tokenizer_file=str(tmp_path / "tokenizer_{0}.json"))
+    with pytest.raises(DataError, match=r"not 500; keep that value"):
+        get_tokenizer(elsewhere, "en", texts)
     (tmp_path / "tmodel_00_s0000005.pt").write_bytes(b"")
     with pytest.raises(DataError, match=r"was trained with --vocab_size 300, not 500; keep that "
                        r"value, or train into another --model_folder \(these files belong to "

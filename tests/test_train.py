@@ -395,9 +395,11 @@ def test_a_validation_a_stop_cut_short_is_done_first_when_the_run_resumes(tmp_pa
     scores = ({k: v for k, v in json.loads((tmp_path / f / "results.json").read_text()).items()
                if k != "checkpoint"} for f in ("weights", "whole"))
     assert next(scores) == next(scores)
-    best = (torch.load(tmp_path / f / "tmodel_best.pt", weights_only=True)["model_state_dict"]
+    a, b = (torch.load(tmp_path / f / "tmodel_best.pt", weights_only=True)
             for f in ("weights", "whole"))
-    assert all(torch.equal(a, b) for a, b in zip(*(d.values() for d in best)))
+    assert [a[k] for k in ("epoch", "global_step", "validation")] == \
+        [b[k] for k in ("epoch", "global_step", "validation")]
+    assert all(torch.equal(v, b["model_state_dict"][k]) for k, v in a["model_state_dict"].items())
 
 
 @pytest.mark.parametrize("aftermath", [False, True])
@@ -763,7 +765,8 @@ def test_training_on_from_an_earlier_epoch_sets_the_abandoned_line_aside(trained
     aside = next((tmp_path / "w").glob("superseded_*"))
     assert (aside / "results.json").read_text() == "{}"
     assert (aside / "tmodel_validation.json").read_text() == old_history
-    assert "later checkpoint(s)" in t.stdout.decode()
+    assert "--preload 00: moved tmodel_01.pt, results.json, MODEL_CARD.md, validation_curve.png " \
+        "to " in t.stdout.decode()  # (the trained fixture's best: epoch 00, kept)
     history = json.loads((tmp_path / "w" / "tmodel_validation.json").read_text())
     assert [h["step"] for h in history] == [step, step + 2]  # epoch 01's validation left out
     from nmt.checkpoint import latest_checkpoint_path
@@ -1494,6 +1497,44 @@ def test_a_stop_while_scoring_the_test_sets_says_what_scores_them(tmp_path, trai
     assert code == 0 and (tmp_path / "weights" / "results.json").exists(), out + err
 
 
+def test_a_lengthened_run_cut_short_at_its_new_end_finishes_it_and_an_ended_one_trains_nothing(
+        tmp_path, train_here, monkeypatch):
+    """A finished run lengthened (--num_epochs 3), then stopped in its last validation: the
+    card of its earlier end made the next start say there was nothing to do, the last epoch
+    never validated nor the card rewritten. A run at its end (--max_steps reached) whose end
+    was not done validates or scores, and trains no step past it."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
+    flags = ["--data_dir", "c", *TINY, "--val_examples", "0"]
+    code, out, err = train_here(*flags, "--num_epochs", "2")
+    assert code == 0 and "optimizer steps in 2 epoch(s)" in (
+        tmp_path / "weights" / "MODEL_CARD.md").read_text(), err
+    real = train.validate
+
+    def cut_short(run, progress):
+        if progress.epoch < 2:
+            return real(run, progress)
+        progress.signal = "SIGINT"
+        return train.Stop.SIGNAL
+    monkeypatch.setattr(train, "validate", cut_short)
+    code, out, err = train_here(*flags, "--num_epochs", "3")
+    assert code == 130 and "while validating epoch 2" in out, err
+    monkeypatch.setattr(train, "validate", real)
+    code, out, err = train_here(*flags, "--num_epochs", "3")
+    assert code == 0 and "its last validation and the test sets are not scored yet" in out, err
+    assert [h["epoch"] for h in history(tmp_path / "weights")] == [0, 1, 2]
+    card = (tmp_path / "weights" / "MODEL_CARD.md").read_text()
+    assert "optimizer steps in 3 epoch(s)" in card
+    step = history(tmp_path / "weights")[-1]["step"]
+    (tmp_path / "weights" / "MODEL_CARD.md").unlink()  # its end cut short in the scoring
+    code, out, err = train_here(*flags, "--num_epochs", "5", "--max_steps", str(step))
+    assert code == 0 and f"already at step {step} of --max_steps {step}" in out, err
+    assert f"- {step} optimizer steps in 3 epoch(s)" in \
+        (tmp_path / "weights" / "MODEL_CARD.md").read_text()
+    assert max(load_checkpoint(p)["global_step"]
+               for p in (tmp_path / "weights").glob("tmodel_0*.pt")) == step
+
+
 def test_a_run_stopped_while_scoring_its_test_sets_scores_them_when_started_again(trained,
                                                                                   tmp_path):
     """A run whose epochs are all trained but whose end (the test sets' scores, the model
@@ -1509,8 +1550,8 @@ def test_a_run_stopped_while_scoring_its_test_sets_scores_them_when_started_agai
                      cwd=tmp_path)
     assert again.returncode == 0, again.stderr.decode()[-2000:]
     assert "all 2 epochs are trained (step" in again.stdout.decode()
-    assert "the test sets are not scored yet (the run stopped at its end): scoring them" in \
-        again.stdout.decode()
+    assert "raise --num_epochs to train on; the test sets are not scored yet (the run stopped at " \
+        "its end): scoring them" in again.stdout.decode()
     assert (tmp_path / "weights/MODEL_CARD.md").exists()
     assert sorted(p.name for p in (tmp_path / "weights").glob("tmodel_*.pt")) == before
     idle = run_here("train.py", "--data_dir", "corpus", *TINY, "--num_epochs", "2",
