@@ -22,7 +22,8 @@ mkdir -p "$OUT/src" && OUT=$(realpath "$OUT")
 git archive HEAD | tar -x -C "$OUT/src"
 exec > >(tee "$OUT/summary.txt") 2>&1
 field() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2 | xargs; }  # the first core's
-flags=$(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | paste -sd ' ')
+flags=$({ grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo || true; } | sort -u \
+    | paste -sd ' ')
 echo "code $(git rev-parse --short HEAD); $(field 'model name'), family $(field 'cpu family')," \
     "$(nproc) cores; flags: $flags"
 cd "$OUT/src"

@@ -160,11 +160,11 @@ def write_card(card: dict) -> Path:
 def card_step(folder) -> int:
     """The optimizer step a run's model card was written at (its end), or None without one:
     a card of an earlier end (a run lengthened since) does not say this end is done."""
-    try:
-        found = re.search(r"^- (\d+) optimizer steps in ", (Path(folder) / CARD_NAME).read_text(
-            encoding="utf-8"), re.MULTILINE)
+    try:  # (a card saved again in another encoding: its line is ASCII)
+        text = (Path(folder) / CARD_NAME).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
+    found = re.search(r"^- (\d+) optimizer steps in ", text, re.MULTILINE)
     return int(found.group(1)) if found else None
 
 

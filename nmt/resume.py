@@ -303,49 +303,55 @@ def set_aside_later(config: Config, path: Path):
     it belong to the abandoned line. They are moved, never deleted, into a subfolder (with a
     copy of the validation history, whose later entries the new line drops), so that pruning
     and --preload latest see the new line only. The best of the validations kept gets its best
-    checkpoint back from its own checkpoint, where one is left."""
+    checkpoint back from its own step's checkpoint, where one is left (also when a stopped
+    start left it missing). What can fail is read first: a failure moves nothing."""
     found = [p for p, _, _ in list_checkpoints(config)]
-    later = found[found.index(path) + 1:] if path in found else []
+    kept_files = found[:found.index(path) + 1] if path in found else [path]
+    later = found[len(kept_files):] if path in found else []
     best, folder = best_checkpoint_path(config), Path(config.model_folder)
     if best.exists() and load_checkpoint(best, mmap=True)["epoch"] > int(config.preload):
         later.append(best)
     ended = [p for p in (folder / "results.json", folder / CARD_NAME, folder / CURVE_NAME)
              if p.exists()]
-    if not later and not ended:
-        return
-    aside = folder / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
-    while aside.exists():  # (two in a second)
-        aside = aside.with_name(aside.name + "+")
-    aside.mkdir()
-    for p in later + ended:
-        os.replace(p, aside / p.name)
-    if history_path(config).exists():  # the whole copied aside; the new line's kept here
-        shutil.copy2(history_path(config), aside / history_path(config).name)
-        write_history(config, read_history(config, load_checkpoint(path, mmap=True)[
-            "global_step"]))
-    print(f"--preload {config.preload}: moved {', '.join(p.name for p in later + ended)} to "
-          f"{aside}; training goes on from {path.name}")
-    if best in later:
-        restore_best(config, path, found[:found.index(path) + 1] if path in found else [path])
+    history = read_history(config)
+    kept = read_history(config, up_to_step=load_checkpoint(path, mmap=True)["global_step"])
+    restoring = best_of(kept, kept_files) if kept and (best in later or not best.exists()) \
+        else None
+    if later or ended or len(kept) < len(history):
+        aside = folder / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
+        while aside.exists():  # (two in a second)
+            aside = aside.with_name(aside.name + "+")
+        aside.mkdir()
+        for p in later + ended:
+            os.replace(p, aside / p.name)
+        if history_path(config).exists():  # the whole aside, kept here up to `path`
+            shutil.copy2(history_path(config), aside / history_path(config).name)
+            write_history(config, kept)
+        moved = ", ".join(p.name for p in later + ended) or "no file"
+        print(f"--preload {config.preload}: moved {moved} to {aside} (with a copy of the "
+              f"history, kept here up to it); training goes on from {path.name}")
+    if restoring:
+        validation, state = restoring
+        said = (f"the best validation up to it (BLEU {validation['bleu']:.2f}, step "
+                f"{validation['step']})")
+        if state is None:
+            print(f"{said} has no checkpoint left: a best checkpoint is saved when a validation "
+                  f"beats it")
+        else:
+            save_checkpoint(state, best)
+            print(f"{said}: {best} written again from its checkpoint")
 
 
-def restore_best(config: Config, path: Path, kept: list):
-    """The best checkpoint of the validations up to `path` (--preload N's), written from the
-    checkpoint of its step among `kept`; said, where none is left (pruned by --keep_epochs)."""
-    history = read_history(config, up_to_step=load_checkpoint(path, mmap=True)["global_step"])
-    if not history:
-        return
-    best = best_validation(history)
-    for p in reversed(kept):
+def best_of(history: list, files: list):
+    """The best of the validations `history` and its best checkpoint, made from the
+    checkpoint of its step among `files` (None where none is left: pruned)."""
+    validation = best_validation(history)
+    for p in reversed(files):
         state = load_checkpoint(p, mmap=True)
-        if state["global_step"] == best["step"]:
-            save_checkpoint({"format": FORMAT, **{k: state[k] for k in BEST_KEYS if k in state},
-                             "validation": best}, best_checkpoint_path(config))
-            print(f"the best validation up to it (BLEU {best['bleu']:.2f}, step {best['step']}): "
-                  f"{best_checkpoint_path(config)} written again from {p.name}")
-            return
-    print(f"the best validation up to it (BLEU {best['bleu']:.2f}, step {best['step']}) has no "
-          f"checkpoint left: a best checkpoint is saved when a validation beats it")
+        if state["global_step"] == validation["step"]:  # (earlier versions': fewer keys)
+            return validation, {"format": FORMAT, "validation": validation,
+                                **{k: state[k] for k in BEST_KEYS if k in state}}
+    return validation, None
 
 
 # ---- a new run from a trained model's weights (--init_from) ------------------------------------

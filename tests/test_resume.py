@@ -346,6 +346,25 @@ def test_training_on_from_an_earlier_epoch_puts_that_lines_best_checkpoint_back(
     set_aside_later(config, tmp_path / "tmodel_02.pt")
     assert moved() == ["MODEL_CARD.md", "tmodel_validation.json"]
     assert best_checkpoint_path(config).exists()  # (its best is the kept line's)
+    # nothing later but validations (a crash after an --eval_every one): the history is cut
+    history, _ = line((4.0, 6.0, 7.0, 5.0), kept=range(3))
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert moved() == ["tmodel_validation.json"] and read_history(config) == history[:3]
+    # a checkpoint the restore reads is damaged: refused before anything moves; mended, the
+    # same start sets the files aside and restores the best
+    line((6.0, 4.0, 5.0, 7.0))
+    intact = (tmp_path / "tmodel_00.pt").read_bytes()
+    (tmp_path / "tmodel_00.pt").write_bytes(intact[:100])
+    with pytest.raises(CheckpointError, match="tmodel_00.pt"):
+        set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert not list(tmp_path.glob("superseded_*")) and (tmp_path / "tmodel_03.pt").exists()
+    (tmp_path / "tmodel_00.pt").write_bytes(intact)
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert load_checkpoint(best_checkpoint_path(config))["global_step"] == 10
+    # a start stopped after the moves, before the restore: the same start restores it
+    best_checkpoint_path(config).unlink()
+    set_aside_later(config, tmp_path / "tmodel_02.pt")
+    assert load_checkpoint(best_checkpoint_path(config))["global_step"] == 10
 
 
 def test_training_on_from_an_epoch_with_nothing_left_to_train_is_refused(tmp_path):

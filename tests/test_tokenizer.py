@@ -78,7 +78,7 @@ def test_word_level_detokenizes_and_shows_unknown_words():
     assert UNK in ids and detokenize(tok, ids) == "He doesn't [UNK]."
 
 
-def test_tokenizer_files_of_another_recipe_are_refused(tmp_path):
+def test_tokenizer_files_of_another_recipe_are_refused(tmp_path, monkeypatch):
     """11. A model folder's tokenizers are reused only for the same type, size and language."""
     texts = [s for s, _ in number_pairs(40)]
     config = Config(model_folder=str(tmp_path), vocab_size=300)
@@ -94,6 +94,11 @@ def test_tokenizer_files_of_another_recipe_are_refused(tmp_path):
                                     tokenizer_file=str(tmp_path / "tokenizer_{0}.json"))
     with pytest.raises(DataError, match=r"not 500; keep that value"):
         get_tokenizer(elsewhere, "en", texts)
+    monkeypatch.chdir(tmp_path)  # the default, relative --model_folder: the same advice
+    relative = Config(model_folder="rel", vocab_size=300)
+    get_tokenizer(relative, "en", texts)
+    with pytest.raises(DataError, match="by a start that saved no checkpoint"):
+        get_tokenizer(dataclasses.replace(relative, vocab_size=500), "en", texts)
     (tmp_path / "tmodel_00_s0000005.pt").write_bytes(b"")
     with pytest.raises(DataError, match=r"was trained with --vocab_size 300, not 500; keep that "
                        r"value, or train into another --model_folder \(these files belong to "

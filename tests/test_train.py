@@ -1497,6 +1497,26 @@ def test_a_stop_while_scoring_the_test_sets_says_what_scores_them(tmp_path, trai
     assert code == 0 and (tmp_path / "weights" / "results.json").exists(), out + err
 
 
+def test_a_kill_between_the_best_checkpoint_and_the_history_leaves_no_best_without_its_file(
+        tmp_path, train_here, monkeypatch):
+    """A validation saves its best checkpoint before the history that names it: a process
+    killed between the two left a history whose best had no file (the history went first);
+    now the step is missing from the history, and the resume validates it again."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    flags = ["--data_dir", "c", *TINY, "--val_examples", "0", "--num_epochs", "1"]
+
+    def killed(*args):
+        raise SystemExit(137)
+    monkeypatch.setattr(train, "write_history", killed)
+    code, _, _ = train_here(*flags)
+    assert code == 137 and (tmp_path / "weights" / "tmodel_best.pt").exists()
+    monkeypatch.undo()
+    code, out, err = train_here(*flags)
+    assert code == 0 and "its last validation and the test sets" in out, err
+    best = load_checkpoint(tmp_path / "weights" / "tmodel_best.pt")
+    assert [h["step"] for h in history(tmp_path / "weights")] == [best["global_step"]]
+
+
 def test_a_lengthened_run_cut_short_at_its_new_end_finishes_it_and_an_ended_one_trains_nothing(
         tmp_path, train_here, monkeypatch):
     """A finished run lengthened (--num_epochs 3), then stopped in its last validation: the
