@@ -466,7 +466,7 @@ def end_epoch(run: Run, progress: Progress, stop: Stop) -> Stop:
 
 def train_loop(run: Run, progress: Progress, argv=None, idle: str = None):
     """The run, set up: a validation first (--init_from's model, or the resumed checkpoint's if
-    a stop cut it short), the epochs (none if `idle`: all are trained), the test sets scored
+    a stop cut it short), the epochs (none if `idle`: nothing is left), the test sets scored
     with the best checkpoint, the model card. Returns the signal that stopped it, or None."""
     script, args = ("train.py", argv) if argv is not None else (sys.argv[0], sys.argv[1:])
     progress.commands.append(f"{launcher(run.world_size)} {shlex.join([script, *args])}")

@@ -313,8 +313,8 @@ def set_aside_later(config: Config, path: Path):
         later.append(best)
     ended = [p for p in (folder / "results.json", folder / CARD_NAME, folder / CURVE_NAME)
              if p.exists()]
-    history = read_history(config)
-    kept = read_history(config, up_to_step=load_checkpoint(path, mmap=True)["global_step"])
+    history, step = read_history(config), load_checkpoint(path, mmap=True)["global_step"]
+    kept = [h for h in history if h["step"] <= step]
     restoring = best_of(kept, kept_files) if kept and (best in later or not best.exists()) \
         else None
     if later or ended or len(kept) < len(history):
