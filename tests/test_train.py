@@ -1497,6 +1497,27 @@ def test_a_stop_while_scoring_the_test_sets_says_what_scores_them(tmp_path, trai
     assert code == 0 and (tmp_path / "weights" / "results.json").exists(), out + err
 
 
+def test_patience_running_out_in_a_resumes_first_validation_is_no_signal(tmp_path, train_here,
+                                                                         monkeypatch):
+    """The validation a resume does first (one a stop cut short) can end the run by
+    --patience: the run then ends as patience ends it, with no line of a signal."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    flags = ["--data_dir", "c", *TINY, "--val_examples", "0", "--num_epochs", "3"]
+    real = train.validate
+
+    def stopped(run, progress):  # epoch 0's end validated; epoch 1's cut short
+        if progress.epoch == 0:
+            return real(run, progress)
+        progress.signal = "SIGINT"
+        return train.Stop.SIGNAL
+    monkeypatch.setattr(train, "validate", stopped)
+    code, _, err = train_here(*flags)
+    assert code == 130, err
+    monkeypatch.setattr(train, "validate", lambda run, progress: train.Stop.PATIENCE)
+    code, out, err = train_here(*flags)
+    assert code == 0 and "stopped by" not in out and "resumed from weights/tmodel_01.pt" in out
+
+
 def test_a_kill_between_the_best_checkpoint_and_the_history_leaves_no_best_without_its_file(
         tmp_path, train_here, monkeypatch):
     """A validation saves its best checkpoint before the history that names it: a process
