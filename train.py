@@ -50,9 +50,9 @@ from nmt.resume import (Progress, after_smaller_batches, best_validation, check_
                         resume_state, rng_states, set_aside_later, settings_to_check,
                         validation_cut_short, validations_since_best, write_history)
 from nmt.runtime import (NoWriter, autocast, autocast_dtype, busy_note, data_parallel,
-                         gather_to_main, get_device, is_out_of_memory, main_first,
+                         exit_distributed, gather_to_main, get_device, is_out_of_memory, main_first,
                          max_over_ranks, note_precision, out_of_memory, say_device, setup_device,
-                         start_distributed, stop_distributed, sum_over_ranks, use_threads)
+                         start_distributed, sum_over_ranks, use_threads)
 from nmt.stopping import (Stop, StopRequested, abort_watch, aborted, aborting,
                           catch_stop_signals, exit_code, ignore_sigint, launcher,
                           stop_message, validation_stop_message)
@@ -536,12 +536,10 @@ def main(argv=None):
     def train_here():
         with removed_if_left_empty(config.model_folder):
             return train_model(config, given, argv)
-    try:
+    with exit_distributed():  # its code is the exit's (under torchrun, the process ends there)
         code = exit_code(run_main("train.py", train_here, aborted=ABORTED))
-    finally:
-        stop_distributed()
-    if code:
-        sys.exit(code)  # saved, and stopped: 130 or 143, not 0
+        if code:
+            sys.exit(code)  # saved, and stopped: 130 or 143, not 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Where and how the model runs: the device, its precision, CPU allocator tuning, and the
 processes of a data-parallel (torchrun) run. Used by train.py, translate.py and the benchmarks."""
 
+import atexit
 import ctypes
 import datetime
 import inspect
@@ -358,9 +359,34 @@ def gather_to_all(obj):
     return out
 
 
-def stop_distributed():
+@contextmanager
+def exit_distributed():
+    """The end of a script that may run under torchrun: the block's SystemExit (run_main's 1,
+    2, 130, 143) or its end (0) is the exit code; a bug's traceback is left as it is. Under
+    torchrun the process leaves its group and ends here: exit handlers run (atexit), but not
+    the interpreter's teardown. A process group outlives destroy_process_group while anything
+    holds it (DistributedDataParallel does), and so do its Gloo threads; one that frees a
+    tensor Python made needs the GIL, and where it meets the teardown under way it aborts the
+    process (std::terminate, exit -6), a run that had saved everything reported as failed
+    (pytorch/pytorch#190489: one loaded test run in about twenty, freeing the tensor of
+    exit_code's last exchange)."""
+    code = 0
+    try:
+        yield
+    except SystemExit as leaving:
+        code = leaving.code
+    except BaseException:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        raise
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        atexit._run_exitfuncs()  # (flushing logs, removing temporary files)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+    if code:
+        sys.exit(code)
 
 
 # ---- a step that does not fit ---------------------------------------------------------------

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from config import parse_config  # noqa: E402
 from dataset import Collator  # noqa: E402
 from nmt.evaluation import score_test_sets, validation_loss, validation_translations  # noqa: E402
-from nmt.runtime import gather_to_main, stop_distributed  # noqa: E402
+from nmt.runtime import exit_distributed, gather_to_main  # noqa: E402
 from tokenizer import PAD  # noqa: E402
 from train import set_up, train_epoch, train_step, validate  # noqa: E402
 
@@ -50,8 +50,8 @@ def main(argv=None):
         torch.save(report, out)
     run.writer.close()
     run.lock.release()
-    stop_distributed()
 
 
 if __name__ == "__main__":
-    main()
+    with exit_distributed():
+        main()

@@ -263,6 +263,43 @@ run_main("train.py", main)
     assert proc.stderr.decode() == "", proc.stderr.decode()
 
 
+def test_a_torchrun_process_ends_with_its_code_when_a_gloo_thread_frees_a_tensor_late(tmp_path):
+    """A Gloo worker thread that frees a tensor Python made takes the GIL; where the process's
+    end catches it there, the interpreter's teardown aborted the process (std::terminate, -6)
+    after a run that had saved everything: the tensor of exit_code's last exchange, once in
+    about twenty loaded test runs. Here the thread holds the GIL for a second at that moment
+    (a weakref callback), every time; nmt.runtime.exit_distributed ends the process without the
+    teardown."""
+    (tmp_path / "worker.py").write_text(f"""
+import atexit, sys, threading, time, weakref
+sys.path.insert(0, {str(ROOT)!r})
+import torch
+import torch.distributed as dist
+from nmt.runtime import exit_distributed, start_distributed
+
+freed = threading.Event()
+def release(_, sleep=time.sleep):  # run by the Gloo thread as it frees the tensor, GIL held
+    freed.set()
+    sleep(1)  # (the GIL let go): the main thread reaches its end meanwhile
+
+atexit.register(print, "exit handlers ran")  # (as logging's, which flushes the logs)
+with exit_distributed():
+    rank, world = start_distributed()
+    tensor = torch.ones(1)
+    if rank == 0:
+        watch = weakref.ref(tensor, release)
+        dist.all_reduce(tensor, async_op=True)  # waits for rank 1, its work holding the tensor
+        del tensor  # the work's reference is the last
+        freed.wait()
+    else:
+        time.sleep(1)
+        dist.all_reduce(tensor)
+""")
+    t = torchrun(tmp_path / "worker.py", cwd=tmp_path, timeout=120)
+    assert t.returncode == 0, t.stderr.decode()[-3000:]
+    assert t.stdout.decode().count("exit handlers ran") == 2
+
+
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once(tmp_path):
     with long_two_rank_run(tmp_path) as proc:
         stop_one_rank(proc, tmp_path)
@@ -340,16 +377,23 @@ def test_a_rank_that_dies_stops_the_others_and_leaves_the_saved_files_whole(tmp_
         FolderLock(tmp_path / "w").acquire().release()  # free: a resume may start
 
 
-def test_a_time_budget_under_torchrun_ends_on_every_rank_at_rank_0s_plan(tmp_path):
+def test_a_time_budget_under_torchrun_ends_on_every_rank_at_rank_0s_plan(tmp_path, monkeypatch):
     """--time_budget under torchrun: each rank's clock differs, so the ranks take rank 0's plan
     at each step's exchange and stop after the same step (no rank left waiting), the schedule
-    complete, the test set scored once."""
+    complete, the test set scored once; each process ends without the interpreter's teardown
+    (nmt.runtime.exit_distributed), which a Gloo thread could abort."""
     make_corpus(tmp_path / "corpus", n=160, seed=5, val=4)
     write_aligned(tmp_path / "corpus", "test", number_pairs(4, seed=7))
+    (tmp_path / "spy").mkdir()  # a worker's teardown, if it comes, says so
+    (tmp_path / "spy" / "sitecustomize.py").write_text(
+        "import os\nclass Spy:\n    def __del__(self, write=os.write):\n"
+        "        write(2, b'teardown ran\\n')\nif 'RANK' in os.environ:\n    spy = Spy()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "spy"))
     t = torchrun(ROOT / "train.py", "--data_dir", "corpus", *TINY, "--max_tokens", "120",
                  "--model_folder", "w", "--experiment_name", "runs/w", "--time_budget", "0.2",
                  cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()[-3000:]
+    assert b"teardown ran" not in t.stderr
     out = t.stdout.decode()
     assert out.count("the --time_budget's schedule is complete") == 1, out[-3000:]
     from config import Config
