@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 
 import torch
 import torch.distributed as dist
@@ -272,8 +272,13 @@ def data_parallel(model, device: torch.device):
         **{"forward_sync_buffers" if renamed else "broadcast_buffers": False})
 
 
+def in_group() -> bool:
+    """Whether this process has joined a process group (under torchrun)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def rank_and_world():
-    if dist.is_available() and dist.is_initialized():
+    if in_group():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -361,32 +366,40 @@ def gather_to_all(obj):
 
 @contextmanager
 def exit_distributed():
-    """The end of a script that may run under torchrun: the block's SystemExit (run_main's 1,
-    2, 130, 143) or its end (0) is the exit code; a bug's traceback is left as it is. Under
-    torchrun the process leaves its group and ends here: exit handlers run (atexit), but not
-    the interpreter's teardown. A process group outlives destroy_process_group while anything
-    holds it (DistributedDataParallel does), and so do its Gloo threads; one that frees a
-    tensor Python made needs the GIL, and where it meets the teardown under way it aborts the
-    process (std::terminate, exit -6), a run that had saved everything reported as failed
-    (pytorch/pytorch#190489: one loaded test run in about twenty, freeing the tensor of
+    """The end of a script that may run under torchrun. Alone, nothing changes: the block's
+    SystemExit, or a bug's exception, goes on. Under torchrun the process leaves its group and
+    ends here, with the code Python would give (a SystemExit's: run_main's 1, 2, 130, 143; 0 at
+    the block's end; after a bug's traceback, 1): exit handlers run (atexit), but not the
+    interpreter's teardown, nor joins of threads that are not daemons (none of ours at the
+    end). A process group outlives destroy_process_group while anything holds it
+    (DistributedDataParallel does), and so do its Gloo threads; one that frees a tensor Python
+    made needs the GIL, and where it meets the teardown under way it aborts the process
+    (std::terminate, exit -6): a run that had saved everything reported as failed
+    (pytorch/pytorch#190489; here once in about twenty loaded test runs, the tensor of
     exit_code's last exchange)."""
-    code = 0
     try:
         yield
-    except SystemExit as leaving:
-        code = leaving.code
-    except BaseException:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        raise
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-        atexit._run_exitfuncs()  # (flushing logs, removing temporary files)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
-    if code:
-        sys.exit(code)
+    except BaseException as error:
+        if not in_group():
+            raise
+        if isinstance(error, SystemExit):
+            code = error.code
+        else:  # (as Python would, had it the teardown)
+            sys.excepthook(type(error), error, error.__traceback__)
+            code = 130 if isinstance(error, KeyboardInterrupt) else 1
+    else:
+        if not in_group():
+            return
+        code = 0
+    if code is not None and not isinstance(code, int):  # sys.exit("a message")
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    dist.destroy_process_group()
+    atexit._run_exitfuncs()  # (flushing logs, removing temporary files)
+    for stream in sys.stdout, sys.stderr:  # (a stream replaced by a buffered one, or closed)
+        with suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code or 0)
 
 
 # ---- a step that does not fit ---------------------------------------------------------------

@@ -122,6 +122,12 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     assert f"- --time_budget 3 minutes bought {steps} optimizer steps" in card
     lr = train.learning_rate(train.Config(**{**final["config"]}), steps, steps)
     assert lr < 0.01 * final["config"]["lr"]  # the cosine at its end
+    (tmp_path / "weights" / "MODEL_CARD.md").unlink()  # its end cut short in the scoring
+    t = run_here("train.py", cwd=tmp_path)  # scores, with no plan: nothing is left to plan
+    assert t.returncode == 0 and "scoring them" in t.stdout.decode(), t.stderr.decode()[-2000:]
+    assert "until measured" not in t.stdout.decode()
+    assert f"- --time_budget 3 minutes bought {steps} optimizer steps" in \
+        (tmp_path / "weights" / "MODEL_CARD.md").read_text()
     t = run_here("train.py", cwd=tmp_path)
     assert t.returncode == 0 and ("the --time_budget 3 minutes' schedule is complete (step "
                                   f"{steps}); raise --time_budget to train on") in t.stdout.decode()

@@ -53,9 +53,10 @@ def test_two_ranks_train_as_one_process_on_both_batches(tmp_path, monkeypatch):
     flags = ["--data_dir", "corpus", *TINY, "--max_tokens", "120", "--dropout", "0",
              "--attention_dropout", "0", "--activation_dropout", "0",
              "--model_folder", "w", "--experiment_name", "runs/w", "--val_examples", "0"]
+    spied = teardown_spy(tmp_path, monkeypatch)
     t = torchrun(ROOT / "tests" / "ddp_worker.py", tmp_path / "out.pt", *flags,
                  "--accum_steps", "2", cwd=tmp_path)  # DDP's no_sync on every other batch
-    assert t.returncode == 0, t.stderr.decode()[-3000:]
+    assert t.returncode == 0 and spied not in t.stderr, t.stderr.decode()[-3000:]
     report = torch.load(tmp_path / "out.pt")
     assert report["world_size"] == 2
     # the same starting weights, and the same weights after an epoch of different batches
@@ -264,12 +265,13 @@ run_main("train.py", main)
 
 
 def test_a_torchrun_process_ends_with_its_code_when_a_gloo_thread_frees_a_tensor_late(tmp_path):
-    """A Gloo worker thread that frees a tensor Python made takes the GIL; where the process's
-    end catches it there, the interpreter's teardown aborted the process (std::terminate, -6)
+    """A Gloo worker thread that frees a tensor Python made takes the GIL; where it needs the
+    GIL once the interpreter's teardown has begun, the process aborted (std::terminate, -6)
     after a run that had saved everything: the tensor of exit_code's last exchange, once in
-    about twenty loaded test runs. Here the thread holds the GIL for a second at that moment
-    (a weakref callback), every time; nmt.runtime.exit_distributed ends the process without the
-    teardown."""
+    about twenty loaded test runs. Here the thread is inside the tensor's weakref callback when
+    the main thread ends, and needs the GIL back a second later, every time;
+    nmt.runtime.exit_distributed ends the process without the teardown, with the code Python
+    would give (1 and the message for sys.exit("...")), its exit handlers run."""
     (tmp_path / "worker.py").write_text(f"""
 import atexit, sys, threading, time, weakref
 sys.path.insert(0, {str(ROOT)!r})
@@ -278,9 +280,9 @@ import torch.distributed as dist
 from nmt.runtime import exit_distributed, start_distributed
 
 freed = threading.Event()
-def release(_, sleep=time.sleep):  # run by the Gloo thread as it frees the tensor, GIL held
+def release(_, sleep=time.sleep):  # run by the Gloo thread as it frees the tensor
     freed.set()
-    sleep(1)  # (the GIL let go): the main thread reaches its end meanwhile
+    sleep(2)  # (the GIL let go, to be taken back): the main thread ends meanwhile
 
 atexit.register(print, "exit handlers ran")  # (as logging's, which flushes the logs)
 with exit_distributed():
@@ -291,13 +293,30 @@ with exit_distributed():
         dist.all_reduce(tensor, async_op=True)  # waits for rank 1, its work holding the tensor
         del tensor  # the work's reference is the last
         freed.wait()
+        time.sleep(0.5)  # (rank 1 has ended: torchrun stops the others at a failure)
+        sys.exit("rank 0 leaves with a message")
     else:
         time.sleep(1)
         dist.all_reduce(tensor)
 """)
     t = torchrun(tmp_path / "worker.py", cwd=tmp_path, timeout=120)
-    assert t.returncode == 0, t.stderr.decode()[-3000:]
+    err = t.stderr.decode()
+    assert re.search(r"Root Cause.*rank +: 0 .*\n +exitcode +: 1 ", err, re.S), err[-3000:]
+    assert "rank 0 leaves with a message" in err
     assert t.stdout.decode().count("exit handlers ran") == 2
+
+
+def teardown_spy(folder, monkeypatch) -> bytes:
+    """A sitecustomize for torchrun's workers (RANK set) whose finalizer writes, to stderr,
+    what it returns when the interpreter's teardown runs (nmt.runtime.exit_distributed skips
+    it)."""
+    (folder / "spy").mkdir()
+    (folder / "spy" / "sitecustomize.py").write_text(
+        "import os\nclass Spy:\n    def __del__(self, write=os.write):\n"
+        "        write(2, b'teardown ran\\n')\nif 'RANK' in os.environ:\n    spy = Spy()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(folder / "spy"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return b"teardown ran"
 
 
 def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step_and_saves_once(tmp_path):
@@ -384,16 +403,12 @@ def test_a_time_budget_under_torchrun_ends_on_every_rank_at_rank_0s_plan(tmp_pat
     (nmt.runtime.exit_distributed), which a Gloo thread could abort."""
     make_corpus(tmp_path / "corpus", n=160, seed=5, val=4)
     write_aligned(tmp_path / "corpus", "test", number_pairs(4, seed=7))
-    (tmp_path / "spy").mkdir()  # a worker's teardown, if it comes, says so
-    (tmp_path / "spy" / "sitecustomize.py").write_text(
-        "import os\nclass Spy:\n    def __del__(self, write=os.write):\n"
-        "        write(2, b'teardown ran\\n')\nif 'RANK' in os.environ:\n    spy = Spy()\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "spy"))
+    spied = teardown_spy(tmp_path, monkeypatch)
     t = torchrun(ROOT / "train.py", "--data_dir", "corpus", *TINY, "--max_tokens", "120",
                  "--model_folder", "w", "--experiment_name", "runs/w", "--time_budget", "0.2",
                  cwd=tmp_path)
     assert t.returncode == 0, t.stderr.decode()[-3000:]
-    assert b"teardown ran" not in t.stderr
+    assert spied not in t.stderr
     out = t.stdout.decode()
     assert out.count("the --time_budget's schedule is complete") == 1, out[-3000:]
     from config import Config

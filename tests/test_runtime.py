@@ -194,3 +194,39 @@ dist.destroy_process_group()
                           timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert proc.stdout.decode().split() == ["True", "False", "True"]
+
+
+@pytest.mark.parametrize("block, code, said", [
+    ("pass", 0, ""),
+    ("sys.exit(3)", 3, ""),
+    ("sys.exit('a message')", 1, "a message\n"),
+    ("raise ValueError('a bug')", 1, "ValueError: a bug"),
+    ("raise KeyboardInterrupt", 130, "KeyboardInterrupt"),
+])
+def test_a_process_in_a_group_exits_as_python_would_with_its_exit_handlers_run(tmp_path, block,
+                                                                                code, said):
+    """nmt.runtime.exit_distributed in a process group (a one-process Gloo group, as torchrun's
+    processes join theirs): the code and the words Python's own exit would give (a bug's
+    traceback), the exit handlers run, then the process ends without the interpreter's teardown
+    (tests/test_distributed.py shows why)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    program = f"""
+import atexit, sys
+import torch.distributed as dist
+from nmt.runtime import exit_distributed
+atexit.register(print, "exit handlers ran")
+class Spy:
+    def __del__(self, write=sys.stdout.write):
+        write("teardown ran")
+spy = Spy()
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+with exit_distributed():
+    {block}
+"""
+    t = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                       timeout=120)
+    assert t.returncode == code and said in t.stderr.decode(), t.stderr.decode()
+    assert t.stdout.decode() == "exit handlers ran\n"
