@@ -34,7 +34,7 @@ from dataset import Data, get_ds, real_tokens
 from kernels import BlockwiseLabelSmoothedCrossEntropy
 from nmt.batching import TokenBatchSampler
 from nmt.bpe_dropout import training_batches
-from nmt.checkpoint import (best_checkpoint, best_checkpoint_path,
+from nmt.checkpoint import (best_checkpoint, best_checkpoint_path, card_step,
                             check_tokenizers, epoch_checkpoint_path, prune_checkpoints,
                             save_checkpoint, step_checkpoint_path, training_checkpoint)
 from nmt.cli import ArgumentParser, run_main
@@ -43,7 +43,7 @@ from nmt.compiling import check_cuda_graphs, choose_shapes, compiled
 from nmt.distill import finish_translation, plan_translation, translate_share
 from nmt.evaluation import run_validation, score_test_sets
 from nmt.files import FolderLock, check_writable, remove_files, removed_if_left_empty
-from nmt.model_card import card_step, write_run_card
+from nmt.model_card import write_run_card
 from nmt.resume import (Progress, after_smaller_batches, best_validation, check_corpus,
                         check_resume_data, copy_tokenizers, coverage_note, init_state,
                         nothing_to_do, restore_progress, restore_rng, restore_training,

@@ -106,6 +106,17 @@ def latest_checkpoint_path(config: Config):
 CARD_NAME, CURVE_NAME = "MODEL_CARD.md", "validation_curve.png"  # a finished run's (model_card)
 
 
+def card_step(folder) -> int:
+    """The optimizer step a run's model card was written at (its end), or None without one:
+    a card of an earlier end (a run lengthened since) does not say this end is done."""
+    try:  # (a card saved again in another encoding: its line is ASCII)
+        text = (Path(folder) / CARD_NAME).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"^- (\d+) optimizer steps in ", text, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
 def run_files(config: Config) -> list:
     """The names of the files a run's validations and test scoring left in its folder (the
     best checkpoint, the history, results.json): a fresh start there would overwrite them."""

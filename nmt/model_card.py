@@ -4,7 +4,6 @@ what data, how long, how good (sacreBLEU with signatures), a few translations, a
 it, so that a model handed to someone else says what it is."""
 
 import platform
-import re
 from pathlib import Path
 
 import torch
@@ -155,17 +154,6 @@ def write_card(card: dict) -> Path:
     path = folder / CARD_NAME
     write_text_atomic(path, card_text(card))
     return path
-
-
-def card_step(folder) -> int:
-    """The optimizer step a run's model card was written at (its end), or None without one:
-    a card of an earlier end (a run lengthened since) does not say this end is done."""
-    try:  # (a card saved again in another encoding: its line is ASCII)
-        text = (Path(folder) / CARD_NAME).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    found = re.search(r"^- (\d+) optimizer steps in ", text, re.MULTILINE)
-    return int(found.group(1)) if found else None
 
 
 def write_run_card(run, progress, results: dict, samples: list) -> Path:

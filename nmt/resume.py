@@ -20,9 +20,10 @@ from config import Config, fields_where
 import nmt.budget
 from nmt.budget import completed
 from nmt.checkpoint import (BEST_KEYS, CARD_NAME, CURVE_NAME, FORMAT, CheckpointError,
-                            best_checkpoint_path, check_tokenizers, elsewhere, history_path,
-                            list_checkpoints, load_checkpoint, merge_config, resolve_preload,
-                            run_files, save_checkpoint, start_again)
+                            best_checkpoint_path, card_step, check_tokenizers, elsewhere,
+                            history_path, latest_checkpoint_path, list_checkpoints,
+                            load_checkpoint, merge_config, resolve_preload, run_files,
+                            save_checkpoint, start_again)
 from nmt.files import write_text_atomic
 from nmt.trained_model import load_model_weights
 from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
@@ -112,8 +113,12 @@ def resume_state(config: Config, given: set, world_size: int = 1):
                       complete=completed(merged, state))
         idle = nothing_to_do(merged, at)
         if idle:
-            raise CheckpointError(f"--preload {config.preload}: {idle} from it (nothing was "
-                                  f"moved)")
+            unfinished = path == latest_checkpoint_path(merged) and \
+                card_step(merged.model_folder) != at.step  # (stopped at its end)
+            raise CheckpointError(
+                f"--preload {config.preload}: {idle} from it (nothing was moved)" +
+                ("; the same command without --preload finishes the run (its end was cut short)"
+                 if unfinished else ""))
     return (path, state), merged
 
 

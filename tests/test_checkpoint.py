@@ -329,3 +329,16 @@ def test_the_weights_digest_reads_every_tensor_its_type_and_shape():
     for other in (weights[name].reshape(-1), weights[name].view(torch.int32)):
         changed = {**weights, name: other}  # the same bytes
         assert weights_digest({"model_state_dict": changed}) != weights_digest(state)
+
+
+def test_the_card_tells_the_step_it_was_written_at_in_any_encoding(tmp_path):
+    """train.py reads a finished run's card for the step of its end (`card_step`): a card
+    saved again in Latin-1 by an editor (its German samples) gave a traceback on every start."""
+    from nmt.checkpoint import card_step
+    assert card_step(tmp_path) is None
+    card = tmp_path / "MODEL_CARD.md"
+    card.write_bytes("# A model\n\n- 40 optimizer steps in 4 epoch(s), 1.0 minutes\n"
+                     "Der Mann läuft.\n".encode("latin-1"))
+    assert card_step(tmp_path) == 40
+    card.write_text("- 12 optimizer steps, a line of another kind\n")
+    assert card_step(tmp_path) is None

@@ -235,16 +235,3 @@ def test_test_sets_without_a_best_checkpoint_are_said_not_scored(tmp_path, capsy
                       "device": "cpu"})
     assert "The test sets (test_2016_flickr) were not scored: the run has no best checkpoint" \
         in card and "no test split" not in card
-
-
-def test_the_card_tells_the_step_it_was_written_at_in_any_encoding(tmp_path):
-    """train.py reads a finished run's card for the step of its end (`card_step`): a card
-    saved again in Latin-1 by an editor (its German samples) gave a traceback on every start."""
-    from nmt.model_card import card_step
-    assert card_step(tmp_path) is None
-    card = tmp_path / "MODEL_CARD.md"
-    card.write_bytes("# A model\n\n- 40 optimizer steps in 4 epoch(s), 1.0 minutes\n"
-                     "Der Mann läuft.\n".encode("latin-1"))
-    assert card_step(tmp_path) == 40
-    card.write_text("- 12 optimizer steps, a line of another kind\n")
-    assert card_step(tmp_path) is None

@@ -386,11 +386,18 @@ def test_training_on_from_an_epoch_with_nothing_left_to_train_is_refused(tmp_pat
         assert not list(Path(config.model_folder).glob("superseded_*"))
         return str(e.value)
     config = run(tmp_path)
-    assert refused(config, preload="02") == (
+    assert refused(config, preload="02") == (  # the newest, its end not done (no model card)
+        "--preload 02: all 3 epochs are trained (step 30); raise --num_epochs to train on from "
+        "it (nothing was moved); the same command without --preload finishes the run (its end "
+        "was cut short)")
+    (tmp_path / "MODEL_CARD.md").write_text("- 30 optimizer steps in 3 epoch(s), 1.0 minutes\n")
+    assert refused(config, preload="02") == (  # its end done
         "--preload 02: all 3 epochs are trained (step 30); raise --num_epochs to train on from "
         "it (nothing was moved)")
-    assert refused(config, preload="01", patience=1).startswith(
+    patience = refused(config, preload="01", patience=1)  # (not the newest: no advice)
+    assert patience.startswith(
         "--preload 01: no better validation in the last 1 validations (--patience 1)")
+    assert patience.endswith("(nothing was moved)")
     (tmp_path / "b").mkdir()
     assert refused(run(tmp_path / "b", time_budget=5.0), preload="02").startswith(
         "--preload 02: the --time_budget 5 minutes' schedule is complete (step 30)")
