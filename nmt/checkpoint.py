@@ -106,7 +106,7 @@ def latest_checkpoint_path(config: Config):
 CARD_NAME, CURVE_NAME = "MODEL_CARD.md", "validation_curve.png"  # a finished run's (model_card)
 
 
-def card_step(folder) -> int:
+def card_step(folder):
     """The optimizer step a run's model card was written at (its end), or None without one:
     a card of an earlier end (a run lengthened since) does not say this end is done."""
     try:  # (a card saved again in another encoding: its line is ASCII)

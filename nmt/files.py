@@ -45,6 +45,20 @@ class FolderLock:
         self.path = Path(folder) / LOCK_NAME
         self.file = None
 
+    def held(self) -> bool:
+        """Whether a run holds the lock now (a probe: nothing is taken, nothing written)."""
+        try:
+            import fcntl
+            probe = open(self.path, encoding="utf-8")
+        except (ImportError, OSError):  # no flock, or no lock file: no run
+            return False
+        with probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return True
+        return False
+
     def acquire(self):
         try:
             import fcntl

@@ -24,7 +24,7 @@ from nmt.checkpoint import (BEST_KEYS, CARD_NAME, CURVE_NAME, FORMAT, Checkpoint
                             history_path, latest_checkpoint_path, list_checkpoints,
                             load_checkpoint, merge_config, resolve_preload, run_files,
                             save_checkpoint, start_again)
-from nmt.files import write_text_atomic
+from nmt.files import FolderLock, write_text_atomic
 from nmt.trained_model import load_model_weights
 from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
 
@@ -113,12 +113,12 @@ def resume_state(config: Config, given: set, world_size: int = 1):
                       complete=completed(merged, state))
         idle = nothing_to_do(merged, at)
         if idle:
-            unfinished = path == latest_checkpoint_path(merged) and \
-                card_step(merged.model_folder) != at.step  # (stopped at its end)
+            unfinished = path == latest_checkpoint_path(merged) and card_step(
+                merged.model_folder) != at.step and not FolderLock(merged.model_folder).held()
             raise CheckpointError(
                 f"--preload {config.preload}: {idle} from it (nothing was moved)" +
-                ("; the same command without --preload finishes the run (its end was cut short)"
-                 if unfinished else ""))
+                ("; the same command without --preload finishes the run there (its test scores "
+                 "and model card)" if unfinished else ""))
     return (path, state), merged
 
 

@@ -369,7 +369,7 @@ def exit_distributed():
     """The end of a script that may run under torchrun. Alone, nothing changes: the block's
     SystemExit, or a bug's exception, goes on. Under torchrun the process leaves its group and
     ends here, with the code Python would give (a SystemExit's: run_main's 1, 2, 130, 143; 0 at
-    the block's end; after a bug's traceback, 1): exit handlers run (atexit), but not the
+    the block's end; after a bug's traceback, 1; 130 after Ctrl-C's): exit handlers run, but not the
     interpreter's teardown, nor joins of threads that are not daemons (none of ours at the
     end). A process group outlives destroy_process_group while anything holds it
     (DistributedDataParallel does), and so do its Gloo threads; one that frees a tensor Python
@@ -384,7 +384,8 @@ def exit_distributed():
             raise
         if isinstance(error, SystemExit):
             code = error.code
-        else:  # (as Python would, had it the teardown)
+        else:  # as Python would (but 130, the shell's, for Ctrl-C, where Python dies by SIGINT)
+            error.with_traceback(error.__traceback__.tb_next)  # (from the block, not `yield`)
             sys.excepthook(type(error), error, error.__traceback__)
             code = 130 if isinstance(error, KeyboardInterrupt) else 1
     else:
@@ -394,7 +395,8 @@ def exit_distributed():
     if code is not None and not isinstance(code, int):  # sys.exit("a message")
         sys.stderr.write(f"{code}\n")
         code = 1
-    dist.destroy_process_group()
+    with suppress(Exception):  # (a group that cannot be torn down changes nothing now)
+        dist.destroy_process_group()
     atexit._run_exitfuncs()  # (flushing logs, removing temporary files)
     for stream in sys.stdout, sys.stderr:  # (a stream replaced by a buffered one, or closed)
         with suppress(OSError, ValueError):

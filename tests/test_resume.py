@@ -386,11 +386,21 @@ def test_training_on_from_an_epoch_with_nothing_left_to_train_is_refused(tmp_pat
         assert not list(Path(config.model_folder).glob("superseded_*"))
         return str(e.value)
     config = run(tmp_path)
+    finish = "; the same command without --preload finishes the run there (its test scores " \
+        "and model card)"
     assert refused(config, preload="02") == (  # the newest, its end not done (no model card)
         "--preload 02: all 3 epochs are trained (step 30); raise --num_epochs to train on from "
-        "it (nothing was moved); the same command without --preload finishes the run (its end "
-        "was cut short)")
-    (tmp_path / "MODEL_CARD.md").write_text("- 30 optimizer steps in 3 epoch(s), 1.0 minutes\n")
+        "it (nothing was moved)" + finish)
+    card = tmp_path / "MODEL_CARD.md"
+    card.write_text("- 20 optimizer steps in 2 epoch(s), 1.0 minutes\n")  # an earlier end's
+    assert refused(config, preload="02").endswith(finish)
+    from nmt.files import FolderLock
+    lock = FolderLock(tmp_path).acquire()  # a run there now, its end under way: no advice
+    try:
+        assert refused(config, preload="02").endswith("(nothing was moved)")
+    finally:
+        lock.release()
+    card.write_text("- 30 optimizer steps in 3 epoch(s), 1.0 minutes\n")
     assert refused(config, preload="02") == (  # its end done
         "--preload 02: all 3 epochs are trained (step 30); raise --num_epochs to train on from "
         "it (nothing was moved)")

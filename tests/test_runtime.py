@@ -198,6 +198,7 @@ dist.destroy_process_group()
 
 @pytest.mark.parametrize("block, code, said", [
     ("pass", 0, ""),
+    ("sys.exit()", 0, ""),
     ("sys.exit(3)", 3, ""),
     ("sys.exit('a message')", 1, "a message\n"),
     ("raise ValueError('a bug')", 1, "ValueError: a bug"),
@@ -209,6 +210,7 @@ def test_a_process_in_a_group_exits_as_python_would_with_its_exit_handlers_run(t
     processes join theirs): the code and the words Python's own exit would give (a bug's
     traceback), the exit handlers run, then the process ends without the interpreter's teardown
     (tests/test_distributed.py shows why)."""
+    import os
     import subprocess
     import sys
 
@@ -226,7 +228,9 @@ dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=
 with exit_distributed():
     {block}
 """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # (what it flushes)
     t = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
-                       timeout=120)
+                       env=env, timeout=120)
     assert t.returncode == code and said in t.stderr.decode(), t.stderr.decode()
+    assert "in exit_distributed" not in t.stderr.decode()  # a traceback from the block's line
     assert t.stdout.decode() == "exit handlers ran\n"

@@ -1570,8 +1570,8 @@ def test_a_lengthened_run_cut_short_at_its_new_end_finishes_it_and_an_ended_one_
     (tmp_path / "weights" / "MODEL_CARD.md").unlink()  # its end cut short in the scoring
     code, out, err = train_here(*flags, "--num_epochs", "3", "--preload", "02")
     assert code == 2 and err.strip().endswith(
-        "(nothing was moved); the same command without --preload finishes the run (its end was "
-        "cut short)"), err
+        "(nothing was moved); the same command without --preload finishes the run there (its "
+        "test scores and model card)"), err
     code, out, err = train_here(*flags, "--num_epochs", "5", "--max_steps", str(step))
     assert code == 0 and f"already at step {step} of --max_steps {step}" in out, err
     assert f"- {step} optimizer steps in 3 epoch(s)" in \
