@@ -369,8 +369,8 @@ def exit_distributed():
     """The end of a script that may run under torchrun. Alone, nothing changes: the block's
     SystemExit, or a bug's exception, goes on. Under torchrun the process leaves its group and
     ends here, with the code Python would give (a SystemExit's: run_main's 1, 2, 130, 143; 0 at
-    the block's end; after a bug's traceback, 1; 130 after Ctrl-C's): exit handlers run, but not the
-    interpreter's teardown, nor joins of threads that are not daemons (none of ours at the
+    the block's end; 1 after a bug's traceback; 130 after Ctrl-C's): exit handlers run, but not
+    the interpreter's teardown, nor joins of threads that are not daemons (none of ours at the
     end). A process group outlives destroy_process_group while anything holds it
     (DistributedDataParallel does), and so do its Gloo threads; one that frees a tensor Python
     made needs the GIL, and where it meets the teardown under way it aborts the process
