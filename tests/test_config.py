@@ -228,6 +228,47 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
     assert seen > 100 and missing == []
 
 
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lowercased, punctuation but `-` and `_`
+    dropped, spaces made `-`, a repeated one numbered (`-1`, `-2`); code blocks skipped."""
+    import re
+
+    anchors, counts = set(), {}
+    for line in re.sub(r"```.*?```", "", markdown, flags=re.S).splitlines():
+        if m := re.match(r"#{1,6} (.+)", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{counts[slug]}" if slug in counts else slug)
+            counts[slug] = counts.get(slug, 0) + 1
+    return anchors
+
+
+def test_every_relative_link_and_anchor_in_the_readme_and_docs_resolves():
+    """A link `[..](docs/x.md#heading)` in README.md, docs/ or the notebooks names a file of the
+    repo and, with an anchor into a markdown file, one of its headings: a heading reworded, or a
+    page moved, breaks it on GitHub without a word."""
+    import re
+
+    from conftest import ROOT
+    pages = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("notebooks/*.ipynb")]
+    broken, seen = [], 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            seen += 1
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in github_anchors(
+                    file.read_text(encoding="utf-8")):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert seen > 50 and broken == []
+    assert github_anchors("# A `b` c\n## What's new?\n```\n# no\n```\n## What's new?") == {
+        "a-b-c", "whats-new", "whats-new-1"}
+
+
 def test_module_paths_in_prose_name_the_modules_where_they_live():
     """Issue 63, 12: after the layout's move, docstrings, comments and docs still named
     `checkpoint.average_checkpoints`, `runtime.setup_device`... (now nmt.checkpoint, ...). A
