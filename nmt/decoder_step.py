@@ -58,7 +58,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import (LayerNormalization, PositionalEncoding, RMSNormalization,
+from model import (DecoderBlock, EncoderBlock, LayerNormalization, MultiHeadAttentionBlock,
+                   PositionalEncoding, ResidualConnection, RMSNormalization,
                    SwiGLUFeedForwardBlock, Transformer)
 
 
@@ -258,24 +259,31 @@ class NativeLayers:
 
     @staticmethod
     def applies(model: Transformer) -> bool:
-        """Whether the model's encoder and decoder are the design the C functions compute."""
+        """Whether the model's encoder and decoder are the design the C functions compute, made
+        of model.py's own classes (a subclass may compute otherwise; the C code reads only the
+        weights) and nn.Linear layers without a bias."""
         if model.rotary is None or type(model.encoder.norm) is not RMSNormalization or \
                 type(model.decoder.norm) is not RMSNormalization:
             return False
         eps = set()  # one for every residual connection's norm (the C step's)
-        for block in [*model.encoder.layers, *model.decoder.layers]:
+        blocks = [(b, EncoderBlock) for b in model.encoder.layers] + \
+            [(b, DecoderBlock) for b in model.decoder.layers]
+        for block, kind in blocks:
             ff, connections = block.feed_forward_block, block.residual_connections
-            if not isinstance(ff, SwiGLUFeedForwardBlock) or \
-                    any(f.bias is not None for f in (ff.linear_1, ff.linear_2, ff.linear_3)):
-                return False
-            if any(not c.norm_first or type(c.norm) is not RMSNormalization
-                   for c in connections):
-                return False
-            eps.update(c.norm.eps for c in connections)
             attentions = [block.self_attention_block, getattr(block, "cross_attention_block",
                                                               block.self_attention_block)]
-            if block.self_attention_block.d_k % 2 or any(
-                    m.bias is not None for a in attentions for m in (a.w_qkv, a.w_o)):
+            if type(block) is not kind or type(ff) is not SwiGLUFeedForwardBlock or \
+                    any(type(a) is not MultiHeadAttentionBlock for a in attentions):
+                return False
+            linears = [ff.linear_1, ff.linear_2, ff.linear_3,
+                       *(m for a in attentions for m in (a.w_qkv, a.w_o))]
+            if any(type(m) is not nn.Linear or m.bias is not None for m in linears):
+                return False
+            if any(type(c) is not ResidualConnection or not c.norm_first or
+                   type(c.norm) is not RMSNormalization for c in connections):
+                return False
+            eps.update(c.norm.eps for c in connections)
+            if block.self_attention_block.d_k % 2:
                 return False
         return len(eps) == 1
 

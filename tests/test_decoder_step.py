@@ -360,9 +360,9 @@ def test_the_modern_design_steps_in_one_c_call_where_a_compiler_is(monkeypatch):
 @needs_onednn
 def test_the_c_step_takes_only_what_it_computes(monkeypatch):
     """NativeLayers.applies() refuses a modern model with a LayerNorm in its encoder, norms of
-    two eps, or an attention layer with a bias (the C code computes none of them), and the
-    searches decode as model.py; the C call refuses tensors that do not match its rows; CC may
-    carry arguments."""
+    two eps, an attention layer with a bias, or an encoder's linear layer of another class (the
+    C code computes none of them: it reads the weights alone), and the searches decode as
+    model.py; the C call refuses tensors that do not match its rows; CC may carry arguments."""
     if nmt.decoder_step._compiled_layers() is None:
         pytest.skip("no C compiler here")
     from model import LayerNormalization
@@ -384,7 +384,18 @@ def test_the_c_step_takes_only_what_it_computes(monkeypatch):
         new = torch.nn.Linear(old.in_features, old.out_features)
         new.weight.copy_(old.weight)
         m.encoder.layers[0].self_attention_block.w_o = new
-    for model in (layer_norm, two_eps, variant(biased_w_o)):
+
+    class Shifted(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 1.0
+
+    def shifted(m):  # a subclass of nn.Linear in the encoder, which only the C code runs
+        old = m.encoder.layers[0].feed_forward_block.linear_2
+        new = Shifted(old.in_features, old.out_features, bias=False)
+        new.weight.copy_(old.weight)
+        m.encoder.layers[0].feed_forward_block.linear_2 = new
+    assert fast_decoder(small(seed=5, **DESIGNS[C_STEP[1]]), rows=8).native is not None
+    for model in (layer_norm, two_eps, variant(biased_w_o), variant(shifted)):
         fast = fast_decoder(model, rows=8)
         assert fast.native is None
         assert greedy_decode(fast, src, src_mask, SOS, EOS, limit) == \
