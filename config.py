@@ -466,12 +466,28 @@ def add_config_arguments(parser, visible=None, helps=None, skip=()):
                                                       f"(default: {f.default})"))
 
 
+class Given(set):
+    """The names of the flags a command line sets, typed or by its --preset; `preset`: the
+    names its --preset alone set, and the preset's name, for a refusal to name what was typed."""
+
+    def __init__(self, names=(), preset: str = None, by_preset=()):
+        super().__init__(names)
+        self.preset, self.by_preset = preset, frozenset(by_preset)
+
+
+def drop_flag(given: set, name: str) -> str:
+    """What to drop where --name's value is refused: the flag, or the --preset that set it."""
+    if name in getattr(given, "by_preset", ()):
+        return f"drop --preset {given.preset} (it sets --{name})"
+    return "drop the flag"
+
+
 def config_from_args(args, base: Config = None, training: bool = True):
     """Config with the flags the user gave on top of `base` (or the defaults). `training`:
     train.py's line, where --batch_size alone asks for sentence batches (translate.py's
     --batch_size is the sentences decoded at once, and it has no --max_tokens).
 
-    Returns (config, names of the flags given)."""
+    Returns (config, names of the flags given: a Given)."""
     config = dataclasses.replace(base) if base else Config()
     preset = set()
     for name, value in PRESETS.get(getattr(args, "preset", None), {}).items():
@@ -488,7 +504,7 @@ def config_from_args(args, base: Config = None, training: bool = True):
     if training and "batch_size" in flags and "max_tokens" not in flags:
         config.max_tokens = 0
         flags.add("max_tokens")
-    return config, preset | flags
+    return config, Given(preset | flags, getattr(args, "preset", None), preset - flags)
 
 
 class RaisingParser(argparse.ArgumentParser):

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from config import Config, UserError, fields_where
+from config import Config, UserError, drop_flag, fields_where
 from tokenizer import tokenizer_fingerprints
 
 
@@ -392,7 +392,8 @@ def merge_config(saved: Config, current: Config, given: set, path, overrides: se
                         f"{old}, not {new}")
             if not translating:
                 raise CheckpointError(f"{mismatch}; the architecture is fixed once trained: "
-                                      f"drop the flag, or train into another --model_folder")
+                                      f"{drop_flag(given, name)}, or train into another "
+                                      f"--model_folder")
             if name in ("lang_src", "lang_tgt"):
                 raise CheckpointError(
                     f"{mismatch}: this model translates {saved.lang_src} to {saved.lang_tgt}; "

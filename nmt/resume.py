@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from config import Config, fields_where
+from config import Config, drop_flag, fields_where
 import nmt.budget
 from nmt.budget import completed
 from nmt.checkpoint import (BEST_KEYS, CARD_NAME, CURVE_NAME, FORMAT, CheckpointError,
@@ -380,7 +380,7 @@ def init_state(config: Config, given: set):
             raise CheckpointError(
                 f"--{name} {getattr(config, name)}: the model of --init_from {path} has --{name} "
                 f"{getattr(saved, name)}, and a run started from it keeps its architecture and "
-                f"vocabulary; drop the flag")
+                f"vocabulary; {drop_flag(given, name)}")
     merged = with_architecture(config, saved)
     if Path(saved.tokenizer_file).is_absolute():  # the source's tokenizers lay elsewhere: the
         merged.tokenizer_file = own_tokenizer_file(saved.tokenizer_file)  # new run keeps copies

@@ -342,3 +342,26 @@ def test_the_card_tells_the_step_it_was_written_at_in_any_encoding(tmp_path):
     assert card_step(tmp_path) == 40
     card.write_text("- 12 optimizer steps, a line of another kind\n")
     assert card_step(tmp_path) is None
+
+
+def test_an_architecture_flag_refused_on_resume_names_what_the_user_typed():
+    """Resuming a run with another value of a model field is refused, and the line says what
+    to drop: the flag typed, or, where only a --preset set it, that --preset (the user typed
+    no --ffn)."""
+    from config import parse_config
+    from nmt.checkpoint import merge_config
+    saved, _ = parse_config(["--preset", "multi30k_modern"])
+    for argv, said in (
+            (["--ffn", "relu"], "it was trained with --ffn swiglu, not relu; the architecture "
+                                "is fixed once trained: drop the flag, or train into another "
+                                "--model_folder"),
+            (["--preset", "multi30k"], "--ffn relu does not match M: it was trained with --ffn "
+                                       "swiglu, not relu; the architecture is fixed once "
+                                       "trained: drop --preset multi30k (it sets --ffn), or"),
+            (["--preset", "multi30k", "--ffn", "relu"], "drop the flag, or")):
+        current, given = parse_config(argv)
+        with pytest.raises(CheckpointError) as refused:
+            merge_config(saved, current, given, "M", set())
+        assert said in str(refused.value), str(refused.value)
+    current, given = parse_config(["--preset", "multi30k_modern", "--lr", "1e-4"])
+    assert merge_config(saved, current, given, "M", {"lr"}).lr == 1e-4  # the same preset: taken
