@@ -81,6 +81,9 @@ def resume_state(config: Config, given: set, world_size: int = 1):
             f"a newer one (--preload latest), or translate with this one")
     saved = Config.from_dict(state["config"])
     merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
+    if "data_dir" not in given and merged.data_dir and not Path(merged.data_dir).is_dir():
+        raise CheckpointError(f"the corpus {path} was trained on, --data_dir {merged.data_dir}, "
+                              f"is not there (moved?): give its place with --data_dir")
     check_distillation(saved, merged, path)
     check_init_from(saved, config, path)
     merged.init_from = saved.init_from  # (where the run started from stays as recorded)

@@ -1437,6 +1437,23 @@ def test_a_corpus_mismatch_names_the_folders_as_typed_not_their_link_targets(tmp
     assert f"the corpus {tmp_path / 'link_a'}, not {tmp_path / 'link_b'};" in err
 
 
+def test_a_resume_whose_corpus_moved_says_so_and_goes_on_from_its_new_place(tmp_path,
+                                                                           train_here):
+    """A resume that typed no --data_dir reads the checkpoint's: where that folder is gone, the
+    line said `--data_dir X: no such folder`, a flag the user never gave. It names the corpus
+    the run was trained on and how to give its new place, which resumes."""
+    make_corpus(tmp_path / "c", n=60, val=4)
+    code, _, err = train_here("--data_dir", str(tmp_path / "c"), *TINY, "--max_steps", "1")
+    assert code == 0, err
+    (tmp_path / "c").rename(tmp_path / "moved")
+    code, _, err = train_here("--max_steps", "2")
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"trained on, --data_dir {tmp_path / 'c'}, is not there (moved?): give its place " \
+        f"with --data_dir\n" in err
+    code, _, err = train_here("--max_steps", "2", "--data_dir", str(tmp_path / "moved"))
+    assert code == 0, err
+
+
 def test_a_flag_typo_names_the_nearest_flag(tmp_path, train_here):
     """`train.py --data-dir` said only "unrecognized arguments"."""
     code, _, err = train_here("--data-dir", "data/multi30k")
