@@ -18,6 +18,7 @@ tests the papers' BLEU instead (as the Multi30k papers report it: lowercased, Mo
 against the dataset's tokenized references; nmt/metrics.papers_bleu), never mixed with sacreBLEU's.
 """
 
+import argparse
 from pathlib import Path
 
 from config import UserError
@@ -67,7 +68,9 @@ def table(found: dict) -> str:
 
 
 def main(argv=None):
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__)
+    description, epilog = __doc__.split("\n\n", 1)
+    parser = ArgumentParser(description=description, epilog=epilog,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("hypotheses", nargs="+", metavar="HYP",
                         help="translation files, one sentence a line; the first is the baseline")
     parser.add_argument("--reference", required=True, help="the reference translations")

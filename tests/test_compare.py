@@ -100,3 +100,15 @@ def test_the_docstrings_command_keeps_its_continuation_line():
     doc = ast.get_docstring(ast.parse((ROOT / "compare.py").read_text(encoding="utf-8")),
                             clean=False)
     assert "--reference tok/test_2016_flickr.lc.norm.tok.de \\\n        --papers_bleu de" in doc
+
+
+def test_help_shows_the_example_commands_as_written_and_the_description_once(tmp_path):
+    """`compare.py --help` repeated the description in its epilog, its commands run together
+    into one paragraph (argparse refills an epilog that is not raw)."""
+    from conftest import run_here
+    shown = run_here("compare.py", "--help", cwd=tmp_path)
+    assert shown.returncode == 0
+    text = shown.stdout.decode()
+    assert "\n    python compare.py a.hyp b.hyp --reference test.de              # a: the " \
+           "baseline\n" in text
+    assert text.count("Is one system's score really higher") == 1
