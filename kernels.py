@@ -34,9 +34,10 @@ class Dropout(nn.Module):
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
-        if x.device.type != "cpu" or self.p >= 1:
+        threshold = round(self.p * 65536)  # 65536 where p rounds to 1: no 16-bit number kept
+        if x.device.type != "cpu" or threshold >= 65536:
             return F.dropout(x, self.p, training=True)
-        return SixteenBitDropout.apply(x, round(self.p * 65536))
+        return SixteenBitDropout.apply(x, threshold)
 
     def extra_repr(self):
         return f"p={self.p}"

@@ -464,6 +464,9 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score), or
     with `sampling` its n samples as (ids, log P). fast_step=False: model.py's decoder step
     instead of the FastDecoder's (the reference; dev/bench_decode.py times both)."""
+    if min_len > seq_len - 2:  # [EOS] would be both required and barred (as Config.validate)
+        raise ValueError(f"min_len {min_len} is more than a translation can hold: seq_len "
+                         f"{seq_len} leaves {seq_len - 2} output tokens ([SOS] and [EOS] take two)")
     device = next(model.parameters()).device
     banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
     ensemble = isinstance(model, Ensemble)

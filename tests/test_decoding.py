@@ -162,6 +162,18 @@ def test_a_limit_below_min_len_is_raised_to_it():
         assert [len(o) for o in out] == [2, 2], (beam, out)
 
 
+def test_a_min_len_no_translation_can_hold_is_refused():
+    """Issue 42: min_len above seq_len - 2 both required and barred [EOS] at the last step
+    (greedy raised TypeError, beam search IndexError): refused as Config.validate refuses it,
+    while seq_len - 2 output tokens still decode."""
+    model = tiny_model(vocab=20, seq_len=6)
+    for beam in (1, 3):
+        with pytest.raises(ValueError, match="min_len 5 is more than a translation can hold"):
+            translate_ids(model, [[5, 6]], SOS, EOS, PAD, 6, beam=beam, min_len=5)
+        out = translate_ids(model, [[5, 6]], SOS, EOS, PAD, 6, beam=beam, min_len=4)
+        assert [len(o) for o in out] == [4], (beam, out)
+
+
 def test_decoding_reports_progress_and_stops_at_the_next_batch_when_asked():
     """Issue 17: validation decoding showed no progress and ignored the first Ctrl-C."""
     model = tiny_model(vocab=20, seed=0)

@@ -40,9 +40,18 @@ def test_dropout_drops_p_of_every_lane_scales_the_rest_and_reuses_its_mask_backw
     kept = yb != 0
     assert torch.equal(yb[kept], (xb[kept].float() * 65536 / (65536 - 6554)).bfloat16())
     assert torch.equal(dropout.eval()(x), x)
-    # torch's own nn.Dropout keeps the same share at the same scale (its reference)
-    reference = torch.nn.Dropout(0.1)(torch.ones(1000, 1000))
-    assert (reference == 0).float().mean().item() == pytest.approx(0.1, abs=0.002)
+
+
+@pytest.mark.parametrize("p", [1 - 1 / 131072, 0.999995, 1.0])
+def test_a_rate_that_rounds_to_one_in_16_bits_drops_as_torch_does(p):
+    """Issue 42: p from 1 - 1/131072 up rounds to 65536/65536, which keeps no 16-bit number,
+    and the kept ones' scale 65536/(65536 - 65536) divided by zero: such p take torch's own
+    dropout, as p = 1 does (a million elements: about 5 kept at p = 0.999995)."""
+    x = torch.ones(1000, 1000)
+    torch.manual_seed(0)
+    y = Dropout(p).train()(x)
+    torch.manual_seed(0)
+    assert torch.equal(y, F.dropout(x, p, training=True))
 
 
 def test_the_attention_dispatch_writes_attention_out_only_where_it_was_measured_faster():

@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from conftest import small, tiny_model
 
 from config import Config
-from model import (LabelSmoothedCrossEntropy, LayerNormalization, MultiHeadAttentionBlock,
-                   PositionalEncoding, ResidualConnection, RMSNormalization,
-                   RotaryPositionalEmbedding, SwiGLUFeedForwardBlock, attention, build_transformer,
-                   causal_mask, swiglu_width)
+from kernels import Dropout
+from model import (FeedForwardBlock, LabelSmoothedCrossEntropy, LayerNormalization,
+                   MultiHeadAttentionBlock, PositionalEncoding, ResidualConnection,
+                   RMSNormalization, RotaryPositionalEmbedding, SwiGLUFeedForwardBlock, attention,
+                   build_transformer, causal_mask, swiglu_width)
 from tokenizer import PAD
 
 
@@ -298,21 +299,42 @@ def test_swiglu_matches_its_formula_and_keeps_the_parameter_count():
     assert abs(swiglu - relu) / relu < 0.05
 
 
-@pytest.mark.parametrize("rates, random", [
-    ((0.0, 0.0, 0.0), False), ((0.0, 0.5, 0.0), True), ((0.0, 0.0, 0.5), True),
-    ((0.5, 0.0, 0.0), True)])
-def test_each_dropout_rate_reaches_its_place(rates, random):
+def test_each_dropout_rate_reaches_its_place():
     """Issue 18: --dropout is the paper's residual (and embedding) dropout; the attention
     weights and the feed-forward activations have rates of their own (fairseq's recipe sets
-    them apart)."""
-    dropout, attention, activation = rates
-    torch.manual_seed(0)
-    model = build_transformer(24, 24, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=dropout,
-                              attention_dropout=attention, activation_dropout=activation)
-    src, tgt = torch.randint(4, 24, (2, 7)), torch.randint(4, 24, (2, 6))
+    them apart). Each Dropout holds its rate, and each rate at 1 (all dropped) in training
+    does what its place implies."""
+    def build(dropout=0.0, attention=0.0, activation=0.0, pos="sinusoidal"):
+        torch.manual_seed(0)
+        return build_transformer(24, 24, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=dropout,
+                                 attention_dropout=attention, activation_dropout=activation,
+                                 pos=pos).train()
+    model = build(0.1, 0.2, 0.3)
+    for name, module in model.named_modules():
+        if isinstance(module, Dropout):
+            owner = type(model.get_submodule(name.rpartition(".")[0]))
+            assert module.p == {MultiHeadAttentionBlock: 0.2, FeedForwardBlock: 0.3}.get(owner, 0.1)
+    src, other, tgt = torch.randint(4, 24, (2, 7)), torch.randint(4, 24, (2, 7)), \
+        torch.randint(4, 24, (2, 6))
     mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
-    model.train()
-    assert (not torch.equal(model(src, tgt, mask), model(src, tgt, mask))) == random
+    for pos in ("sinusoidal", "rope"):  # embeddings (and positions) dropped, and each sublayer's
+        model = build(dropout=1.0, pos=pos)  # output: every position's logits are those of 0
+        logits = model(src, tgt, mask)
+        torch.testing.assert_close(logits, model.project(torch.zeros(16)).expand_as(logits))
+    model = build(attention=1.0)  # no attention weights: the source is never seen
+    assert torch.equal(model(src, tgt, mask), model(other, tgt, mask))
+    model = build(activation=1.0)  # no hidden activations: the first layers have no effect
+    logits = model(src, tgt, mask)
+    with torch.no_grad():
+        for block in model.modules():
+            if isinstance(block, FeedForwardBlock):
+                block.linear_1.weight.normal_()
+    assert torch.equal(model(src, tgt, mask), logits)
+    x = torch.randn(2, 3, 16)  # the sublayer's output dropped, before post-norm's norm
+    for norm_first in (True, False):
+        connection = ResidualConnection(16, 1.0, norm_first=norm_first).train()
+        expected = x if norm_first else connection.norm(x)
+        torch.testing.assert_close(connection(x, torch.sin), expected)
     # checkpoints of earlier versions had one rate for all three
     old = Config.from_dict({"dropout": 0.3})
     assert (old.attention_dropout, old.activation_dropout) == (0.3, 0.3)
@@ -343,5 +365,6 @@ def test_a_scaled_embedding_has_unit_size_beside_the_positions():
     for tie in ("none", "all"):
         model = build_transformer(10000, 10000, 16, 16, d_model=128, N=1, h=4, d_ff=64,
                                   tie_embeddings=tie, shared_vocab=tie == "all")
-        x = model.src_embed(torch.arange(10000))  # (vocab, d_model)
-        assert x.pow(2).mean().sqrt().item() == pytest.approx(1.0, abs=0.02)
+        for embed in (model.src_embed, model.tgt_embed):
+            x = embed(torch.arange(10000))  # (vocab, d_model)
+            assert x.pow(2).mean().sqrt().item() == pytest.approx(1.0, abs=0.02)
