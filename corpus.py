@@ -377,7 +377,10 @@ def load_corpus(config: Config, wanted=SPLITS):
     splits = _load_local(config, wanted) if config.data_dir else _load_hub(config, wanted)
     if "train" in wanted:
         if len(splits["train"]) < 2:
-            raise DataError("the training split has fewer than 2 usable pairs")
+            where = f"--data_dir {config.data_dir}" if config.data_dir else \
+                f"--datasource {config.datasource}"
+            raise DataError(f"the training split of {where} has {len(splits['train'])} usable "
+                            f"pair(s), fewer than 2 (a pair with an empty side is skipped)")
         if "validation" not in splits:
             parts = splits["train"].train_test_split(test_size=config.val_fraction,
                                                      seed=config.seed)

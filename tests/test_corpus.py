@@ -174,6 +174,8 @@ def test_a_hub_dataset_with_one_column_per_language_loads_like_a_translation_col
     ("other_language", "has no train.it \\(training files there: train.de, train.en\\)"),
     ("no_test_target", "test_2016.en has no matching target file"),
     ("a_file", "is a file; give the folder"),
+    ("empty", r"the training split of --data_dir .*bad has 1 usable pair\(s\), fewer than 2 \(a "
+              r"pair with an empty side is skipped\)$"),
 ])
 def test_bad_local_data_is_refused_with_a_clear_message(tmp_path, problem, message):
     folder = tmp_path / "bad"
@@ -194,6 +196,9 @@ def test_bad_local_data_is_refused_with_a_clear_message(tmp_path, problem, messa
     elif problem == "other_language":  # issue 16, 14: it named a test file as missing
         write_aligned(folder, "train", number_pairs(3), tgt="de")
         write_aligned(folder, "test_2016", number_pairs(3), tgt="de")
+    elif problem == "empty":  # (it named neither the folder nor what was found)
+        (folder / "train.en").write_text("one.\n\nthree.\n")
+        (folder / "train.it").write_text("uno.\ndue.\n\n")
     elif problem == "no_test_target":
         write_aligned(folder, "train", number_pairs(3))
         (folder / "test_2016.en").write_text("a\n")
