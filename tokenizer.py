@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from config import Config
-from corpus import DataError
+from corpus import DataError, note
 
 SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[SOS]", "[EOS]"]  # ids 0, 1, 2, 3 in every tokenizer
 UNK, PAD, SOS, EOS = range(4)  # load_tokenizer refuses a file where they differ
@@ -47,6 +47,9 @@ def build_tokenizer(kind: str, vocab_size: int, texts, tag: str = ""):
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    if tok.get_vocab_size() > vocab_size:  # (BPE keeps its whole alphabet)
+        note(f"--vocab_size {vocab_size} is less than byte-level BPE's 256 bytes and 4 special "
+             f"tokens: the vocabulary has {tok.get_vocab_size()}")
     if tag:
         tok.add_tokens([AddedToken(tag, normalized=False, rstrip=True)])
     tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token

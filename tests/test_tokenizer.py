@@ -29,6 +29,16 @@ def test_bpe_tokenizer_has_no_unknown_words_and_detokenizes_exactly(tmp_path):
     assert word.encode("seven unseenword").ids[1] == 0  # the write-ups' tokenizer: [UNK]
 
 
+def test_a_bpe_vocabulary_smaller_than_its_alphabet_is_said(capsys):
+    """--vocab_size 10 gave a vocabulary of 260 without a word: BPE keeps every byte."""
+    texts = [s for s, _ in number_pairs(50)]
+    assert build_tokenizer("bpe", 10, texts).get_vocab_size() == 260
+    assert capsys.readouterr().err == ("--vocab_size 10 is less than byte-level BPE's 256 bytes "
+                                       "and 4 special tokens: the vocabulary has 260\n")
+    build_tokenizer("bpe", 300, texts), build_tokenizer("word", 10, texts)
+    assert capsys.readouterr().err == ""
+
+
 def test_tokenizers_are_trained_on_train_only_saved_and_reused(tmp_path, corpus):
     config = cfg(tmp_path, data_dir=str(corpus))
     (corpus / "val.en").write_text("zebra xylophone quokka.\n" * 8)
