@@ -181,7 +181,11 @@ def output_limits(src_lengths, max_len_a: float, max_len_b: int, seq_len: int,
     """The most output tokens ([EOS] not counted) of each sentence: fairseq's
     max_len_a · source length + max_len_b, never fewer than min_len (the fewest a translation
     has: a shorter limit would both require and bar [EOS]), never more than seq_len allows
-    ([SOS] and [EOS] included, as in training). src_lengths: (batch,) real source tokens."""
+    ([SOS] and [EOS] included, as in training). src_lengths: (batch,) real source tokens.
+    A min_len seq_len cannot hold is a ValueError (as Config.validate: the command lines')."""
+    if min_len > seq_len - 2:  # [EOS] would be both required and barred
+        raise ValueError(f"min_len {min_len} is more than a translation can hold: seq_len "
+                         f"{seq_len} leaves {seq_len - 2} output tokens ([SOS] and [EOS] take two)")
     limit = (max_len_a * src_lengths.double() + max_len_b).floor().long()  # (batch,)
     return limit.clamp(min=min(max(min_len, 1), seq_len - 2), max=seq_len - 2)
 
@@ -464,9 +468,6 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score), or
     with `sampling` its n samples as (ids, log P). fast_step=False: model.py's decoder step
     instead of the FastDecoder's (the reference; dev/bench_decode.py times both)."""
-    if min_len > seq_len - 2:  # [EOS] would be both required and barred (as Config.validate)
-        raise ValueError(f"min_len {min_len} is more than a translation can hold: seq_len "
-                         f"{seq_len} leaves {seq_len - 2} output tokens ([SOS] and [EOS] take two)")
     device = next(model.parameters()).device
     banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
     ensemble = isinstance(model, Ensemble)

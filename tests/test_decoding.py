@@ -163,9 +163,9 @@ def test_a_limit_below_min_len_is_raised_to_it():
 
 
 def test_a_min_len_no_translation_can_hold_is_refused():
-    """Issue 42: min_len above seq_len - 2 both required and barred [EOS] at the last step
-    (greedy raised TypeError, beam search IndexError): refused as Config.validate refuses it,
-    while seq_len - 2 output tokens still decode."""
+    """A min_len above seq_len - 2 both required and barred [EOS] at the last step (greedy
+    raised TypeError, beam search IndexError): refused as Config.validate refuses it on the
+    command line, while seq_len - 2 output tokens still decode."""
     model = tiny_model(vocab=20, seq_len=6)
     for beam in (1, 3):
         with pytest.raises(ValueError, match="min_len 5 is more than a translation can hold"):

@@ -63,6 +63,8 @@ def test_every_design_decodes_on_the_engine_as_here(corpus, design, capsys):
         ours = translate_ids(model, sources, SOS, EOS, PAD, 40, unk_id=UNK, **limits)
         theirs = engine.translate_ids(sources, SOS, EOS, PAD, 40, unk_id=UNK, **limits)
         assert theirs == ours, limits
+    with pytest.raises(ValueError, match="min_len 39 is more than a translation can hold"):
+        engine.translate_ids(sources, SOS, EOS, PAD, 40, min_len=39)  # (as model.py's searches)
 
 
 def test_quantized_exports_and_refusals(corpus, tmp_path, monkeypatch):
