@@ -152,7 +152,8 @@ def test_a_limit_below_min_len_is_raised_to_it():
     [EOS] is not both required and barred (beam search crashed, greedy emitted a token from a
     row of -inf); every decoder outputs exactly min_len tokens there."""
     assert output_limits(torch.tensor([0, 3]), 2.0, 0, seq_len=32, min_len=2).tolist() == [2, 6]
-    assert output_limits(torch.tensor([0]), 2.0, 0, seq_len=4, min_len=5).tolist() == [2]
+    with pytest.raises(ValueError, match="min_len 5 is more than a translation can hold"):
+        output_limits(torch.tensor([0]), 2.0, 0, seq_len=4, min_len=5)  # (no limit fits it)
     model = tiny_model(vocab=20, seed=0)
     with torch.no_grad():  # [EOS] is the model's first choice: only the rules lengthen
         model.projection_layer.proj.bias[EOS] = 100.0

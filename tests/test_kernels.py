@@ -44,9 +44,9 @@ def test_dropout_drops_p_of_every_lane_scales_the_rest_and_reuses_its_mask_backw
 
 @pytest.mark.parametrize("p", [1 - 1 / 131072, 0.999995, 1.0])
 def test_a_rate_that_rounds_to_one_in_16_bits_drops_as_torch_does(p):
-    """Issue 42: p from 1 - 1/131072 up rounds to 65536/65536, which keeps no 16-bit number,
-    and the kept ones' scale 65536/(65536 - 65536) divided by zero: such p take torch's own
-    dropout, as p = 1 does (a million elements: about 5 kept at p = 0.999995)."""
+    """p from 1 - 1/131072 up rounds to 65536/65536, which keeps no 16-bit number, and the
+    kept ones' scale 65536/(65536 - 65536) divided by zero: such p take torch's own dropout,
+    as p = 1 does (a million elements: about 5 kept at p = 0.999995)."""
     x = torch.ones(1000, 1000)
     torch.manual_seed(0)
     y = Dropout(p).train()(x)
