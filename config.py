@@ -288,7 +288,7 @@ class Config:
             return f"--lr must not be negative (0: chosen by model width), got {self.lr}"
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             return f"--device must be auto, cpu, cuda, cuda:N or mps, got '{self.device}'"
-        if self.preload not in ("latest", "none", "best") and not self.preload.isdigit():
+        if self.preload not in ("latest", "none", "best") and not self.preload.isdecimal():
             return (f"--preload must be latest, none or an epoch number (translate.py also "
                     f"takes best), got '{self.preload}'")
         return None
@@ -569,6 +569,10 @@ def add_locating_arguments(parser, own=()):
 def checkpoint_config(parser, args):
     """(config of the flags given, names of the flags given); training-only flags refused."""
     config, given = config_from_args(args, training=False)
+    if "preload" in given and config.preload not in ("best", "latest", "none") \
+            and not config.preload.isdecimal():  # (none: nmt.checkpoint says why not)
+        parser.error(f"--preload must be best, latest or an epoch number, got "
+                     f"'{config.preload}'")
     for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")

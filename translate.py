@@ -101,7 +101,8 @@ def add_search_arguments(parser):
     parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
     parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
-                        "(score, then translation, tab-separated)")
+                        "(index, score and translation, tab-separated; without --beam, a beam "
+                        "of this size)")
     parser.add_argument("--ctranslate2", metavar="DIR", help="translate with a model exported "
                         "by export.py, on the CTranslate2 engine")
     parser.add_argument("--ensemble", type=model_list, action=ModelList, metavar="A,B,...",
@@ -139,8 +140,8 @@ def add_attention_arguments(parser):
 
 
 def check_inputs(parser, args):
-    """One input, the references with a file's, --attention's flags with it and one sentence
-    (one line, exit 2)."""
+    """One input, the references with a file's, --attention's flags with it and one sentence,
+    an --output that overwrites none of the files read (one line, exit 2)."""
     if sum(x is not None for x in (args.sentence, args.input, args.example)) > 1:
         parser.error("give one of a sentence, --input and --example")
     for flag in ("reference", "papers_reference"):
@@ -153,6 +154,19 @@ def check_inputs(parser, args):
     if args.attention and args.sentence is None and args.example is None:
         parser.error("--attention maps one sentence: give it as the sentence argument or with "
                      "--example N, not --input or stdin")
+    for flag in ("input", "reference", "papers_reference"):
+        named = getattr(args, flag)
+        if args.output and named not in (None, "-") and same_file(args.output, named):
+            parser.error(f"--output {args.output} is the --{flag} file, which the translations "
+                         f"would overwrite: give another --output")
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (the same file by another path or link too)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them not there (yet)
+        return Path(a).resolve() == Path(b).resolve()
 
 
 class ModelList(argparse.Action):
@@ -175,11 +189,13 @@ def check_models(parser, args, given):
     """--ctranslate2 and --ensemble name their models: the flags that locate or change one
     model are refused beside them (one line, exit 2)."""
     if args.ctranslate2:
+        if args.attention or args.sample:
+            parser.error(f"--{'attention' if args.attention else 'sample'} needs the PyTorch "
+                         f"model (--model_folder or --checkpoint), not --ctranslate2's")
         located = given & ({"checkpoint", "preload", "model_folder", "model_basename"}
                            | fields_where(group="model")) | \
             ({"checkpoint"} if args.checkpoint else set()) | \
-            ({"average"} if args.average > 1 else set()) | \
-            ({"attention"} if args.attention else set()) | ({"sample"} if args.sample else set())
+            ({"average"} if args.average > 1 else set())
         if located:
             parser.error(f"--ctranslate2 takes the exported model as it is: not with "
                          f"--{sorted(located)[0]} (export another model with export.py)")

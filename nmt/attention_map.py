@@ -111,11 +111,11 @@ def check_layer_and_head(view: str, layers: int, heads: int, layer: int, head: s
     """A `layer` (from 1; 0: all) and `head` (from 1, mean or all) that the view's `layers`
     and `heads` have, or one UserError line."""
     if not 0 <= layer <= layers:
-        raise UserError(f"--attention_layer {layer}: the {VIEWS[view]} has {layers} layers "
-                        f"(1 to {layers}; 0: all)")
-    if head not in ("all", "mean") and not (head.isdigit() and 1 <= int(head) <= heads):
-        raise UserError(f"--attention_head {head}: the {VIEWS[view]} has {heads} heads (1 to "
-                        f"{heads}, mean or all)")
+        raise UserError(f"--attention_layer {layer}: the {VIEWS[view]} has {layers} "
+                        f"layer{'s' * (layers != 1)} (1 to {layers}; 0: all)")
+    if head not in ("all", "mean") and not (head.isdecimal() and 1 <= int(head) <= heads):
+        raise UserError(f"--attention_head {head}: the {VIEWS[view]} has {heads} "
+                        f"head{'s' * (heads != 1)} (1 to {heads}, mean or all)")
 
 
 def grid(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: str = "all"):

@@ -148,14 +148,14 @@ def resolve_preload(config: Config):
         if not path.exists():
             raise CheckpointError(f"--preload best: no checkpoint {path}" + (
                 " (it is written after the first validation)" if list_checkpoints(config)
-                else elsewhere(config.model_folder)))
+                else not_named(config)))
         return path
     path = epoch_checkpoint_path(config, int(config.preload))
     if not path.exists():
         found = list_checkpoints(config)
         raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}" + (
             f" ({saved_there(found)}; --preload latest for the newest checkpoint)" if found
-            else elsewhere(config.model_folder)))
+            else not_named(config)))
     return path
 
 
@@ -176,6 +176,9 @@ def translation_checkpoint(config: Config, given: set, average: int = 1):
     the newest where there is none yet. `why`: the choice said in words (None for a
     --preload given). A folder that does not exist, or holds no checkpoint, is one line."""
     folder = Path(config.model_folder)
+    if folder.is_file():
+        raise CheckpointError(f"--model_folder {config.model_folder} is a file, not a folder: "
+                              f"give it as --checkpoint {config.model_folder}")
     if not folder.is_dir():
         beside = folders_with_checkpoints(folder.parent) if folder.parent.is_dir() else []
         raise CheckpointError(
@@ -183,6 +186,10 @@ def translation_checkpoint(config: Config, given: set, average: int = 1):
                 f" (model folders beside it: {', '.join(beside[:6])})" if beside else
                 f" (train a model into it with python train.py --model_folder "
                 f"{config.model_folder} ..., or pass --checkpoint PATH)"))
+    if "preload" in given and config.preload == "none":
+        raise CheckpointError("--preload none loads no checkpoint, and a trained model "
+                              "comes from one: leave --preload out, or give best, latest or an "
+                              "epoch number")
     if "preload" in given or average > 1:
         path, why = resolve_preload(config), None
     elif best_checkpoint_path(config).exists():
@@ -192,8 +199,7 @@ def translation_checkpoint(config: Config, given: set, average: int = 1):
         path, why = latest_checkpoint_path(config), ("the newest: no best checkpoint yet (it "
                                                      "is written at the first validation)")
     if path is None:
-        raise CheckpointError(f"no checkpoint in {config.model_folder}/"
-                              + elsewhere(config.model_folder))
+        raise CheckpointError(f"no checkpoint in {config.model_folder}/" + not_named(config))
     return path, why
 
 
@@ -203,12 +209,25 @@ def folders_with_checkpoints(folder) -> list:
                   if sub.is_dir() and any(sub.glob("*.pt")))
 
 
+def not_named(config: Config) -> str:
+    """What to say where --model_folder holds no checkpoint named with --model_basename: the
+    basenames of the checkpoints it does hold, else elsewhere's advice."""
+    named = (re.fullmatch(r"(.+?)(?:\d+(?:_s\d+)?|best)\.pt", p.name)
+             for p in Path(config.model_folder).glob("*.pt"))
+    names = sorted({m.group(1) for m in named if m} - {config.model_basename})
+    if not names:
+        return elsewhere(config.model_folder)
+    return (f" (no file there is named {config.model_basename}*.pt; its checkpoints are named "
+            f"{', '.join(n + '*.pt' for n in names)}: give --model_basename {names[0]})")
+
+
 def elsewhere(folder, flag: str = "--model_folder") -> str:
     """What to say when `folder` holds no checkpoint: the folders below it that do (a preset
     trains into weights/<preset>), to give as `flag`, or how to make one."""
     found = folders_with_checkpoints(folder) if Path(folder).is_dir() else []
     if not found:
-        return (" (train one with python train.py, or pass --checkpoint PATH)"
+        return (f" (train a model into it with python train.py --model_folder {folder} ..., or "
+                f"pass --checkpoint PATH)"
                 if flag == "--model_folder" else " (give a trained model's folder or file)")
     return (f"; these folders below it hold checkpoints: {', '.join(found[:6])}"
             f"{' ...' if len(found) > 6 else ''} (give one as {flag})")
@@ -348,8 +367,9 @@ def unreadable(path: Path, head: bytes) -> str:
         return f"checkpoint {path} is truncated or damaged (an interrupted copy?); {instead}"
     if Path(path).name.startswith("tmodel_"):  # one of a run's, its bytes not a checkpoint's
         return f"checkpoint {path} is damaged (its bytes are not a PyTorch checkpoint); {instead}"
-    kind = "a JSON file" if head[:1] in (b"{", b"[") else "not a PyTorch checkpoint"
-    return f"{path} is {kind}, not a checkpoint: give a tmodel_*.pt file"
+    kind = "a JSON file, not a checkpoint" if head[:1] in (b"{", b"[") else \
+        "not a PyTorch checkpoint"
+    return f"{path} is {kind}: give a tmodel_*.pt file"
 
 
 def check_tokenizers(state: dict, path: Path, tokenizer_src, tokenizer_tgt):

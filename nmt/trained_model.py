@@ -61,6 +61,9 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     `config` holds the command line's values; `given` names the flags the user set."""
     if checkpoint:
         path = Path(checkpoint)
+        if path.is_dir():
+            raise CheckpointError(f"--checkpoint {path} is a folder: give a checkpoint file "
+                                  f"(.pt), or the folder as --model_folder")
         if "model_folder" not in given:  # the tokenizers live beside the checkpoint
             config.model_folder = str(path.parent)
     else:

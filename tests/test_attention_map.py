@@ -81,6 +81,11 @@ def test_a_layer_or_head_that_does_not_exist_is_one_line(tokenizer):
         grid(weights, "encoder", layer=4)
     with pytest.raises(UserError, match="--attention_head 5: the decoder cross-attention has 4"):
         grid(weights, "cross", head="5")
+    from nmt.attention_map import check_layer_and_head  # one of each: no plural
+    with pytest.raises(UserError, match=r"^--attention_layer 2: .* has 1 layer \(1 to 1; 0:"):
+        check_layer_and_head("encoder", 1, 1, 2, "all")
+    with pytest.raises(UserError, match=r"^--attention_head 2: .* has 1 head \(1 to 1, mean"):
+        check_layer_and_head("encoder", 1, 1, 0, "2")
 
 
 def test_translate_draws_each_view(trained):
@@ -99,7 +104,7 @@ def test_translate_draws_each_view(trained):
     t = run_here("translate.py", "--attention", "x.png", "--attention_layer", "9", "one two",
                  cwd=home)
     assert t.returncode == 2 and "--attention_layer 9: the decoder cross-attention has 1 " \
-        "layers" in t.stderr.decode()
+        "layer (1 to 1; 0: all)" in t.stderr.decode()
 
 
 def test_each_validation_writes_the_cross_attention_picture_to_tensorboard(tmp_path):

@@ -55,8 +55,12 @@ def test_a_missing_epoch_names_the_epochs_there(tmp_path):
     (tmp_path / "tmodel_08.pt").write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"there: 00, 01, 02, \.\.\., 06, 07, 08; "):
         resolve_preload(config)
-    with pytest.raises(CheckpointError, match=r"no checkpoint .*tmodel_99\.pt \(train one with "):
-        resolve_preload(Config(model_folder=str(tmp_path / "empty"), preload="99"))
+    empty = tmp_path / "empty"  # how to train into that folder (python train.py: weights/)
+    with pytest.raises(CheckpointError) as e:
+        resolve_preload(Config(model_folder=str(empty), preload="99"))
+    assert str(e.value) == (f"--preload 99: no checkpoint {empty / 'tmodel_99.pt'} (train a "
+                            f"model into it with python train.py --model_folder {empty} ..., "
+                            f"or pass --checkpoint PATH)")
 
 
 def test_a_full_disk_while_saving_is_one_line_and_leaves_the_saved_file(tmp_path, monkeypatch):
@@ -122,7 +126,7 @@ def test_truncated_corrupt_foreign_and_mismatched_checkpoints_are_refused(tmp_pa
             ("truncated.pt", "truncated.pt is truncated or damaged (an interrupted copy?); use "
                              "another: --preload NN, or a new run from one's weights "
                              "(--init_from FILE --model_folder NEW)"),
-            ("garbage.pt", "garbage.pt is not a PyTorch checkpoint, not a checkpoint"),
+            ("garbage.pt", "garbage.pt is not a PyTorch checkpoint: give a tmodel_*.pt file"),
             ("tmodel_03.pt", "tmodel_03.pt is damaged (its bytes are not a PyTorch checkpoint); "
                              "use another: --preload NN, or a new run from one's weights"),
             ("tokenizer_en.json", "tokenizer_en.json is a JSON file, not a checkpoint: give a "

@@ -33,6 +33,7 @@ def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batche
     (["--d_model", "big"], "invalid int value: 'big'"),
     (["--lr_schedule", "linear"], "invalid choice: 'linear'"),
     (["--preload", "yesterday"], "--preload must be latest, none or an epoch number"),
+    (["--preload", "²"], "--preload must be latest, none or an epoch number"),  # a digit, no number
     (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_bad_flags_are_refused_with_one_line(argv, message, capsys):

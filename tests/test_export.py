@@ -209,6 +209,20 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("preload, message", [
+    ("lates", "--preload must be best, latest or an epoch number, got 'lates' (see --help)"),
+    ("3.5", "--preload must be best, latest or an epoch number, got '3.5' (see --help)"),
+    ("none", "--preload none loads no checkpoint, and a trained model comes from one: leave "
+             "--preload out, or give best, latest or an epoch number")])
+def test_export_refuses_a_preload_that_names_no_checkpoint(trained, tmp_path, preload, message):
+    """--preload lates or 3.5 ended in int()'s traceback; none, in "no checkpoint in" a folder
+    of checkpoints."""
+    home, _ = trained
+    t = run_here("export.py", "--output", tmp_path / "ct2", "--preload", preload, cwd=home)
+    assert t.returncode == 2 and t.stderr.decode() == f"export.py: error: {message}\n"
+    assert not (tmp_path / "ct2").exists()
+
+
 def test_export_average_exports_the_averaged_weights(trained, tmp_path, monkeypatch):
     """Issue 56 (an untested promise): `export.py --average 2` writes the mean of the last two
     epochs' weights, as translate.py --average 2 decodes with them: export.json names both

@@ -3,7 +3,7 @@ and its one-line refusals."""
 
 import pytest
 import torch
-from conftest import number_pairs, run_here, run_script, swap_two_tokens
+from conftest import ROOT, number_pairs, run_here, run_script, swap_two_tokens
 
 from nmt.checkpoint import load_checkpoint
 
@@ -244,7 +244,32 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["   "], None, "the sentence is empty"),
     ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
     (["--checkpoint", "weights/nothing.pt", "hi"], None, "checkpoint weights/nothing.pt not found"),
-    (["--model_folder", "corpus", "hi"], None, "no checkpoint in corpus/"),
+    (["--model_folder", "corpus", "hi"], None, "no checkpoint in corpus/ (train a model into "
+     "it with python train.py --model_folder corpus ..., or pass --checkpoint PATH)"),
+    # --preload a word or number translate.py cannot take, or none, was a traceback or "no
+    # checkpoint in" a folder of checkpoints; so was another --model_basename
+    (["--preload", "lates", "hi"], None,
+     "--preload must be best, latest or an epoch number, got 'lates' (see --help)"),
+    (["--preload", "3.5", "hi"], None, "--preload must be best, latest or an epoch number"),
+    (["--ensemble", "weights,weights", "--preload", "newest", "hi"], None,
+     "--preload must be best, latest or an epoch number, got 'newest'"),
+    (["--preload", "none", "hi"], None, "--preload none loads no checkpoint, and a trained "
+     "model comes from one: leave --preload out, or give best, latest or an epoch number"),
+    (["--model_basename", "foo_", "hi"], None, "no checkpoint in weights/ (no file there is "
+     "named foo_*.pt; its checkpoints are named tmodel_*.pt: give --model_basename tmodel_)"),
+    (["--model_basename", "foo_", "--preload", "1", "hi"], None, "no checkpoint "
+     "weights/foo_01.pt (no file there is named foo_*.pt; its checkpoints are named"),
+    # a folder given as a file, a file as a folder, were "not found" and "no such folder"
+    (["--checkpoint", "weights", "hi"], None, "--checkpoint weights is a folder: give a "
+     "checkpoint file (.pt), or the folder as --model_folder"),
+    (["--model_folder", "weights/tmodel_best.pt", "hi"], None, "--model_folder "
+     "weights/tmodel_best.pt is a file, not a folder: give it as --checkpoint "
+     "weights/tmodel_best.pt"),
+    # what the exported model cannot do needs the PyTorch one (not another export)
+    (["--ctranslate2", "weights", "--sample", "2", "hi"], None, "--sample needs the PyTorch "
+     "model (--model_folder or --checkpoint), not --ctranslate2's"),
+    (["--ctranslate2", "weights", "--attention", "a.png", "hi"], None, "--attention needs the "
+     "PyTorch model"),
     # issue 68: a folder that does not exist says so (it said "no checkpoint in ...")
     (["--model_folder", "weights/typo", "hi"], None,
      "--model_folder weights/typo: no such folder (train a model into it with python train.py "
@@ -315,6 +340,39 @@ def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, messag
     if "loaded " in err:  # the line naming the checkpoint comes first
         err = err.split("\n", 1)[1]
     assert t.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--input", "src.en", "--output", "src.en"], "--input"),
+    (["--input", "src.en", "--output", "./link.en"], "--input"),  # the same file by a link
+    (["--input", "src.en", "--reference", "ref.it", "--output", "ref.it"], "--reference"),
+    (["--input", "src.en", "--papers_reference", "ref.it", "--output", "ref.it"],
+     "--papers_reference")])
+def test_the_output_cannot_overwrite_the_input_or_its_references(trained, tmp_path, flags,
+                                                                  named):
+    """--output the --input file replaced the sentences with their translations; the
+    --reference file, the references, after scoring them."""
+    home, _ = trained
+    (tmp_path / "src.en").write_text("one two.\n")
+    (tmp_path / "ref.it").write_text("uno due.\n")
+    (tmp_path / "link.en").symlink_to(tmp_path / "src.en")
+    t = run_here("translate.py", "--model_folder", home / "weights", *flags, cwd=tmp_path)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and err == (f"translate.py: error: --output {flags[-1]} is the "
+                                         f"{named} file, which the translations would "
+                                         f"overwrite: give another --output (see --help)\n"), err
+    assert (tmp_path / "src.en").read_text() == "one two.\n"
+    assert (tmp_path / "ref.it").read_text() == "uno due.\n"
+
+
+def test_the_help_says_what_nbest_prints():
+    """--nbest's help said "score, then translation": the lines are index, score, text; and
+    --nbest N without --beam searches with a beam of N."""
+    t = run_here("translate.py", "--help", cwd=ROOT)
+    text = " ".join(t.stdout.decode().split())
+    assert t.returncode == 0
+    assert "--nbest NBEST print this many hypotheses each (index, score and translation, " \
+        "tab-separated; without --beam, a beam of this size)" in text
 
 
 def test_translate_checks_the_reference_before_decoding(trained, monkeypatch, capsys):
@@ -647,7 +705,7 @@ def test_a_bad_attention_layer_or_head_is_refused_before_anything_is_decoded(
     home, _ = trained
     monkeypatch.setattr(nmt.translator, "translate", lambda *a, **k: pytest.fail("decoded"))
     for flags, message in ((["--attention_layer", "2"], "--attention_layer 2: the decoder "
-                            "cross-attention has 1 layers (1 to 1; 0: all)"),
+                            "cross-attention has 1 layer (1 to 1; 0: all)"),
                            (["--attention_view", "encoder", "--attention_head", "3"],
                             "--attention_head 3: the encoder self-attention has 2 heads")):
         t = run_here("translate.py", "--attention", tmp_path / "a.png", *flags, "--output",

@@ -44,7 +44,7 @@ def test_each_attention_view_is_checked_against_its_own_layers():
         check_attention(model, view, layers, "4")
         check_attention(model, view, 0, "all")
         with pytest.raises(UserError, match=f"^--attention_layer {layers + 1}: the .* has "
-                                            f"{layers} layers"):
+                                            f"{layers} layers? \\(1 to {layers};"):
             check_attention(model, view, layers + 1, "mean")
         with pytest.raises(UserError, match="^--attention_head 5: .* has 4 heads"):
             check_attention(model, view, 1, "5")
