@@ -85,7 +85,8 @@ def parse_args(argv):
 
 def add_input_arguments(parser):
     parser.add_argument("--example", type=int, metavar="N", help="translate example N of the "
-                        "validation split the model was trained with, beside its reference")
+                        "validation split the model was trained with, beside its reference "
+                        "(--data_dir: that corpus's place, where it has moved)")
     parser.add_argument("--input", help="file of sentences, one a line ('-': stdin)")
     parser.add_argument("--output", help="write translations here instead of stdout")
     parser.add_argument("--reference", help="reference translations of --input: print corpus "
@@ -266,6 +267,9 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
     (--example) with its reference, or the lines of --input / stdin (with --reference and
     --papers_reference, their lines, checked to match before any decoding)."""
     if args.example is not None:
+        if args.data_dir is None and config.data_dir and not Path(config.data_dir).is_dir():
+            raise DataError(f"the corpus the model was trained on, --data_dir {config.data_dir}"
+                            f", is not there (moved?): give its place with --data_dir")
         sentence, reference = validation_example(config, tokenizer_src, tokenizer_tgt,
                                                  args.example)
         return [sentence], reference, None, None

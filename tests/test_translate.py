@@ -485,6 +485,16 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
     translate.main(["--example", "2", "--sample", "2", "--seed", "7"])
     out = capsys.readouterr().out
     assert f"SOURCE: {val.src_texts[2]}\n" in out and out.count("PREDICTED:") == 2
+    # the corpus moved: said so (not "--data_dir ...: no such folder", a flag never typed),
+    # and --data_dir gives its new place
+    (tmp_path / "c").rename(tmp_path / "moved")
+    with pytest.raises(SystemExit) as e:
+        run_main("translate.py", lambda: translate.main(["--example", "2"]))
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(
+        f"\ntranslate.py: error: the corpus the model was trained on, --data_dir {tmp_path / 'c'}, "
+        f"is not there (moved?): give its place with --data_dir\n")
+    translate.main(["--example", "2", "--data_dir", "moved"])
+    assert f"SOURCE: {val.src_texts[2]}\n" in capsys.readouterr().out
 
 
 def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
