@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 import torch.nn as nn
+from tqdm import tqdm
 
 from config import DECODE_BATCH_SIZE, Config, decode_batch_size
 from dataset import source_batch
@@ -581,9 +582,9 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
     for n in range(len(sentences)):
         longest = max(len(per_model[n]) for per_model in encoded)
         if longest + 2 > config.seq_len:
-            print(f"warning: sentence {numbers[n]} has {longest} tokens; only the first "
-                  f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",
-                  file=sys.stderr)
+            tqdm.write(f"warning: sentence {numbers[n]} has {longest} tokens; only the first "
+                       f"{config.seq_len - 2} (seq_len {config.seq_len}) are translated",
+                       file=sys.stderr)  # (below an open progress bar, not on its line)
     todo = [n for n, s in enumerate(sentences) if s]
     decode = getattr(model, "translate_ids", None) or partial(translate_ids, model,
                                                               sampling=sampling)

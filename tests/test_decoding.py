@@ -556,3 +556,11 @@ def test_a_sentence_longer_than_seq_len_is_named_by_its_number_in_the_file(capsy
     assert "warning: sentence 6 has 10 tokens" in err and "sentence 4" not in err, err
     translate(model, Config(seq_len=8), tok, tok, ["one two", long])
     assert "warning: sentence 2 has 10 tokens" in capsys.readouterr().err
+    import re
+    import sys
+
+    from tqdm import tqdm
+    with tqdm(total=3, file=sys.stderr, desc="testing"):  # (test scoring's bar, open): the
+        translate(model, Config(seq_len=8), tok, tok, [long])  # warning is not on its line
+    lines = re.split(r"[\r\n]", capsys.readouterr().err)
+    assert any(line.startswith("warning: sentence 1 has 10 tokens") for line in lines), lines
