@@ -71,7 +71,8 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     state, paths = load_averaged(config, path, average)
     if len(paths) > 1:
         loaded = f"the average of {', '.join(str(p) for p in paths)}"
-        said = f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}"
+        said = (f"averaged {len(paths)} checkpoints of {paths[0].parent}: "
+                f"{', '.join(p.name for p in paths)}")  # (an ensemble's say whose they are)
     else:
         loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
         said = f"loaded {loaded}" + (f": {why}" if not checkpoint and why else "")

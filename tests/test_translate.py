@@ -704,7 +704,7 @@ def test_an_ensemble_applies_average_and_preload_to_each_member(trained, monkeyp
     assert t.returncode == 0, t.stderr.decode()
     assert asked == [("01", 2), ("01", 2)]
     err = t.stderr.decode()
-    assert err.count("averaged 2 checkpoints: tmodel_00.pt, tmodel_01.pt") == 2
+    assert err.count("averaged 2 checkpoints of weights: tmodel_00.pt, tmodel_01.pt") == 2
 
 
 def test_a_bad_attention_layer_or_head_is_refused_before_anything_is_decoded(
