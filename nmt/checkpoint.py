@@ -198,6 +198,10 @@ def translation_checkpoint(config: Config, given: set, average: int = 1):
     else:
         path, why = latest_checkpoint_path(config), ("the newest: no best checkpoint yet (it "
                                                      "is written at the first validation)")
+    if path is None and best_checkpoint_path(config).exists():  # --preload latest, --average
+        raise CheckpointError(f"no per-epoch checkpoint in {config.model_folder}/, only the "
+                              f"best ({best_checkpoint_path(config).name}), which the command "
+                              f"takes without --preload and --average")
     if path is None:
         raise CheckpointError(f"no checkpoint in {config.model_folder}/" + not_named(config))
     return path, why

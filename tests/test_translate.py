@@ -342,6 +342,26 @@ def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, messag
     assert t.returncode == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_a_folder_with_only_its_best_checkpoint_says_so_for_preload_latest(trained, tmp_path):
+    """A model folder copied with its best checkpoint alone: `--preload latest` (or --average)
+    said "no checkpoint in it (train a model into it ...)"."""
+    import shutil
+    home, _ = trained
+    best = tmp_path / "best_only"
+    best.mkdir()
+    for f in (home / "weights").iterdir():
+        if f.is_file() and (f.suffix == ".json" or f.name == "tmodel_best.pt"):
+            shutil.copy(f, best / f.name)
+    t = run_here("translate.py", "--model_folder", best, "one two", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()
+    for flags in (["--preload", "latest"], ["--average", "2"]):
+        t = run_here("translate.py", "--model_folder", best, *flags, "one two", cwd=tmp_path)
+        assert t.returncode == 2 and t.stderr.decode() == (
+            f"translate.py: error: no per-epoch checkpoint in {best}/, only the best "
+            f"(tmodel_best.pt), which the command takes without --preload and --average\n"), \
+            t.stderr.decode()
+
+
 @pytest.mark.parametrize("flags, named", [
     (["--input", "src.en", "--output", "src.en"], "--input"),
     (["--input", "src.en", "--output", "./link.en"], "--input"),  # the same file by a link
