@@ -64,8 +64,7 @@ def parse_args(argv):
     parser = ArgumentParser(
         description="Translate sentences with a trained checkpoint.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
-        leftover="one sentence is one argument (quote it); several go in a file, --input FILE, "
-                 "or on stdin, one a line")
+        leftover=leftover)
     parser.add_argument("sentence", nargs="?", help="a sentence (none: --input or stdin)")
     add_input_arguments(parser)
     add_search_arguments(parser)
@@ -206,14 +205,27 @@ def check_models(parser, args, given):
                          f"in one comma-separated argument (--ensemble A,B); for one model, "
                          f"--model_folder or --checkpoint")
         if args.sentence is not None and looks_like_a_model(args.sentence):
-            parser.error(f"'{args.sentence}' is a model, not a sentence: name every model of "
-                         f"the ensemble in one comma-separated argument (--ensemble A,B)")
+            parser.error(a_model_not_a_sentence(args.sentence))
         located = given & {"model_folder", "model_basename"} | \
             ({"checkpoint"} if args.checkpoint else set()) | \
             ({"ctranslate2"} if args.ctranslate2 else set()) | \
             ({"attention"} if args.attention else set())
         if located:
             parser.error(f"--ensemble names its models: not with --{sorted(located)[0]}")
+
+
+def leftover(args) -> str:
+    """What to say of words left over: one sentence an argument; after `--ensemble A B`,
+    where B took the sentence's place, that B is a model."""
+    if args.ensemble and args.sentence is not None and looks_like_a_model(args.sentence):
+        return a_model_not_a_sentence(args.sentence)
+    return "one sentence is one argument (quote it); several go in a file, --input FILE, or on " \
+        "stdin, one a line"
+
+
+def a_model_not_a_sentence(text: str) -> str:
+    return f"'{text}' is a model, not a sentence: name every model of the ensemble in one " \
+        f"comma-separated argument (--ensemble A,B)"
 
 
 def looks_like_a_model(text: str) -> bool:

@@ -93,11 +93,11 @@ def run_main(prog: str, main, aborted: str = "aborted"):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but an error is one line on stderr and exit code 2 (no usage dump), and an
-    unknown flag names the nearest one (`--data-dir`: did you mean --data_dir?). `leftover`:
-    what the script says of words it has no place for (translate.py: one sentence an
-    argument). Under torchrun every process parses the same command line: rank 0 alone says
-    what is wrong."""
+    """argparse, but an error is one line on stderr and exit code 2 (no usage dump), and an unknown
+    flag names the nearest one (`--data-dir`: did you mean --data_dir?). `leftover`: what the
+    script says of words it has no place for (translate.py: one sentence an argument), or a
+    function of the arguments parsed that says it. Under torchrun every process parses the same
+    command line: rank 0 alone says what is wrong."""
 
     def __init__(self, *args, leftover: str = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -106,10 +106,10 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
-            self.error(self.unrecognized(extra))
+            self.error(self.unrecognized(extra, parsed))
         return parsed
 
-    def unrecognized(self, extra: list) -> str:
+    def unrecognized(self, extra: list, parsed=None) -> str:
         """What is wrong with the arguments left over: the first unknown flag, with the nearest
         known one; else the words, with `leftover`."""
         flags = [a.split("=")[0] for a in extra if a.startswith("-") and len(a) > 1
@@ -119,8 +119,8 @@ class ArgumentParser(argparse.ArgumentParser):
                                            if o.startswith("--")])
             return f"unrecognized argument {flags[0]}" + (f": did you mean {near}?" if near
                                                           else "")
-        return f"unrecognized arguments: {' '.join(extra)}" + (
-            f"; {self.leftover}" if self.leftover else "")
+        leftover = self.leftover(parsed) if callable(self.leftover) else self.leftover
+        return f"unrecognized arguments: {' '.join(extra)}" + (f"; {leftover}" if leftover else "")
 
     def error(self, message):
         self.refuse(f"{message} (see --help)")

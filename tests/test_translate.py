@@ -329,6 +329,9 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "'weights' is a model, not a sentence"),
     (["--ensemble", "weights,weights", "weights/tmodel_00.pt"], b"one two\n",
      "'weights/tmodel_00.pt' is a model, not a sentence"),
+    (["--ensemble", "weights", "weights", "one two"], None,  # (said: one sentence an argument)
+     "unrecognized arguments: one two; 'weights' is a model, not a sentence: name every model "
+     "of the ensemble in one comma-separated argument (--ensemble A,B)"),
     (["--ensemble", "weights,weights", "--model_folder", "weights", "hi"], None,
      "--ensemble names its models: not with --model_folder"),
 ])
