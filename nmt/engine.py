@@ -254,8 +254,12 @@ def load_engine(folder, config: Config, given=frozenset(), threads: int = 0):
     try:
         note = json.loads((folder / EXPORT_NOTE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        if folder.is_dir() and any(folder.glob("*.pt")):  # a model folder of train.py's
+            raise ExportError(f"--ctranslate2 {folder} holds PyTorch checkpoints, not an "
+                              f"exported model: give it as --model_folder, or export it with "
+                              f"export.py --model_folder {folder} --output NEW") from None
         raise ExportError(f"--ctranslate2 {folder}: no {EXPORT_NOTE} there; export a "
-                         f"checkpoint with export.py --output {folder}") from None
+                          f"checkpoint with export.py --output {folder}") from None
     config = merge_config(Config.from_dict(note["config"]), config, given,
                           folder / EXPORT_NOTE, TRANSLATE_FIELDS, translating=True)
     config.model_folder = str(folder)

@@ -20,6 +20,9 @@ class FolderError(UserError):
 def check_writable(folder):
     """Creates `folder` and refuses, before any training, one that cannot be written."""
     folder = Path(folder)
+    if folder.is_file():
+        raise FolderError(f"--model_folder {folder} is a file: give a folder (a new one, or a "
+                          f"run's to resume)")
     probe = folder / ".write-test"
     try:
         folder.mkdir(parents=True, exist_ok=True)

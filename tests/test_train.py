@@ -1364,6 +1364,10 @@ def test_an_unwritable_model_folder_is_refused_before_training(tmp_path, train_h
     code, out, err = train_here("--data_dir", "c", *TINY, "--model_folder", "plain/w")
     assert code == 2 and "--model_folder plain/w is not writable" in err, err
     assert len(err.strip().splitlines()) == 1 and "epoch" not in out and "prepar" not in out
+    code, out, err = train_here("--data_dir", "c", *TINY, "--model_folder", "plain")
+    assert code == 2 and err.endswith("--model_folder plain is a file: give a folder (a new "
+                                      "one, or a run's to resume)\n"), err  # ("File exists")
+    assert (tmp_path / "plain").read_text() == "not a folder"
 
 
 def recorded_bars(monkeypatch):

@@ -268,6 +268,10 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     # what the exported model cannot do needs the PyTorch one (not another export)
     (["--ctranslate2", "weights", "--sample", "2", "hi"], None, "--sample needs the PyTorch "
      "model (--model_folder or --checkpoint), not --ctranslate2's"),
+    (["--ctranslate2", "weights", "hi"], None, "--ctranslate2 weights holds PyTorch "
+     "checkpoints, not an exported model: give it as --model_folder, or export it with "
+     "export.py --model_folder weights --output NEW"),  # (said: export.py --output weights)
+    (["--ctranslate2", "corpus", "hi"], None, "--ctranslate2 corpus: no export.json there"),
     (["--ctranslate2", "weights", "--attention", "a.png", "hi"], None, "--attention needs the "
      "PyTorch model"),
     # issue 68: a folder that does not exist says so (it said "no checkpoint in ...")
