@@ -330,6 +330,29 @@ def test_each_dropout_rate_reaches_its_place():
             if isinstance(block, FeedForwardBlock):
                 block.linear_1.weight.normal_()
     assert torch.equal(model(src, tgt, mask), logits)
+    for ffn in ("relu", "swiglu"):  # what each Dropout is given: the attention weights
+        model = build_transformer(24, 24, 16, 16, d_model=16, N=1, h=2, d_ff=32, ffn=ffn,
+                                  dropout=0.1, attention_dropout=0.2,
+                                  activation_dropout=0.3).train()  # (batch, h, q, k), the
+        seen = {}  # hidden activations (batch, len, hidden), the rest (batch, len, d_model)
+        for name, module in model.named_modules():
+            if isinstance(module, Dropout):
+                module.register_forward_pre_hook(
+                    lambda m, args, name=name, seen=seen: seen.setdefault(name, set()).add(
+                        (m.p, tuple(args[0].shape[1:]))))
+        model(src, tgt, mask)
+        hidden = model.encoder.layers[0].feed_forward_block.linear_1.out_features
+        for name, module in model.named_modules():
+            if isinstance(module, Dropout):
+                owner = type(model.get_submodule(name.rpartition(".")[0]))
+                places = {p for p, shape in seen.get(name, ())}, {
+                    "attention" if len(shape) == 3 and shape[-1] in (7, 6) else  # keys
+                    "hidden" if shape[-1] == hidden and
+                    hidden != 16 else "model" for p, shape in seen.get(name, ())}
+                expected = ({0.2}, {"attention"}) if owner is MultiHeadAttentionBlock else \
+                    ({0.3}, {"hidden"}) if owner in (FeedForwardBlock, SwiGLUFeedForwardBlock) \
+                    else ({0.1}, {"model"})
+                assert places == expected, (ffn, name, seen.get(name))
     x = torch.randn(2, 3, 16)  # the sublayer's output dropped, before post-norm's norm
     for norm_first in (True, False):
         connection = ResidualConnection(16, 1.0, norm_first=norm_first).train()
