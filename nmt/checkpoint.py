@@ -215,10 +215,14 @@ def folders_with_checkpoints(folder) -> list:
 
 def not_named(config: Config) -> str:
     """What to say where --model_folder holds no checkpoint named with --model_basename: the
-    basenames of the checkpoints it does hold, else elsewhere's advice."""
+    basenames of the checkpoints it does hold, or that it holds the best alone (a folder copied
+    to translate with), else elsewhere's advice."""
     named = (re.fullmatch(r"(.+?)(?:\d+(?:_s\d+)?|best)\.pt", p.name)
              for p in Path(config.model_folder).glob("*.pt"))
     names = sorted({m.group(1) for m in named if m} - {config.model_basename})
+    if not names and best_checkpoint_path(config).exists():
+        return (f" (only the best checkpoint is there, {best_checkpoint_path(config).name}, "
+                f"which translate.py and export.py take without --preload)")
     if not names:
         return elsewhere(config.model_folder)
     return (f" (no file there is named {config.model_basename}*.pt; its checkpoints are named "
