@@ -19,6 +19,7 @@ the library this is the command line of:
 
 import argparse
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -162,11 +163,12 @@ def check_inputs(parser, args):
 
 
 def same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (the same file by another path or link too)."""
+    """Whether two paths name one regular file (by another path or link too): a device such
+    as /dev/null or a terminal is not overwritten."""
     try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them not there (yet)
-        return Path(a).resolve() == Path(b).resolve()
+        return os.path.samefile(a, b) and stat.S_ISREG(os.stat(a).st_mode)
+    except OSError:  # one of them not there (yet): nothing to overwrite
+        return False
 
 
 class ModelList(argparse.Action):

@@ -1,6 +1,8 @@
 """translate.py: sentences, files and stdin, validation examples, scores, n-best, attention maps,
 and its one-line refusals."""
 
+import os
+
 import pytest
 import torch
 from conftest import ROOT, number_pairs, run_here, run_script, swap_two_tokens
@@ -383,6 +385,7 @@ def test_a_folder_with_only_its_best_checkpoint_says_so_for_preload_latest(train
 @pytest.mark.parametrize("flags, named", [
     (["--input", "src.en", "--output", "src.en"], "--input"),
     (["--input", "src.en", "--output", "./link.en"], "--input"),  # the same file by a link
+    (["--input", "src.en", "--output", "hard.en"], "--input"),  # by a hard link
     (["--input", "src.en", "--reference", "ref.it", "--output", "ref.it"], "--reference"),
     (["--input", "src.en", "--papers_reference", "ref.it", "--output", "ref.it"],
      "--papers_reference")])
@@ -394,6 +397,7 @@ def test_the_output_cannot_overwrite_the_input_or_its_references(trained, tmp_pa
     (tmp_path / "src.en").write_text("one two.\n")
     (tmp_path / "ref.it").write_text("uno due.\n")
     (tmp_path / "link.en").symlink_to(tmp_path / "src.en")
+    os.link(tmp_path / "src.en", tmp_path / "hard.en")
     t = run_here("translate.py", "--model_folder", home / "weights", *flags, cwd=tmp_path)
     err = t.stderr.decode()
     assert t.returncode == 2 and err == (f"translate.py: error: --output {flags[-1]} is the "
@@ -401,6 +405,20 @@ def test_the_output_cannot_overwrite_the_input_or_its_references(trained, tmp_pa
                                          f"overwrite: give another --output (see --help)\n"), err
     assert (tmp_path / "src.en").read_text() == "one two.\n"
     assert (tmp_path / "ref.it").read_text() == "uno due.\n"
+
+
+def test_an_output_that_is_no_regular_file_may_be_the_input(trained, tmp_path):
+    """The check against overwriting the input refused `--input /dev/null --output /dev/null`
+    (and /dev/stdin with /dev/stdout on a terminal): only a regular file is overwritten. An
+    input that is not there is the missing input, not an overwrite."""
+    home, _ = trained
+    t = run_here("translate.py", "--model_folder", home / "weights", "--input", "/dev/null",
+                 "--output", "/dev/null", cwd=tmp_path)
+    assert t.returncode == 0 and "would overwrite" not in t.stderr.decode(), t.stderr.decode()
+    t = run_here("translate.py", "--model_folder", home / "weights", "--input", "missing.en",
+                 "--output", "missing.en", cwd=tmp_path)
+    assert t.returncode == 2 and "cannot read missing.en" in t.stderr.decode()
+    assert not (tmp_path / "missing.en").exists()
 
 
 def test_the_help_says_what_nbest_prints():
