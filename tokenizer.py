@@ -47,7 +47,7 @@ def build_tokenizer(kind: str, vocab_size: int, texts, tag: str = ""):
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                       show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    if tok.get_vocab_size() > vocab_size:  # (BPE keeps its whole alphabet)
+    if kind != "word" and tok.get_vocab_size() > vocab_size:  # (BPE keeps its whole alphabet)
         note(f"--vocab_size {vocab_size} is less than byte-level BPE's 256 bytes and 4 special "
              f"tokens: the vocabulary has {tok.get_vocab_size()}")
     if tag:

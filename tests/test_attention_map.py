@@ -86,6 +86,8 @@ def test_a_layer_or_head_that_does_not_exist_is_one_line(tokenizer):
         check_layer_and_head("encoder", 1, 1, 2, "all")
     with pytest.raises(UserError, match=r"^--attention_head 2: .* has 1 head \(1 to 1, mean"):
         check_layer_and_head("encoder", 1, 1, 0, "2")
+    with pytest.raises(UserError, match=r"^--attention_head ²: "):  # a digit, not a number
+        check_layer_and_head("encoder", 1, 4, 0, "²")
 
 
 def test_translate_draws_each_view(trained):

@@ -394,8 +394,19 @@ def test_the_c_step_takes_only_what_it_computes(monkeypatch):
         new = Shifted(old.in_features, old.out_features, bias=False)
         new.weight.copy_(old.weight)
         m.encoder.layers[0].feed_forward_block.linear_2 = new
+    def subclassed(where):  # a block of a subclass (its forward may compute otherwise)
+        def change(m):
+            module = where(m)
+            module.__class__ = type("Sub" + type(module).__name__, (type(module),), {})
+        return variant(change)
+    blocks = [subclassed(lambda m: m.encoder.layers[1]),
+              subclassed(lambda m: m.decoder.layers[0]),
+              subclassed(lambda m: m.encoder.layers[0].self_attention_block),
+              subclassed(lambda m: m.decoder.layers[1].cross_attention_block),
+              subclassed(lambda m: m.encoder.layers[0].residual_connections[1]),
+              subclassed(lambda m: m.encoder.layers[1].feed_forward_block)]
     assert fast_decoder(small(seed=5, **DESIGNS[C_STEP[1]]), rows=8).native is not None
-    for model in (layer_norm, two_eps, variant(biased_w_o), variant(shifted)):
+    for model in (layer_norm, two_eps, variant(biased_w_o), variant(shifted), *blocks):
         fast = fast_decoder(model, rows=8)
         assert fast.native is None
         assert greedy_decode(fast, src, src_mask, SOS, EOS, limit) == \

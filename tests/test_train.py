@@ -1454,6 +1454,8 @@ def test_a_resume_whose_corpus_moved_says_so_and_goes_on_from_its_new_place(tmp_
     assert code == 2 and err.count("\n") == 1, err
     assert f"trained on, --data_dir {tmp_path / 'c'}, is not there (moved?): give its place " \
         f"with --data_dir\n" in err
+    code, _, err = train_here("--max_steps", "2", "--data_dir", "mov")  # typed wrong: as it
+    assert code == 2 and err.endswith("--data_dir mov: no such folder\n"), err  # was
     code, _, err = train_here("--max_steps", "2", "--data_dir", str(tmp_path / "moved"))
     assert code == 0, err
 

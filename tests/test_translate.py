@@ -253,6 +253,7 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--preload", "lates", "hi"], None,
      "--preload must be best, latest or an epoch number, got 'lates' (see --help)"),
     (["--preload", "3.5", "hi"], None, "--preload must be best, latest or an epoch number"),
+    (["--preload", "²", "hi"], None, "--preload must be best, latest or an epoch number"),
     (["--ensemble", "weights,weights", "--preload", "newest", "hi"], None,
      "--preload must be best, latest or an epoch number, got 'newest'"),
     (["--preload", "none", "hi"], None, "--preload none loads no checkpoint, and a trained "
@@ -551,6 +552,10 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
         f"is not there (moved?): give its place with --data_dir\n")
     translate.main(["--example", "2", "--data_dir", "moved"])
     assert f"SOURCE: {val.src_texts[2]}\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # a --data_dir typed wrong is the user's, as it was
+        run_main("translate.py", lambda: translate.main(["--example", "2", "--data_dir", "mov"]))
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(
+        "translate.py: error: --data_dir mov: no such folder\n")
 
 
 def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
