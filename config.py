@@ -87,7 +87,8 @@ class Config:
     val_fraction: float = _f(0.1, "share of train held out for validation when the corpus has no "
                                   "validation split")
     tokenizer_sample: int = _f(1_000_000, "training sentences (per language) the tokenizers are "
-                                          "trained on, evenly spaced through the corpus (0 = all)")
+                                          "trained on, evenly spaced through the corpus (0 = all)",
+                               group="model")  # (the tokenizers are the model's)
     # ---- model ------------------------------------------------------------------------------
     d_model: int = _f(512, "model width", group="model")
     N: int = _f(6, "encoder layers, and decoder layers unless --N_dec", group="model")
@@ -117,12 +118,13 @@ class Config:
                                    "table (vocab_size is then the joint size)", group="model")
     # ---- optimisation -----------------------------------------------------------------------
     batch_size: int = _f(8, "sentences per batch (used when max_tokens is 0; giving --batch_size "
-                            "alone switches to sentence batches); in translate.py the sentences "
+                            "alone switches to sentence batches; with --max_tokens, the fewest "
+                            "validation decodes at once); in translate.py the sentences "
                             f"decoded at once, {GREEDY_BATCH_SIZE} greedy and "
                             f"{DECODE_BATCH_SIZE} with beam search unless given", translate=True)
     max_tokens: int = _f(4096, "padded tokens per batch (per process under torchrun), "
                                "length-bucketed (0 = use batch_size)")
-    num_epochs: int = _f(20, "epochs to train")
+    num_epochs: int = _f(20, "epochs to train (not with --time_budget, which sets them)")
     time_budget: float = _f(0.0, "train for this many minutes in all (every start together, "
                                  "validations and test scoring included): the run's "
                                  "length in steps, and so its learning-rate schedule, is set "
@@ -135,11 +137,13 @@ class Config:
                         f"({LR_AT_512 * 4:g} at d_model 128)")
     lr_schedule: str = _f("inverse_sqrt", "learning-rate schedule",
                           ["constant", "inverse_sqrt", "cosine"])
-    warmup: int = _f(0, "warm-up steps (inverse_sqrt, cosine); 0 = min(4000, a tenth of the "
-                        "run); a value given is used as it is")
+    warmup: int = _f(0, "warm-up steps of the inverse_sqrt and cosine schedules; 0 = min(4000, "
+                        "a tenth of the run); a value given is used as it is")
     label_smoothing: float = _f(0.1, "label smoothing of the cross-entropy")
     clip_grad: float = _f(1.0, "clip the gradient norm to this (0 = off)")
-    max_bad_steps: int = _f(10, "non-finite updates in a row that stop training")
+    max_bad_steps: int = _f(10, "non-finite updates in a row that stop training (on a GPU the "
+                                "count is read at --log_every steps: a streak ended between two "
+                                "is not seen)")
     accum_steps: int = _f(1, "batches whose gradients are summed per optimizer step")
     precision: str = _f("auto", "auto: bf16 autocast on CUDA (fp16 + scaler without bf16) and "
                                 "on a CPU that computes bf16 (AVX512-BF16, AMX), fp32 elsewhere "
@@ -177,7 +181,7 @@ class Config:
                                    "(0 = all)")
     eval_every: int = _f(0, "also validate every this many optimizer steps, besides the end of "
                             "each epoch (0 = off)")
-    val_examples: int = _f(3, "SOURCE/TARGET/PREDICTED examples printed each epoch")
+    val_examples: int = _f(3, "SOURCE/TARGET/PREDICTED examples printed at each validation")
     patience: int = _f(0, "stop after this many validations without a better one (higher BLEU; "
                           "equal BLEU: lower loss) (0 = off)")
     # ---- checkpoints and logs ---------------------------------------------------------------
@@ -198,7 +202,8 @@ class Config:
                             "steps and history start afresh")
     save_every: int = _f(0, "also save every this many optimizer steps mid-epoch (0 = off)")
     keep_last: int = _f(3, "mid-epoch checkpoints kept on disk, at least 1 (per-epoch ones are "
-                           "kept apart; --save_every 0 saves none)")
+                           "kept apart; --save_every 0 saves one only where a run stops "
+                           "mid-epoch)")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
     keep_optimizer: int = _f(1, "per-epoch checkpoints, newest first, that keep the optimizer "
                              "state --preload N needs to resume from them; older ones keep the "
@@ -533,10 +538,22 @@ def parse_config(argv=None, parser=None, settings=None):
         checked = settings(config, given) if settings else config
     except UserError as e:
         parser.refuse(str(e))
-    problem = checked.validate()
+    problem = checked.validate() or unused(checked, given)
     if problem:
         parser.error(problem)
     return config, given
+
+
+def unused(config: Config, given: set):
+    """The message for a flag typed where the run would not use it, or None: an option that
+    would do nothing is refused rather than ignored (a preset's values are not typed)."""
+    typed = given - getattr(given, "by_preset", set())
+    if "num_epochs" in typed and config.time_budget:
+        return ("--num_epochs with --time_budget: the budget sets the run's length from the "
+                "speed it measures; give one of them")
+    if "warmup" in typed and config.lr_schedule == "constant":
+        return "--warmup with --lr_schedule constant: a constant rate has no warm-up"
+    return None
 
 
 # ---- the command line of translate.py and export.py -------------------------------------------
@@ -576,6 +593,10 @@ def checkpoint_config(parser, args):
     for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")
+    if args.checkpoint:  # the file named: nothing left to pick in a folder
+        for name in sorted(given & {"preload", "model_basename"}):
+            parser.error(f"--checkpoint names its file: not with --{name}, which picks one in "
+                         f"--model_folder")
     problem = not_positive(average=args.average, batch_size=args.batch_size)
     if problem:
         parser.error(problem)

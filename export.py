@@ -25,6 +25,10 @@ def parse_args(argv):
                              "the fastest on CPU")
     add_locating_arguments(parser)
     args = parser.parse_args(argv)
+    for name in ("batch_size", "threads"):  # (the export decodes nothing)
+        if getattr(args, name) is not None:
+            parser.error(f"--{name} is the translating command's: give it to translate.py "
+                         f"--ctranslate2 {args.output}")
     return args, *checkpoint_config(parser, args)
 
 

@@ -100,7 +100,8 @@ def add_input_arguments(parser):
 def add_search_arguments(parser):
     """Beam search, sampling, and the models searched with (an ensemble, an exported one)."""
     parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
-    parser.add_argument("--alpha", type=float, default=0.6, help="beam length penalty")
+    parser.add_argument("--alpha", type=float, help="beam search's length penalty (default "
+                        "0.6; CTranslate2 applies its own rule, length^alpha)")
     parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
                         "(index, score and translation, tab-separated; without --beam, a beam "
                         "of this size)")
@@ -152,6 +153,13 @@ def check_inputs(parser, args):
              args.attention_layer != 0, "attention_head": args.attention_head != "all"}
     if not args.attention and any(drawn.values()):
         parser.error(f"--{min(k for k, v in drawn.items() if v)} goes with --attention PNG")
+    if args.output and args.example is not None:
+        parser.error("--output writes the translations of --input or stdin; --example prints "
+                     "its one beside its source and reference")
+    for flag in ("data_dir", "datasource"):
+        if getattr(args, flag) is not None and args.example is None:
+            parser.error(f"--{flag} goes with --example N (the place of the corpus the model was "
+                         f"trained on, for its validation split)")
     if args.attention and args.sentence is None and args.example is None:
         parser.error("--attention maps one sentence: give it as the sentence argument or with "
                      "--example N, not --input or stdin")
@@ -242,9 +250,14 @@ def looks_like_a_model(text: str) -> bool:
 
 
 def check_sampling(parser, args):
-    """--sample's settings in their ranges, and only with --sample (one line, exit 2)."""
+    """--sample's settings in their ranges, and only with --sample; --alpha only with a beam
+    search (one line, exit 2)."""
     options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                "seed": args.sample_seed}
+    searching = args.sample <= 0 and max(args.beam, args.nbest) > 1
+    if args.alpha is not None and not searching:
+        parser.error("--alpha is beam search's length penalty: it goes with --beam N (N >= 2)")
+    args.alpha = 0.6 if args.alpha is None else args.alpha
     if args.sample <= 0:
         given = [f"--{name}" for name, value in options.items() if value is not None]
         if args.sample < 0 or given:

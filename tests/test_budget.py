@@ -106,7 +106,7 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     budget bought."""
     corpus(tmp_path / "c")
     started = fake_time.now
-    t = run_here("train.py", *FLAGS, "--time_budget", "3", "--num_epochs", "2", cwd=tmp_path)
+    t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
     out, err = t.stdout.decode(), t.stderr.decode()  # (the budget sets the length, not epochs)
     assert t.returncode == 0, err[-2000:]
     assert "the --time_budget's schedule is complete" in out

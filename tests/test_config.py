@@ -23,6 +23,16 @@ def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batche
     assert (both.batch_size, both.max_tokens) == (32, 2000)
 
 
+def test_a_presets_own_values_are_not_refused_as_typed():
+    """The README's hour, `--preset multi30k_modern --time_budget 60`: the preset sets
+    --num_epochs, which the user did not type beside the budget; and the write-ups' constant
+    rate with its own (no) warm-up."""
+    config, _ = parse_config(["--preset", "multi30k_modern", "--time_budget", "60"])
+    assert (config.num_epochs, config.time_budget) == (26, 60)
+    assert parse_config(["--preset", "writeups"])[0].lr_schedule == "constant"
+    assert parse_config(["--lr_schedule", "cosine", "--warmup", "100"])[0].warmup == 100
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--d_model", "100", "--h", "3"], "--d_model (100) must be divisible by --h (3)"),
     (["--N", "-2"], "--N must be positive"),
@@ -35,6 +45,11 @@ def test_every_config_field_is_a_flag_and_batch_size_alone_means_sentence_batche
     (["--preload", "yesterday"], "--preload must be latest, none or an epoch number"),
     (["--preload", "²"], "--preload must be latest, none or an epoch number"),  # a digit, no number
     (["--device", "gpu"], "--device must be auto, cpu, cuda, cuda:N or mps"),
+    # an option typed where it would do nothing (a preset's own values are not typed)
+    (["--time_budget", "60", "--num_epochs", "30"], "--num_epochs with --time_budget: the budget "
+                                                    "sets the run's length"),
+    (["--preset", "writeups", "--warmup", "100"], "--warmup with --lr_schedule constant: a "
+                                                  "constant rate has no warm-up"),
 ])
 def test_bad_flags_are_refused_with_one_line(argv, message, capsys):
     """Issue 70: without a parser given (a notebook, your code) a UserError of the same line

@@ -209,18 +209,27 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("preload, message", [
-    ("lates", "--preload must be best, latest or an epoch number, got 'lates' (see --help)"),
-    ("3.5", "--preload must be best, latest or an epoch number, got '3.5' (see --help)"),
-    ("none", "--preload none loads no checkpoint, and a trained model comes from one: leave "
-             "--preload out, or give best, latest or an epoch number")])
-def test_export_refuses_a_preload_that_names_no_checkpoint(trained, tmp_path, preload, message):
+@pytest.mark.parametrize("flags, message", [
+    (["--preload", "lates"], "--preload must be best, latest or an epoch number, got 'lates' "
+                             "(see --help)"),
+    (["--preload", "3.5"], "--preload must be best, latest or an epoch number, got '3.5' (see "
+                           "--help)"),
+    (["--preload", "none"], "--preload none loads no checkpoint, and a trained model comes from "
+                            "one: leave --preload out, or give best, latest or an epoch number"),
+    # what the export would not use (it decodes nothing; the file is named): refused
+    (["--batch_size", "16"], "--batch_size is the translating command's: give it to translate.py "
+                             "--ctranslate2 "),
+    (["--threads", "2"], "--threads is the translating command's"),
+    (["--checkpoint", "weights/tmodel_00.pt", "--preload", "best"], "--checkpoint names its "
+     "file: not with --preload, which picks one in --model_folder (see --help)")])
+def test_export_refuses_a_preload_that_names_no_checkpoint(trained, tmp_path, flags, message):
     """--preload lates or 3.5 ended in int()'s traceback; none, in "no checkpoint in" a folder
-    of checkpoints."""
+    of checkpoints; --batch_size and --threads were written into export.json and never read,
+    --preload beside --checkpoint ignored."""
     home, _ = trained
-    t = run_here("export.py", "--output", tmp_path / "ct2", "--preload", preload, cwd=home)
-    assert t.returncode == 2 and t.stderr.decode() == f"export.py: error: {message}\n"
-    assert not (tmp_path / "ct2").exists()
+    t = run_here("export.py", "--output", tmp_path / "ct2", *flags, cwd=home)
+    assert t.returncode == 2 and t.stderr.decode().startswith(f"export.py: error: {message}")
+    assert t.stderr.decode().count("\n") == 1 and not (tmp_path / "ct2").exists()
 
 
 def test_export_average_exports_the_averaged_weights(trained, tmp_path, monkeypatch):

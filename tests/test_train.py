@@ -1200,6 +1200,8 @@ def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_
             (["--init_from", source, "--d_model", "64"], "--d_model 64: the model of --init_from"),
             (["--init_from", source, "--vocab_size", "500"], "keeps its architecture and vocab"),
             (["--init_from", source, "--lang_tgt", "fr"], "--lang_tgt fr: the model of"),
+            (["--init_from", source, "--tokenizer_sample", "5"],  # (its tokenizers are copied:
+             "--tokenizer_sample 5: the model of"),  # the value was recorded, never used)
             (["--init_from", source, "--preset", "multi30k_modern"],
              "keeps its architecture and vocabulary; drop --preset multi30k_modern (it sets --"),
             (["--init_from", source / "tmodel_01.pt", "--model_folder", source],

@@ -254,6 +254,19 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "--preload must be best, latest or an epoch number, got 'lates' (see --help)"),
     (["--preload", "3.5", "hi"], None, "--preload must be best, latest or an epoch number"),
     (["--preload", "²", "hi"], None, "--preload must be best, latest or an epoch number"),
+    # flags that would do nothing there: refused (they were ignored)
+    (["--checkpoint", "weights/tmodel_00.pt", "--preload", "best", "hi"], None, "--checkpoint "
+     "names its file: not with --preload, which picks one in --model_folder"),
+    (["--checkpoint", "weights/tmodel_00.pt", "--model_basename", "x_", "hi"], None,
+     "--checkpoint names its file: not with --model_basename"),
+    (["--alpha", "1.0", "hi"], None, "--alpha is beam search's length penalty: it goes with "
+     "--beam N (N >= 2)"),
+    (["--alpha", "1.0", "--sample", "2", "hi"], None, "--alpha is beam search's length penalty"),
+    (["--example", "1", "--output", "ex.txt"], None, "--output writes the translations of "
+     "--input or stdin; --example prints its one beside its source and reference"),
+    (["--data_dir", "corpus", "hi"], None, "--data_dir goes with --example N (the place of the "
+     "corpus the model was trained on, for its validation split)"),
+    (["--datasource", "x/y", "hi"], None, "--datasource goes with --example N"),
     (["--ensemble", "weights,weights", "--preload", "newest", "hi"], None,
      "--preload must be best, latest or an epoch number, got 'newest'"),
     (["--preload", "none", "hi"], None, "--preload none loads no checkpoint, and a trained "
