@@ -84,7 +84,7 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     if "data_dir" not in given and merged.data_dir and not Path(merged.data_dir).is_dir():
         raise CheckpointError(f"the corpus {path} was trained on, --data_dir {merged.data_dir}, "
                               f"is not there (moved?): give its place with --data_dir")
-    check_distillation(saved, merged, path)
+    check_training_pairs(saved, merged, path)
     check_init_from(saved, config, path)
     merged.init_from = saved.init_from  # (where the run started from stays as recorded)
     if state.get("next_batch"):  # mid-epoch: the rest of the epoch needs the same batches
@@ -172,16 +172,22 @@ def check_init_from(saved: Config, config: Config, path: Path):
         f"train the new run into another --model_folder, or resume this one without --init_from")
 
 
-def check_distillation(saved: Config, merged: Config, path: Path):
+def check_training_pairs(saved: Config, merged: Config, path: Path):
     """A run's training pairs are fixed when it starts: a resume that adds, drops or changes
-    the teachers (in any order) or their settings would train on other pairs than the
-    checkpoint's, and record flags that did not make the model. Refused before any work,
-    naming the flag."""
-    for name in DISTILL_FIELDS:
+    the teachers (in any order) or their settings, or the extra pairs (added, dropped, their
+    tag, the corpus's upsampling), would train on other pairs than the checkpoint's, and
+    record flags that did not make the model. Refused before any work, naming the flag (the
+    corpus's fingerprint said "another version of the corpus"). The extra pairs' folder may
+    move: its text is the fingerprint's to check."""
+    for name in (*DISTILL_FIELDS, "extra_data_dir", "extra_tag", "upsample"):
         before, after = getattr(saved, name), getattr(merged, name)
         if name == "distill_from":
             before, after = ",".join(saved.teachers()) or "none", sorted(merged.teachers())
             if sorted(saved.teachers()) == after:
+                continue
+        elif name == "extra_data_dir":
+            before = before or "none"
+            if bool(saved.extra_data_dir) == bool(after):
                 continue
         elif before == after:
             continue

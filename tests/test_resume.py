@@ -1,6 +1,7 @@
 """Resuming: what a resume takes from a checkpoint and what it must match, the random state,
 the validation history."""
 
+import argparse
 import dataclasses
 import shutil
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 import torch
 from conftest import number_pairs, tiny_state, write_aligned
 
-from config import Config
+from config import Config, config_from_args
 from corpus import load_corpus
 from nmt.checkpoint import (CheckpointError, best_checkpoint_path, history_path, load_checkpoint,
                             save_checkpoint)
@@ -42,6 +43,32 @@ def test_resume_never_takes_where_the_run_works_from_the_checkpoint(tmp_path):
     assert (config.device, config.num_workers, config.experiment_name) == ("auto", 0,
                                                                            "runs/tmodel")
     assert config.lr == 5e-4  # a training setting still comes from the checkpoint
+
+
+def test_a_resume_that_changes_the_extra_pairs_names_the_flag(tmp_path):
+    """Adding --extra_data_dir on resume, or another --extra_tag or --upsample, was refused as
+    "another version of the corpus (the text of its files changed since)", though no file had
+    changed: the flag is named. The extra pairs' folder given at a new place is the
+    fingerprint's to check, not refused here."""
+    plain = Config(model_folder=str(tmp_path / "p"), data_dir=str(tmp_path))
+    tagged = Config(model_folder=str(tmp_path / "t"), data_dir=str(tmp_path), extra_data_dir="bt",
+                    extra_tag="<BT>", upsample=2)
+    for saved in (plain, tagged):
+        Path(saved.model_folder).mkdir()
+        save_checkpoint({**tiny_state(0), "config": saved.to_dict(), "optimizer_state_dict": {}},
+                        Path(saved.model_folder) / "tmodel_00.pt")
+    for saved, flag, value, said in ((plain, "extra_data_dir", "bt", "none"),
+                                     (tagged, "extra_tag", "<XX>", "<BT>"),
+                                     (tagged, "upsample", "3", "2")):
+        config, given = config_from_args(argparse.Namespace(**{
+            "model_folder": saved.model_folder, flag: type(getattr(saved, flag))(value)}))
+        with pytest.raises(CheckpointError, match=f"was trained with --{flag} {said} \\(a run's "
+                                                  f"training pairs are fixed when it starts\\): "
+                                                  f"resume without --{flag}"):
+            resume_state(config, given)
+    config, given = config_from_args(argparse.Namespace(model_folder=tagged.model_folder,
+                                                        extra_data_dir="moved/bt"))
+    assert resume_state(config, given)[1].extra_data_dir == "moved/bt"
 
 
 def test_resuming_with_another_seed_cannot_redraw_a_held_out_validation_split(tmp_path):
