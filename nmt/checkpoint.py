@@ -470,7 +470,8 @@ def load_averaged(config: Config, path: Path, average: int, flag: str = "--avera
     `average` per-epoch checkpoints up to the step `path` holds (mid-epoch files take no
     part: they are not the end of an epoch, and they overlap the per-epoch ones; but the run's
     last checkpoint, where its schedule ended mid-epoch (--time_budget, --max_steps), ends the
-    training and counts as an epoch's end). A best checkpoint from a mid-epoch validation
+    training and counts as an epoch's end, once: not beside the epoch's end of its own step).
+    A best checkpoint from a mid-epoch validation
     (--eval_every) is followed by its epoch's end: that epoch's file, later than it, is left
     out."""
     if average <= 1:
@@ -484,7 +485,9 @@ def load_averaged(config: Config, path: Path, average: int, flag: str = "--avera
         paths.pop()  # the end of the best's epoch: trained past it
     if found and found[-1][2] is not None and found[-1][2] <= state["global_step"]:
         end = load_checkpoint(found[-1][0], mmap=True)  # the newest, saved mid-epoch
-        if end["global_step"] >= end.get("schedule_steps", math.inf):
+        same = paths and load_checkpoint(paths[-1], mmap=True)["global_step"] == \
+            end["global_step"]  # (a plan shortened at an epoch's end ends at the next's start)
+        if end["global_step"] >= end.get("schedule_steps", math.inf) and not same:
             paths.append(found[-1][0])  # where the schedule ended: the run's end
     paths = paths[-average:]
     if len(paths) < average:

@@ -219,6 +219,10 @@ def test_averaging_counts_a_schedule_that_ended_mid_epoch_as_an_epochs_end(tmp_p
     save_checkpoint(tiny_state(3, step=35, schedule_steps=60), end)  # stopped, not ended
     assert [p.name for p in load_averaged(config, end, 3)[1]] == [
         "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
+    end.unlink()  # a plan shortened at the epoch's end (step 30) ends at the next epoch's first
+    end = tmp_path / "tmodel_03_s0000030.pt"  # batch: a copy of tmodel_02.pt, counted once
+    save_checkpoint(tiny_state(3, step=30, schedule_steps=30), end)
+    assert [p.name for p in load_averaged(config, end, 2)[1]] == ["tmodel_01.pt", "tmodel_02.pt"]
 
 
 def test_averaging_from_a_mid_epoch_best_leaves_out_the_end_of_its_epoch(tmp_path):
