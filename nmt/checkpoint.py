@@ -137,12 +137,19 @@ def start_again(config: Config, fix: str = "it") -> str:
             f"{config.model_folder} yet)")
 
 
-def resolve_preload(config: Config):
-    """The checkpoint `--preload` names, or None for a fresh start or an empty folder."""
+def resolve_preload(config: Config, training: bool = False):
+    """The checkpoint `--preload` names, or None for a fresh start or an empty folder.
+    `training`: train.py's (best is translate.py's; the advice is a run's). A value that is no
+    epoch number is a ValueError (Config.validate says it in words)."""
     if config.preload == "none":
         return None
     if config.preload == "latest":
         return latest_checkpoint_path(config)
+    if config.preload == "best" and training:
+        raise CheckpointError("--preload best is for translate.py (the best checkpoint holds "
+                              "the weights only); resume training with latest or an epoch")
+    if config.preload != "best" and not config.preload.isdecimal():
+        raise ValueError(f"--preload {config.preload}: not an epoch number")
     if config.preload == "best":
         path = best_checkpoint_path(config)
         if not path.exists():
@@ -155,7 +162,7 @@ def resolve_preload(config: Config):
         found = list_checkpoints(config)
         raise CheckpointError(f"--preload {config.preload}: no checkpoint {path}" + (
             f" ({saved_there(found)}; --preload latest for the newest checkpoint)" if found
-            else not_named(config)))
+            else not_named(config, training)))
     return path
 
 
@@ -213,16 +220,18 @@ def folders_with_checkpoints(folder) -> list:
                   if sub.is_dir() and any(sub.glob("*.pt")))
 
 
-def not_named(config: Config) -> str:
+def not_named(config: Config, training: bool = False) -> str:
     """What to say where --model_folder holds no checkpoint named with --model_basename: the
     basenames of the checkpoints it does hold, or that it holds the best alone (a folder copied
-    to translate with), else elsewhere's advice."""
+    to translate with), else elsewhere's advice (`training`: that a run starts there)."""
     named = (re.fullmatch(r"(.+?)(?:\d+(?:_s\d+)?|best)\.pt", p.name)
              for p in Path(config.model_folder).glob("*.pt"))
     names = sorted({m.group(1) for m in named if m} - {config.model_basename})
     if not names and best_checkpoint_path(config).exists():
         return (f" (only the best checkpoint is there, {best_checkpoint_path(config).name}, "
                 f"which translate.py and export.py take without --preload)")
+    if not names and training:
+        return " (it holds no checkpoint: without --preload a run starts there)"
     if not names:
         return elsewhere(config.model_folder)
     return (f" (no file there is named {config.model_basename}*.pt; its checkpoints are named "

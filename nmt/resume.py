@@ -61,15 +61,12 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     """The checkpoint --preload names (None for a fresh start) as (path, state), and the config
     to train with: flags given on the command line win; the rest comes from the checkpoint.
     Refuses what cannot continue the saved run exactly (see the module docstring)."""
-    if config.preload == "best":
-        raise CheckpointError("--preload best is for translate.py (the best checkpoint holds "
-                              "the weights only); resume training with latest or an epoch")
     source = Path(config.init_from)
     if config.init_from and (source if source.is_dir() else source.parent).resolve() == \
             Path(config.model_folder).resolve():
         raise CheckpointError(f"--init_from {source} is in --model_folder: a new run trains into "
                               f"a folder of its own (the source is never written)")
-    path = resolve_preload(config)
+    path = resolve_preload(config, training=True)
     if path is None:
         refuse_to_overwrite(config)
         return None, config
@@ -435,7 +432,7 @@ def settings_to_check(config: Config, given: set) -> Config:
     Raises the start's own CheckpointError for a checkpoint it would refuse (damaged, another
     architecture given), rather than checking the flags against the defaults."""
     try:
-        path = resolve_preload(config)
+        path = resolve_preload(config, training=True)
     except ValueError:  # --preload neither a word nor a number: validate's to say
         return config
     if path is not None:

@@ -1462,6 +1462,25 @@ def test_a_resume_whose_corpus_moved_says_so_and_goes_on_from_its_new_place(tmp_
     assert code == 0, err
 
 
+def test_preload_into_a_folder_without_checkpoints_says_what_train_py_can_do(tmp_path,
+                                                                           train_here):
+    """train.py --preload 3 (or best) into a new folder gave translate.py's advice ("or pass
+    --checkpoint PATH", a flag train.py has not); --preload -1 looked for tmodel_-1.pt."""
+    make_corpus(tmp_path / "c", n=40, val=4)
+    for preload, said in (
+            ("3", "--preload 3: no checkpoint w/tmodel_03.pt (it holds no "
+                  "checkpoint: without --preload a run starts there)"),
+            ("best", "--preload best is for translate.py (the best checkpoint holds the weights "
+                     "only); resume training with latest or an epoch"),
+            ("-1", "--preload must be latest, none or an epoch number (translate.py also takes "
+                   "best), got '-1'")):
+        code, _, err = train_here("--data_dir", "c", *TINY, "--model_folder", "w", "--preload",
+                                  preload)
+        assert code == 2 and err.startswith("train.py: error: " + said) and \
+            err.count("\n") == 1, err
+        assert not (tmp_path / "w").exists()
+
+
 def test_a_flag_typo_names_the_nearest_flag(tmp_path, train_here):
     """`train.py --data-dir` said only "unrecognized arguments"."""
     code, _, err = train_here("--data-dir", "data/multi30k")
