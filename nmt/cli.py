@@ -40,6 +40,16 @@ def stdout_gone() -> bool:
         return False
 
 
+class StoppedAndSaid(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM: `signum`) met where the code has already said what it kept and how
+    to go on (distillation's translated chunks): run_main exits as for any stop, without its
+    own "aborted" line, which would speak of checkpoints."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__()
+        self.signum = signum
+
+
 class ReportedElsewhere(Exception):
     """Under torchrun: rank 0 met a user's error while the others waited for it, and has
     printed the line. The others exit 2 without a word (no second line, no traceback)."""
@@ -85,7 +95,7 @@ def run_main(prog: str, main, aborted: str = "aborted"):
             os._exit(2)  # reports rank 0's exit 2
     except KeyboardInterrupt as interrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
-        if is_main():
+        if is_main() and not isinstance(interrupt, StoppedAndSaid):
             sys.stderr.write(f"{below_a_bar()}{prog}: {aborted}\n")
             ABORT_SAID.set()
         # 130 for Ctrl-C; a SIGTERM turned into this interrupt (nmt.stopping.abort) says so: 143

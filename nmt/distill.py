@@ -22,6 +22,7 @@ every process translates its own chunks.
 
 import dataclasses
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from corpus import (DistilledTargets, column, corpus_source, digest, load_corpus
                     own_corpus)
 from nmt.checkpoint import (CheckpointError, load_averaged, load_checkpoint, resolve_preload,
                             weights_digest)
+from nmt.cli import StoppedAndSaid
 from nmt.decoding import translate
 from nmt.runtime import sum_over_ranks
 from nmt.trained_model import check_languages, load_ensemble, load_translator
@@ -191,11 +193,11 @@ def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chun
                                 numbers=[n + 1 for n in rows])  # (a warning names the line)
             targets.write_chunk(c, outputs)
             finished += 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         bar.close()
-        note(f"stopped while translating: {finished} more chunk(s) of {len(chunks)} kept in "
-             f"{targets.parts}; the same command goes on from them")
-        raise
+        note(f"stopped while translating: {finished} of the {len(chunks)} chunk(s) left at this "
+             f"start are done, kept in {targets.parts}; the same command goes on from them")
+        raise StoppedAndSaid(getattr(interrupt, "signum", signal.SIGINT)) from None
     bar.close()
 
 

@@ -201,9 +201,14 @@ def test_a_stopped_translation_goes_on_where_it_stopped(teachers, tmp_path, monk
             raise KeyboardInterrupt
         return real(*args, **kw)
     monkeypatch.setattr(distill, "translate", stopping)
-    with pytest.raises(KeyboardInterrupt):
-        distill.distil(config)
-    assert "stopped while translating: 2 more chunk(s) of 4 kept" in capsys.readouterr().err
+    from nmt.cli import run_main
+    with pytest.raises(SystemExit) as stopped:  # as train.py runs it: the stop said, no
+        run_main("train.py", lambda: distill.distil(config),  # "aborted; the checkpoints
+                 aborted="aborted; the checkpoints already saved are intact")  # ...": none is
+    err = capsys.readouterr().err
+    assert stopped.value.code == 130 and err.endswith(
+        f"stopped while translating: 2 of the 4 chunk(s) left at this start are done, kept in "
+        f"{tmp_path / 'stopped/distilled/parts'}; the same command goes on from them\n"), err
     parts = tmp_path / "stopped/distilled/parts"
     assert sorted(p.name for p in parts.glob("*.tgt")) == ["00000.tgt", "00001.tgt"]
     assert not (tmp_path / "stopped/distilled/meta.json").exists()  # not complete
