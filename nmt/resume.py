@@ -567,8 +567,9 @@ def nothing_to_do(config: Config, progress):
         return (f"the --time_budget {config.time_budget:g} minutes' schedule is complete "
                 f"(step {progress.step}); raise --time_budget to train on")
     if not config.time_budget and progress.epoch >= config.num_epochs:  # (a budget's are not)
-        return (f"all {config.num_epochs} epochs are trained (step {progress.step}); raise "
-                f"--num_epochs to train on")
+        trained = f"all {config.num_epochs} epochs are" if config.num_epochs != 1 else \
+            "its 1 epoch is"
+        return f"{trained} trained (step {progress.step}); raise --num_epochs to train on"
     since = validations_since_best(progress.history)
     if config.patience and since >= config.patience:  # (the limits above: said first)
         return (f"no better validation in the last {since} validations (--patience "

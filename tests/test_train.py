@@ -223,7 +223,7 @@ def test_a_resume_with_nothing_to_do_writes_no_event_file_and_says_so(tmp_path, 
     assert code == 0, err
     events = set((tmp_path / "runs" / "tmodel").iterdir())
     code, out, err = train_here("--num_epochs", "1")
-    assert code == 0 and "all 1 epochs are trained" in out, out + err
+    assert code == 0 and "its 1 epoch is trained" in out, out + err
     assert set((tmp_path / "runs" / "tmodel").iterdir()) == events
 
 
@@ -238,7 +238,7 @@ def test_a_resumes_flags_are_checked_with_the_runs_own_settings(tmp_path, train_
                                 "--val_examples", "0")
     assert code == 0, err
     code, out, err = train_here("--max_tokens", "32", "--num_epochs", "1")
-    assert code == 0 and "all 1 epochs are trained" in out, out + err
+    assert code == 0 and "its 1 epoch is trained" in out, out + err
     code, out, err = train_here("--max_tokens", "10")
     assert code == 2 and err.strip().splitlines()[-1] == \
         "train.py: error: --max_tokens (10) must be at least --seq_len (24) (see --help)", err
@@ -1044,7 +1044,7 @@ def test_a_second_training_in_a_folder_in_use_is_refused_and_a_killed_runs_lock_
     assert (home / "busy" / ".train.lock").exists()  # left behind, its lock dropped
     resumed = run_here("train.py", *args, "--num_epochs", "1", cwd=home)
     assert resumed.returncode == 0, resumed.stderr.decode()
-    assert "all 1 epochs are trained" in resumed.stdout.decode()
+    assert "its 1 epoch is trained" in resumed.stdout.decode()
     assert not (home / "busy" / ".train.lock").exists()  # released when the run ended
 
 
