@@ -22,8 +22,8 @@ from nmt.budget import completed
 from nmt.checkpoint import (BEST_KEYS, CARD_NAME, CURVE_NAME, FORMAT, CheckpointError,
                             best_checkpoint_path, card_step, check_tokenizers, elsewhere,
                             history_path, latest_checkpoint_path, list_checkpoints,
-                            load_checkpoint, merge_config, resolve_preload, run_files,
-                            save_checkpoint, start_again)
+                            load_checkpoint, merge_config, not_named, resolve_preload,
+                            run_files, save_checkpoint, start_again)
 from nmt.files import FolderLock, write_text_atomic
 from nmt.trained_model import load_model_weights
 from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
@@ -42,8 +42,14 @@ NOT_THE_MODEL = frozenset(f.name for f in dataclasses.fields(Config)) - fields_w
 def refuse_to_overwrite(config: Config):
     """A fresh start writes a new best checkpoint, validation history and test results: refused
     in a folder that holds a run's files (--preload none there, or --preload latest where the
-    checkpoints were deleted but the best checkpoint or the history remain)."""
+    checkpoints were deleted but the best checkpoint or the history remain), or that holds
+    another --model_basename's checkpoints (a typo, or a second run that would overwrite the
+    first's card and results)."""
     found = [p.name for p, _, _ in list_checkpoints(config)[-1:]] + run_files(config)
+    named = not_named(config)  # another --model_basename's run: its card and results are here
+    if "--model_basename" in named:
+        raise CheckpointError(f"{config.model_folder} holds another run's checkpoints{named}; "
+                              f"a new run goes into another --model_folder")
     if not found:
         return
     if config.preload == "none":

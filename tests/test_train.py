@@ -1481,6 +1481,22 @@ def test_preload_into_a_folder_without_checkpoints_says_what_train_py_can_do(tmp
         assert not (tmp_path / "w").exists()
 
 
+def test_a_resume_under_another_model_basename_names_the_checkpoints_there(trained, tmp_path,
+                                                                           train_here):
+    """train.py --model_basename foo_ in a folder of tmodel_*.pt said "holds a run's files
+    (results.json) but no checkpoint to resume from ... move them away", or, without a
+    results.json there, trained a new run beside the other's."""
+    home, _ = trained
+    shutil.copytree(home / "weights", tmp_path / "w", ignore=shutil.ignore_patterns("prepared"))
+    code, _, err = train_here("--data_dir", home / "corpus", *TINY, "--model_folder", "w",
+                              "--model_basename", "foo_")
+    assert code == 2 and err == "train.py: error: w holds another run's checkpoints (no file " \
+        "there is named foo_*.pt; its checkpoints are named tmodel_*.pt: give --model_basename " \
+        "tmodel_); a new run goes into another --model_folder\n", err
+    assert not list((tmp_path / "w").glob("foo_*"))  # (it trained beside them, when the folder
+    # held no results.json, and would have written its card and results over theirs)
+
+
 def test_a_flag_typo_names_the_nearest_flag(tmp_path, train_here):
     """`train.py --data-dir` said only "unrecognized arguments"."""
     code, _, err = train_here("--data-dir", "data/multi30k")
