@@ -220,13 +220,19 @@ def folders_with_checkpoints(folder) -> list:
                   if sub.is_dir() and any(sub.glob("*.pt")))
 
 
+def basenames(folder) -> list:
+    """The --model_basename of each run's checkpoints in `folder` (tmodel_ of tmodel_03.pt,
+    tmodel_03_s0000120.pt and tmodel_best.pt), sorted."""
+    named = (re.fullmatch(r"(.+?)(?:\d+(?:_s\d+)?|best)\.pt", p.name)
+             for p in Path(folder).glob("*.pt"))
+    return sorted({m.group(1) for m in named if m})
+
+
 def not_named(config: Config, training: bool = False) -> str:
     """What to say where --model_folder holds no checkpoint named with --model_basename: the
     basenames of the checkpoints it does hold, or that it holds the best alone (a folder copied
     to translate with), else elsewhere's advice (`training`: that a run starts there)."""
-    named = (re.fullmatch(r"(.+?)(?:\d+(?:_s\d+)?|best)\.pt", p.name)
-             for p in Path(config.model_folder).glob("*.pt"))
-    names = sorted({m.group(1) for m in named if m} - {config.model_basename})
+    names = sorted(set(basenames(config.model_folder)) - {config.model_basename})
     if not names and best_checkpoint_path(config).exists():
         return (f" (only the best checkpoint is there, {best_checkpoint_path(config).name}, "
                 f"which translate.py and export.py take without --preload)")

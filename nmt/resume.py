@@ -20,8 +20,8 @@ from config import Config, drop_flag, fields_where
 import nmt.budget
 from nmt.budget import completed
 from nmt.checkpoint import (BEST_KEYS, CARD_NAME, CURVE_NAME, FORMAT, CheckpointError,
-                            best_checkpoint_path, card_step, check_tokenizers, elsewhere,
-                            history_path, latest_checkpoint_path, list_checkpoints,
+                            basenames, best_checkpoint_path, card_step, check_tokenizers,
+                            elsewhere, history_path, latest_checkpoint_path, list_checkpoints,
                             load_checkpoint, merge_config, not_named, resolve_preload,
                             run_files, save_checkpoint, start_again)
 from nmt.files import FolderLock, write_text_atomic
@@ -411,7 +411,9 @@ def init_source(config: Config) -> Path:
         return source
     if not source.is_dir():
         raise CheckpointError(f"--init_from {source}: no such model folder or checkpoint file")
-    found = dataclasses.replace(config, model_folder=str(source), preload="latest")
+    names = basenames(source)  # the source's own (--model_basename names the new run's)
+    found = dataclasses.replace(config, model_folder=str(source), preload="latest", **(
+        {"model_basename": names[0]} if len(names) == 1 else {}))
     path = best_checkpoint_path(found) if best_checkpoint_path(found).exists() else \
         resolve_preload(found)
     if path is None:

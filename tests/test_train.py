@@ -1213,6 +1213,17 @@ def test_init_from_refuses_what_would_change_the_model_in_one_line(trained, tmp_
         assert not (tmp_path / "new").exists()
 
 
+def test_init_from_a_folder_finds_its_checkpoints_whatever_the_new_runs_basename(
+        trained, tmp_path, train_here):
+    """`--init_from W --model_basename x_` looked for x_*.pt in W ("no checkpoint in it"):
+    --model_basename names the new run's files, the source's are found by their own name."""
+    home, _ = trained
+    code, _, err = train_here("--init_from", home / "weights", "--data_dir", home / "corpus",
+                              "--model_folder", "ft", "--model_basename", "x_", "--max_steps", "1")
+    assert code == 0, err
+    assert list((tmp_path / "ft").glob("x_*.pt")) and not list((tmp_path / "ft").glob("tmodel*"))
+
+
 def test_init_from_into_a_folder_that_holds_another_run_is_refused(trained, tmp_path,
                                                                     train_here):
     """--init_from where the folder holds a run to resume: the same fine-tuning command again
