@@ -107,7 +107,8 @@ def tokenizer_recipe(config: Config, lang: str) -> dict:
     source side's records --extra_tag where one is given (its vocabulary holds the tag)."""
     tagged = config.extra_tag and lang == tokenizer_keys(config)[0]
     return {"lang": lang, "tokenizer_type": config.tokenizer_type,
-            "vocab_size": config.vocab_size, **({"extra_tag": config.extra_tag} if tagged else {})}
+            "vocab_size": config.vocab_size, "tokenizer_sample": config.tokenizer_sample,
+            **({"extra_tag": config.extra_tag} if tagged else {})}
 
 
 def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: bool = False):
@@ -132,8 +133,8 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: b
     saved = recipe_path(path)
     if recipe and saved.exists():
         was = json.loads(saved.read_text(encoding="utf-8"))
-        for key, value in recipe.items():
-            if was.get(key) != value and key != "extra_tag":  # (a tag: dataset.get_ds's note)
+        for key, value in recipe.items():  # (a tag: dataset.get_ds's note; the sample
+            if key in was and was[key] != value and key != "extra_tag":  # unrecorded before)
                 flag = "lang_src/--lang_tgt" if key == "lang" else key
                 why = f"tokenizer file {path} was trained with --{flag} {was.get(key)}, not {value}"
                 if unsaved:

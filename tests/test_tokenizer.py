@@ -2,6 +2,7 @@
 special tokens in text stay text."""
 
 import dataclasses
+import json
 
 import pytest
 from conftest import number_pairs, write_aligned
@@ -100,6 +101,13 @@ def test_tokenizer_files_of_another_recipe_are_refused(tmp_path, monkeypatch):
                        r"that saved no checkpoint: delete it and tokenizer_en.meta.json to train "
                        r"a new one, or keep that value$"):
         get_tokenizer(larger, "en", texts)
+    with pytest.raises(DataError, match=r"was trained with --tokenizer_sample 1000000, not 20, by "
+                       r"a start that saved no checkpoint"):  # (it was reused without a word)
+        get_tokenizer(dataclasses.replace(config, tokenizer_sample=20), "en", texts)
+    meta = tmp_path / "tokenizer_en.meta.json"  # a recipe of before the sample was recorded
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items()
+                                if k != "tokenizer_sample"}))
+    get_tokenizer(dataclasses.replace(config, tokenizer_sample=20), "en", texts)
     # a --tokenizer_file outside the model folder: not that folder's to delete
     elsewhere = dataclasses.replace(larger, model_folder=str(tmp_path / "run"),
                                     tokenizer_file=str(tmp_path / "tokenizer_{0}.json"))
