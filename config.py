@@ -593,8 +593,9 @@ def checkpoint_config(parser, args):
     for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")
-    if args.checkpoint:  # the file named: nothing left to pick in a folder
-        for name in sorted(given & {"preload", "model_basename"}):
+    if args.checkpoint:  # the file named: nothing left to pick (but --average's epochs, by
+        picking = {"preload"} | ({"model_basename"} if args.average <= 1 else set())  # name)
+        for name in sorted(given & picking):
             parser.error(f"--checkpoint names its file: not with --{name}, which picks one in "
                          f"--model_folder")
     problem = not_positive(average=args.average, batch_size=args.batch_size)

@@ -381,9 +381,6 @@ def load_corpus(config: Config, wanted=SPLITS):
                 f"--datasource {config.datasource}"
             raise DataError(f"the training split of {where} has {len(splits['train'])} usable "
                             f"pair(s), fewer than 2 (a pair with an empty side is skipped)")
-        if "validation" in splits and config.val_fraction != Config.val_fraction:
-            note(f"--val_fraction {config.val_fraction} is not used: the corpus has a "
-                 f"validation split of its own ({len(splits['validation'])} pairs)")
         if "validation" not in splits:
             parts = splits["train"].train_test_split(test_size=config.val_fraction,
                                                      seed=config.seed)

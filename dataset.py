@@ -409,7 +409,10 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     vocabulary = (f"{tokenizer_src.get_vocab_size()} (joint)" if config.shared_vocab else
                   f"{tokenizer_src.get_vocab_size()} ({config.lang_src}) / "
                   f"{tokenizer_tgt.get_vocab_size()} ({config.lang_tgt})")
+    unused = not meta["held_out"] and config.val_fraction != Config.val_fraction
     note(f"data: {len(train)} training pairs, {len(validation)} validation pairs"
+         + (f" (the corpus's own: --val_fraction {config.val_fraction} is not used)"
+            if unused else "")
          + "".join(f", {len(src)} test pairs ({name})" for name, (src, _) in (test or {}).items())
          + f"; vocabulary {vocabulary}")
     cover = {"source": coverage(tokenizer_src, validation.src_texts, validation.src_ids),

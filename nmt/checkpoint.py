@@ -220,24 +220,35 @@ def folders_with_checkpoints(folder) -> list:
                   if sub.is_dir() and any(sub.glob("*.pt")))
 
 
-def basenames(folder) -> list:
+def basenames(folder, known=()) -> list:
     """The --model_basename of each run's checkpoints in `folder` (tmodel_ of tmodel_03.pt,
-    tmodel_03_s0000120.pt and tmodel_best.pt), sorted."""
-    named = (re.fullmatch(r"(.+?)(?:\d+(?:_s\d+)?|best)\.pt", p.name)
-             for p in Path(folder).glob("*.pt"))
-    return sorted({m.group(1) for m in named if m})
+    tmodel_03_s0000120.pt and tmodel_best.pt), sorted. A file is a `known` basename's, or a
+    best checkpoint's run's, where it fits their names (run2's run200.pt is its epoch 0, not
+    run's epoch 200); the others are read with the shortest basename."""
+    files = [p.name for p in Path(folder).glob("*.pt")]
+    known = {*known, *(f[:-len("best.pt")] for f in files if f.endswith("best.pt"))} - {""}
+    names = set()
+    for f in files:
+        owner = next((n for n in known if re.fullmatch(
+            re.escape(n) + r"(?:\d+(?:_s\d+)?|best)\.pt", f)), None)
+        match = owner is None and re.fullmatch(r"(.+?)(?:\d+(?:_s\d+)?|best)\.pt", f)
+        names.add(owner or (match.group(1) if match else None))
+    return sorted(names - {None})
 
 
 def not_named(config: Config, training: bool = False) -> str:
     """What to say where --model_folder holds no checkpoint named with --model_basename: the
     basenames of the checkpoints it does hold, or that it holds the best alone (a folder copied
     to translate with), else elsewhere's advice (`training`: that a run starts there)."""
-    names = sorted(set(basenames(config.model_folder)) - {config.model_basename})
+    names = sorted(set(basenames(config.model_folder, [config.model_basename]))
+                   - {config.model_basename})
     if not names and best_checkpoint_path(config).exists():
         return (f" (only the best checkpoint is there, {best_checkpoint_path(config).name}, "
                 f"which translate.py and export.py take without --preload)")
-    if not names and training:
-        return " (it holds no checkpoint: without --preload a run starts there)"
+    if not names and training and not (Path(config.model_folder).is_dir() and
+                                       folders_with_checkpoints(config.model_folder)):
+        return "" if run_files(config) else \
+            " (it holds no checkpoint: without --preload a run starts there)"
     if not names:
         return elsewhere(config.model_folder)
     return (f" (no file there is named {config.model_basename}*.pt; its checkpoints are named "

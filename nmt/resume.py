@@ -411,7 +411,8 @@ def init_source(config: Config) -> Path:
         return source
     if not source.is_dir():
         raise CheckpointError(f"--init_from {source}: no such model folder or checkpoint file")
-    names = basenames(source)  # the source's own (--model_basename names the new run's)
+    names = basenames(source, [config.model_basename])  # the source's own (--model_basename
+    # names the new run's files)
     found = dataclasses.replace(config, model_folder=str(source), preload="latest", **(
         {"model_basename": names[0]} if len(names) == 1 else {}))
     path = best_checkpoint_path(found) if best_checkpoint_path(found).exists() else \

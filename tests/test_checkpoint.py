@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import pickle
+import shutil
 
 import pytest
 import torch
@@ -373,3 +374,38 @@ def test_an_architecture_flag_refused_on_resume_names_what_the_user_typed():
         assert said in str(refused.value), str(refused.value)
     current, given = parse_config(["--preset", "multi30k_modern", "--lr", "1e-4"])
     assert merge_config(saved, current, given, "M", {"lr"}).lr == 1e-4  # the same preset: taken
+
+
+def test_basenames_read_a_run_by_its_own_name_where_it_ends_in_a_digit(tmp_path):
+    """run2's epoch 0 is run200.pt: read with the shortest basename it was "run"'s epoch 200,
+    and a new run2 in its own folder was refused as beside "another run's checkpoints"."""
+    from nmt.checkpoint import basenames
+    for name in ("run200.pt", "run201_s0000040.pt"):
+        (tmp_path / name).write_bytes(b"")
+    assert basenames(tmp_path) == ["run"]  # (ambiguous without a name to go by)
+    assert basenames(tmp_path, ["run2"]) == ["run2"]
+    (tmp_path / "run2best.pt").write_bytes(b"")  # a best checkpoint names its run
+    assert basenames(tmp_path) == ["run2"]
+    (tmp_path / "tmodel_100.pt").write_bytes(b"")
+    assert basenames(tmp_path, ["tmodel_"]) == ["run2", "tmodel_"]
+
+
+def test_train_pys_preload_advice_in_a_folder_without_checkpoints(tmp_path):
+    """--preload 3 where there is none: the folders below that hold checkpoints (a preset
+    trains into weights/<preset>), else that a run starts there without --preload; no advice
+    where the run's other files would refuse that start too."""
+    from nmt.checkpoint import resolve_preload
+    config = Config(model_folder=str(tmp_path / "weights"), preload="3")
+    (tmp_path / "weights" / "multi30k").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"tmodel_03.pt \(it holds no checkpoint: without "
+                                              r"--preload a run starts there\)$"):
+        resolve_preload(config, training=True)
+    (tmp_path / "weights" / "multi30k" / "tmodel_00.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"tmodel_03.pt; these folders below it hold "
+                                              r"checkpoints: .*multi30k \(give one as "
+                                              r"--model_folder\)$"):
+        resolve_preload(config, training=True)
+    shutil.rmtree(tmp_path / "weights" / "multi30k")
+    (tmp_path / "weights" / "results.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"no checkpoint .*tmodel_03.pt$"):
+        resolve_preload(config, training=True)

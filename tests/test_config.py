@@ -31,6 +31,7 @@ def test_a_presets_own_values_are_not_refused_as_typed():
     assert (config.num_epochs, config.time_budget) == (26, 60)
     assert parse_config(["--preset", "writeups"])[0].lr_schedule == "constant"
     assert parse_config(["--lr_schedule", "cosine", "--warmup", "100"])[0].warmup == 100
+    assert parse_config(["--preset", "multi30k", "--lr_schedule", "constant"])[0].warmup == 0
 
 
 @pytest.mark.parametrize("argv, message", [

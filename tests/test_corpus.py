@@ -38,16 +38,6 @@ def test_without_a_validation_split_a_seeded_tenth_is_held_out(tmp_path):
     assert column(other["validation"], "src") != column(a["validation"], "src")
 
 
-def test_val_fraction_beside_a_validation_split_of_the_corpus_is_said_unused(tmp_path, corpus,
-                                                                             capsys):
-    """--val_fraction 0.3 on a corpus with val.* files changed nothing, without a word."""
-    load_corpus(cfg(tmp_path, data_dir=str(corpus), val_fraction=0.3))
-    assert "--val_fraction 0.3 is not used: the corpus has a validation split of its own (" \
-        in capsys.readouterr().err
-    load_corpus(cfg(tmp_path, data_dir=str(corpus)))
-    assert "val_fraction" not in capsys.readouterr().err
-
-
 def test_tab_separated_pairs(tmp_path):
     folder = tmp_path / "tsv"
     folder.mkdir()

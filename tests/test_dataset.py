@@ -141,11 +141,14 @@ def test_another_seed_prepares_again_only_when_validation_is_held_out(tmp_path, 
     minutes at WMT size), saying the corpus had changed."""
     get_ds(cfg(tmp_path, corpus))
     get_ds(cfg(tmp_path, corpus, seed=7, val_fraction=0.2))  # val.en/val.it: nothing to redraw
-    assert reads.count("train") == 1 and "prepared for" not in capsys.readouterr().err
+    err = capsys.readouterr().err  # (and --val_fraction, unused, is said so: it was silent)
+    assert reads.count("train") == 1 and "prepared for" not in err
+    assert "validation pairs (the corpus's own: --val_fraction 0.2 is not used)" in err, err
     (corpus / "val.en").unlink()
     (corpus / "val.it").unlink()
-    get_ds(cfg(tmp_path, corpus))  # now held out of train: prepared again, once
-    get_ds(cfg(tmp_path, corpus))
+    get_ds(cfg(tmp_path, corpus, val_fraction=0.2))  # now held out of train: prepared again,
+    assert "is not used" not in capsys.readouterr().err  # once (--val_fraction used)
+    get_ds(cfg(tmp_path, corpus, val_fraction=0.2))
     assert reads.count("train") == 2
     capsys.readouterr()
     get_ds(cfg(tmp_path, corpus, seed=7))  # another seed draws another validation split

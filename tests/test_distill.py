@@ -197,8 +197,10 @@ def test_a_stopped_translation_goes_on_where_it_stopped(teachers, tmp_path, monk
 
     def stopping(*args, **kw):
         calls.append(len(args[4]))
-        if calls == [40, 40, 40]:  # once: the third chunk of the first start
-            raise KeyboardInterrupt
+        if calls == [40, 40, 40]:  # once: the third chunk of the first start, by SIGTERM
+            interrupt = KeyboardInterrupt()  # (nmt.stopping turns it into one, with its
+            interrupt.signum = 15  # number: 143, as any stop by SIGTERM)
+            raise interrupt
         return real(*args, **kw)
     monkeypatch.setattr(distill, "translate", stopping)
     from nmt.cli import run_main
@@ -206,7 +208,7 @@ def test_a_stopped_translation_goes_on_where_it_stopped(teachers, tmp_path, monk
         run_main("train.py", lambda: distill.distil(config),  # "aborted; the checkpoints
                  aborted="aborted; the checkpoints already saved are intact")  # ...": none is
     err = capsys.readouterr().err
-    assert stopped.value.code == 130 and err.endswith(
+    assert stopped.value.code == 143 and err.endswith(
         f"stopped while translating: 2 of the 4 chunk(s) left at this start are done, kept in "
         f"{tmp_path / 'stopped/distilled/parts'}; the same command goes on from them\n"), err
     parts = tmp_path / "stopped/distilled/parts"

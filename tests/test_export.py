@@ -220,6 +220,7 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
     (["--batch_size", "16"], "--batch_size is the translating command's: give it to translate.py "
                              "--ctranslate2 "),
     (["--threads", "2"], "--threads is the translating command's"),
+    (["--threads", "0"], "--threads is the translating command's"),
     (["--checkpoint", "weights/tmodel_00.pt", "--preload", "best"], "--checkpoint names its "
      "file: not with --preload, which picks one in --model_folder (see --help)")])
 def test_export_refuses_a_preload_that_names_no_checkpoint(trained, tmp_path, flags, message):

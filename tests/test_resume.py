@@ -71,6 +71,20 @@ def test_a_resume_that_changes_the_extra_pairs_names_the_flag(tmp_path):
     assert resume_state(config, given)[1].extra_data_dir == "moved/bt"
 
 
+def test_num_epochs_typed_on_resuming_a_time_budget_run_is_refused(tmp_path):
+    """The run's own settings are checked, not the command line's alone: --num_epochs typed to
+    resume a --time_budget run would do nothing (the budget sets the length)."""
+    from config import UserError, parse_config
+    from nmt.resume import settings_to_check
+    saved = Config(model_folder=str(tmp_path), time_budget=60.0)
+    save_checkpoint({**tiny_state(0), "config": saved.to_dict(), "optimizer_state_dict": {}},
+                    tmp_path / "tmodel_00.pt")
+    with pytest.raises(UserError, match="--num_epochs with --time_budget"):
+        parse_config(["--model_folder", str(tmp_path), "--num_epochs", "30"],
+                     settings=settings_to_check)
+    assert parse_config(["--model_folder", str(tmp_path)], settings=settings_to_check)
+
+
 def test_resuming_with_another_seed_cannot_redraw_a_held_out_validation_split(tmp_path):
     """6. Without a validation split, --seed and --val_fraction choose the validation pairs."""
     write_aligned(tmp_path / "c", "train", number_pairs(50, seed=1))

@@ -262,6 +262,7 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--alpha", "1.0", "hi"], None, "--alpha is beam search's length penalty: it goes with "
      "--beam N (N >= 2)"),
     (["--alpha", "1.0", "--sample", "2", "hi"], None, "--alpha is beam search's length penalty"),
+    (["--alpha", "1.0", "--sample", "2", "--nbest", "2", "hi"], None, "--alpha is beam search's"),
     (["--example", "1", "--output", "ex.txt"], None, "--output writes the translations of "
      "--input or stdin; --example prints its one beside its source and reference"),
     (["--data_dir", "corpus", "hi"], None, "--data_dir goes with --example N (the place of the "
@@ -433,6 +434,23 @@ def test_an_output_that_is_no_regular_file_may_be_the_input(trained, tmp_path):
                  "--output", "missing.en", cwd=tmp_path)
     assert t.returncode == 2 and "cannot read missing.en" in t.stderr.decode()
     assert not (tmp_path / "missing.en").exists()
+
+
+def test_alpha_goes_with_a_beam_search_of_any_form(trained, tmp_path):
+    """--alpha is refused where no beam search runs; --nbest N alone searches with a beam of N,
+    and --checkpoint F --average N takes --model_basename (the epochs it averages are named by
+    it). Without --alpha a beam search takes 0.6."""
+    import translate
+    home, _ = trained
+    for flags in (["--nbest", "2"], ["--beam", "2"],
+                  ["--checkpoint", "weights/tmodel_01.pt", "--average", "2", "--model_basename",
+                   "tmodel_"]):
+        t = run_here("translate.py", *flags, "--alpha", "1.0", "one two", cwd=home)
+        if "--average" in flags:  # (greedy: without --alpha, the basename's case alone)
+            t = run_here("translate.py", *flags, "one two", cwd=home)
+        assert t.returncode == 0, (flags, t.stderr.decode())
+    assert "averaged 2 checkpoints of weights: tmodel_00.pt, tmodel_01.pt" in t.stderr.decode()
+    assert translate.parse_args(["--beam", "2", "hi"])[0].alpha == 0.6
 
 
 def test_the_help_says_what_nbest_prints():
