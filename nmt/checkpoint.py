@@ -205,12 +205,9 @@ def translation_checkpoint(config: Config, given: set, average: int = 1):
     else:
         path, why = latest_checkpoint_path(config), ("the newest: no best checkpoint yet (it "
                                                      "is written at the first validation)")
-    if path is None and best_checkpoint_path(config).exists():  # --preload latest, --average
-        raise CheckpointError(f"no per-epoch checkpoint in {config.model_folder}/, only the "
-                              f"best ({best_checkpoint_path(config).name}), which the command "
-                              f"takes without --preload and --average")
-    if path is None:
-        raise CheckpointError(f"no checkpoint in {config.model_folder}/" + not_named(config))
+    if path is None:  # (--preload latest or --average where the best alone is there: said)
+        what = "per-epoch checkpoint" if best_checkpoint_path(config).exists() else "checkpoint"
+        raise CheckpointError(f"no {what} in {config.model_folder}/" + not_named(config))
     return path, why
 
 
@@ -244,7 +241,7 @@ def not_named(config: Config, training: bool = False) -> str:
                    - {config.model_basename})
     if not names and best_checkpoint_path(config).exists():
         return (f" (only the best checkpoint is there, {best_checkpoint_path(config).name}, "
-                f"which translate.py and export.py take without --preload)")
+                f"which translate.py and export.py take without --preload and --average)")
     if not names and training and not (Path(config.model_folder).is_dir() and
                                        folders_with_checkpoints(config.model_folder)):
         return "" if run_files(config) else \

@@ -381,17 +381,17 @@ def test_a_folder_with_only_its_best_checkpoint_says_so_for_preload_latest(train
     for flags in (["--preload", "latest"], ["--average", "2"]):
         t = run_here("translate.py", "--model_folder", best, *flags, "one two", cwd=tmp_path)
         assert t.returncode == 2 and t.stderr.decode() == (
-            f"translate.py: error: no per-epoch checkpoint in {best}/, only the best "
-            f"(tmodel_best.pt), which the command takes without --preload and --average\n"), \
-            t.stderr.decode()
+            f"translate.py: error: no per-epoch checkpoint in {best}/ (only the best checkpoint "
+            f"is there, tmodel_best.pt, which translate.py and export.py take without --preload "
+            f"and --average)\n"), t.stderr.decode()
     for script in ("translate.py", "export.py"):  # an epoch: it said "train a model into it"
         t = run_here(script, "--model_folder", best, "--preload", "1",
                      *(["--output", "out"] if script == "export.py" else ["one two"]),
                      cwd=tmp_path)
         assert t.returncode == 2 and t.stderr.decode().endswith(
             f"--preload 1: no checkpoint {best}/tmodel_01.pt (only the best checkpoint is "
-            f"there, tmodel_best.pt, which translate.py and export.py take without --preload)"
-            f"\n"), t.stderr.decode()
+            f"there, tmodel_best.pt, which translate.py and export.py take without --preload "
+            f"and --average)\n"), t.stderr.decode()
     t = run_here("translate.py", "--model_folder", best, "--model_basename", "foo_", "one two",
                  cwd=tmp_path)  # (the best's name gives the basename too)
     assert t.returncode == 2 and "its checkpoints are named tmodel_*.pt" in t.stderr.decode()
