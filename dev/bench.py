@@ -526,8 +526,11 @@ def compare(config: Config, data, device, args):
         count = collections.Counter(int(lengths[b].max()) for b in chosen)
         frequent = {n for n, _ in count.most_common(args.shapes_timed)}
         chosen = [b for b in chosen if int(lengths[b].max()) in frequent]
-    batches = [Collator(PAD, shapes)([data.train[i] for i in b])
-               for b in chosen[:args.warmup_steps + args.steps]]
+    wanted = args.warmup_steps + args.steps
+    if len(chosen) < wanted:  # a small corpus's few batches of one shape: time them again
+        print(f"only {len(chosen)} batches to time: each is timed again in turn")
+        chosen = (chosen * wanted)[:wanted]
+    batches = [Collator(PAD, shapes)([data.train[i] for i in b]) for b in chosen[:wanted]]
     if shapes:
         print(f"fixed shapes: {len({tuple(b['encoder_input'].shape) for b in batches})} among "
               f"the {len(batches)} batches timed ({len(shapes.lengths)} lengths in all)")
