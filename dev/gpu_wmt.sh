@@ -8,14 +8,14 @@
 #
 #   bash dev/gpu_wmt.sh [LOG] [SECONDS] [PART]   # from the repo root; Multi30k in data/multi30k
 #
-# PART 3 (the default) is issue 62's call (6.4 minutes on an H100 on 2026-11-27; give it SECONDS
-# 570): the base and big models at WMT lengths and 25,000 tokens, eager, compiled under fixed
-# shapes, and compiled with CUDA graphs, each against nn.Transformer in the same mode (MFU, peak
-# memory), train.py's loop over an epoch (up to 200 steps) against the bare step, and the host
-# time a step of the loop adds (the device's work removed). PART 1 and 2 are issue 58's two
-# calls: the first list; the loss's block size in the whole step, train.py's own tokens/s, and
-# the compiled base model. It needs requirements.txt's packages on the GPU's machine, and says
-# so before any step where one is missing (a lent machine's image had no `datasets`).
+# PART 3 (the default) is issue 62's call (6.4 minutes on an H100 on 2026-11-27, 5.7 on an H200 on
+# 2026-11-28; give it SECONDS 570): the base and big models at WMT lengths and 25,000 tokens, eager,
+# compiled under fixed shapes, and compiled with CUDA graphs, each against nn.Transformer in the
+# same mode (MFU, peak memory), train.py's loop over an epoch (up to 200 steps) against the bare
+# step, and the host time a step of the loop adds (the device's work removed). PART 1 and 2 are
+# issue 58's two calls: the first list; the loss's block size in the whole step, train.py's own
+# tokens/s, and the compiled base model. It needs requirements.txt's packages on the GPU's machine,
+# and says so before any step where one is missing (a lent machine's image had no `datasets`).
 #
 #   DRY=1 bash dev/gpu_wmt.sh LOG 600 3       # the rehearsal: every command line checked, no run
 #   TINY=1 bash dev/gpu_wmt.sh LOG 900 3      # every step for real at a toy size, on the CPU
