@@ -17,6 +17,11 @@ BEAM_COST = 3.0  # beam 4's decoding over greedy's, for the test sets' reserve (
 MARGIN = 0.02  # of the budget, kept back for what is not measured
 
 
+def minutes(seconds: float) -> str:
+    """Seconds in minutes for the log: one decimal, or two significant digits under a minute."""
+    return f"{seconds / 60:.1f}" if seconds >= 60 else f"{seconds / 60:.2g}"
+
+
 def clock() -> float:
     """The budget's clock (tests put a fake one here)."""
     return time.time()
@@ -122,9 +127,14 @@ class Budget:
         return self.done(step)
 
     def validated(self, seconds: float, step: int) -> str:
-        """A validation of `seconds` at `step`: in the plan, which is made again; its words."""
+        """A validation of `seconds` at `step`: in the plan, which is made again; its words.
+        After the schedule's last step nothing is planned: the words say what was trained."""
         self.validation_seconds += seconds
         self.validations += 1
+        if self.done(step):
+            return (f"--time_budget {self.seconds / 60:g} minutes: {minutes(self.spent())} "
+                    f"spent; the schedule's {self.agreed:,} steps "
+                    f"({self.agreed / self.steps_per_epoch:.1f} epochs) are trained")
         self.plan(step)
         return self.words()
 
@@ -139,7 +149,7 @@ class Budget:
 
     def words(self) -> str:
         """Where the budget stands, for the log."""
-        return (f"--time_budget {self.seconds / 60:g} minutes: {self.spent() / 60:.1f} spent; "
+        return (f"--time_budget {self.seconds / 60:g} minutes: {minutes(self.spent())} spent; "
                 f"the schedule laid out for {self.steps:,} steps "
                 f"({self.steps / self.steps_per_epoch:.1f} epochs) by the speed measured")
 

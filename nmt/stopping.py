@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from config import Config, is_main
 from nmt.runtime import max_over_ranks
+from nmt.budget import minutes
 from nmt.checkpoint import latest_checkpoint_path
 from nmt.cli import ABORT_SAID, below_a_bar
 
@@ -187,7 +188,7 @@ def stop_message(run, progress, stop: Stop) -> str:
     ended = stop is Stop.MAX_STEPS and budget is not None and not (
         run.config.max_steps and progress.step >= run.config.max_steps)
     why = (f"stopped by {progress.signal or 'a signal'}" if stop is Stop.SIGNAL else
-           f"the --time_budget's schedule is complete ({budget.spent() / 60:.1f} of "
+           f"the --time_budget's schedule is complete ({minutes(budget.spent())} of "
            f"{budget.seconds / 60:g} minutes spent)" if ended else
            f"reached --max_steps {run.config.max_steps}")
     resume = "" if ended else f". Resume with: {resume_command(run.config, run.world_size)}"

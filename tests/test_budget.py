@@ -39,6 +39,24 @@ def test_the_plan_spends_what_is_left_on_steps_and_their_validations(monkeypatch
     assert budget.done(10)
 
 
+def test_the_last_validation_says_the_steps_trained_not_a_new_plan(monkeypatch):
+    """After the schedule's last step, the final validation's line named a plan made again from
+    the speed measured (332 steps where 330 were trained): it says the agreed steps are trained.
+    Spent minutes under one read in two significant digits, not 0.0."""
+    now = [100.0]
+    monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
+    budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=30,
+                    training_started=0, validation_seconds=10, validations=1, steps_done=10)
+    assert "laid out for 59 steps" in budget.validated(10, 10)  # before the end: planned again
+    budget.agreed, budget.steps = 30, 31  # the ranks agreed on 30; a later plan proposed 31
+    now[0] = 300.0
+    assert budget.validated(10, 30) == ("--time_budget 10 minutes: 5.0 spent; the schedule's "
+                                        "30 steps (3.0 epochs) are trained")
+    assert budget.steps == 31  # (not planned again)
+    assert [nmt.budget.minutes(s) for s in (0.3, 30, 59, 60, 3600)] == \
+        ["0.005", "0.5", "0.98", "1.0", "60.0"]
+
+
 class FakeClock:
     """The budget's clock: a step costs STEP seconds, a validation VALIDATION, the test scoring
     TESTS; nothing else moves it."""
