@@ -22,6 +22,10 @@ LR_AT_512 = 1e-3  # the default peak learning rate at d_model 512 (Config.peak_l
 # more). The outputs are the same at any size (dev/LOG.md).
 GREEDY_BATCH_SIZE, DECODE_BATCH_SIZE = 128, 64
 
+# Beam search's length penalty alpha, ((5 + length) / 6) ^ alpha (Wu et al., 2016): the paper's
+# value, translate.py's default, the test sets' beam at a run's end and the teachers'.
+LENGTH_PENALTY = 0.6
+
 
 def decode_batch_size(beam: int = 1, nbest: int = 1, sampling=None) -> int:
     """The sentences decoded at once by default: GREEDY_BATCH_SIZE for greedy decoding (beam 1,

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 
-from config import Config, UserError, add_locating_arguments, checkpoint_config, fields_where
+from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
+                    fields_where)
 from corpus import DataError, column, decode_lines, load_corpus, own_corpus
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
@@ -101,7 +102,7 @@ def add_search_arguments(parser):
     """Beam search, sampling, and the models searched with (an ensemble, an exported one)."""
     parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, help="beam search's length penalty (default "
-                        "0.6; CTranslate2 applies its own rule, length^alpha)")
+                        f"{LENGTH_PENALTY}; CTranslate2 applies its own rule, length^alpha)")
     parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
                         "(index, score and translation, tab-separated; without --beam, a beam "
                         "of this size)")
@@ -257,7 +258,7 @@ def check_sampling(parser, args):
     searching = args.sample <= 0 and max(args.beam, args.nbest) > 1
     if args.alpha is not None and not searching:
         parser.error("--alpha is beam search's length penalty: it goes with --beam N (N >= 2)")
-    args.alpha = 0.6 if args.alpha is None else args.alpha
+    args.alpha = LENGTH_PENALTY if args.alpha is None else args.alpha
     if args.sample <= 0:
         given = [f"--{name}" for name, value in options.items() if value is not None]
         if args.sample < 0 or given:

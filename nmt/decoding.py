@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from config import DECODE_BATCH_SIZE, Config, decode_batch_size
+from config import DECODE_BATCH_SIZE, LENGTH_PENALTY, Config, decode_batch_size
 from dataset import source_batch
 from model import Transformer, causal_mask
 from nmt.decoder_step import (FastDecoder, FastState, fast_decoder, row_argmax, row_topk,
@@ -319,8 +319,8 @@ def best_continuations(scores, top_logp, top_tokens):
 
 @torch.no_grad()
 def beam_search(model: Transformer, src, src_mask, sos_id: int, eos_id: int, max_len,
-                beam: int = 4, alpha: float = 0.6, nbest: int = 1, banned=(), min_len: int = 0,
-                early_stop: bool = True):
+                beam: int = 4, alpha: float = LENGTH_PENALTY, nbest: int = 1, banned=(),
+                min_len: int = 0, early_stop: bool = True):
     """Batched beam search with a key/value cache. Keeps `beam` live hypotheses per sentence;
     one that emits [EOS] is finished, scored log P / length_penalty (length with the [EOS]);
     max_len and min_len bound the tokens before it, as in greedy_decode. A sentence stops at
@@ -452,7 +452,7 @@ def source_batches(model, ids, seq_len: int, sos_id: int, eos_id: int, pad_id: i
 
 @torch.no_grad()
 def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id: int,
-                  seq_len: int, beam: int = 1, alpha: float = 0.6,
+                  seq_len: int, beam: int = 1, alpha: float = LENGTH_PENALTY,
                   batch_size: int = None,
                   nbest: int = 1, max_len_a: float = 1.2, max_len_b: int = 10, min_len: int = 1,
                   use_cache: bool = True, unk_id: int = None, progress=None,
@@ -565,7 +565,7 @@ def decoding_limits(config: Config) -> dict:
             "min_len": config.min_len}
 
 
-def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=0.6,
+def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=LENGTH_PENALTY,
               nbest=1, batch_size=None, progress=None, sampling: Sampling = None, numbers=None):
     """Translations of `sentences`, each one line (control characters a model may output, line
     breaks among them, become spaces; an empty sentence gives an empty translation); with

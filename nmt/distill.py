@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from config import Config
+from config import LENGTH_PENALTY, Config
 from corpus import (DistilledTargets, column, corpus_source, digest, load_corpus, note,
                     own_corpus)
 from nmt.checkpoint import (CheckpointError, load_averaged, load_checkpoint, resolve_preload,
@@ -38,7 +38,6 @@ from nmt.decoding import translate
 from nmt.runtime import sum_over_ranks
 from nmt.trained_model import check_languages, load_ensemble, load_translator
 
-ALPHA = 0.6  # the teachers' length penalty (translate.py's default)
 CHUNK = 2048  # sentences a part at most: what a stop loses at most, per process
 PARTS = 16  # parts at least (a small corpus too is shared out between processes)
 
@@ -128,7 +127,7 @@ def plan_translation(config: Config, resumed: dict = None):
                 f"--model_folder")
     sources = targets.sources_key(splits["train"])
     key = digest([[t["weights"] for t in described], config.distill_beam,
-                  config.distill_average, ALPHA, sources])
+                  config.distill_average, LENGTH_PENALTY, sources])
     if meta and meta.get("key") == key:
         note(f"the teachers' translations of {meta['sentences']:,} training sources are in "
              f"{targets.folder}: not translating again")
@@ -145,7 +144,7 @@ def plan_translation(config: Config, resumed: dict = None):
              f"({targets.parts}): going on from them")
     return {"key": key, "teachers": [{k: t[k] for k in ("teacher", "checkpoint", "averaged",
                                                         "weights")} for t in described],
-            "beam": config.distill_beam, "average": config.distill_average, "alpha": ALPHA,
+            "beam": config.distill_beam, "average": config.distill_average, "alpha": LENGTH_PENALTY,
             "sentences": sentences, "sources": sources, "chunk": chunk, "chunks": chunks,
             "started": time.time(), "todo": sum(min(chunk, sentences - c * chunk)
                                                 for c in range(chunks) if not targets.done(c))}

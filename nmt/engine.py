@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from config import TRANSLATE_FIELDS, Config, UserError, decode_batch_size
+from config import LENGTH_PENALTY, TRANSLATE_FIELDS, Config, UserError, decode_batch_size
 from nmt.checkpoint import merge_config
 from nmt.decoding import output_limits
 from nmt.trained_model import with_tokenizers
@@ -203,7 +203,7 @@ class Engine:
         self.tokens = [tokenizer_src.id_to_token(i) for i in range(tokenizer_src.get_vocab_size())]
         self.ids = tokenizer_tgt.get_vocab()  # token -> id
 
-    def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=0.6,
+    def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=LENGTH_PENALTY,
                       batch_size=None, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
                       unk_id=None, progress=None):
         """As nmt.decoding.translate_ids. The engine takes one maximum length a call. Greedy: one

@@ -9,7 +9,7 @@ its flag have the same name).
 
 from pathlib import Path
 
-from config import Config, UserError, not_positive
+from config import LENGTH_PENALTY, Config, UserError, not_positive
 from nmt.attention_map import attention_blocks, check_layer_and_head
 from nmt.decoding import clean, translate
 from nmt.trained_model import load_translator
@@ -85,7 +85,7 @@ class Translator:
         translator.tokenizer_src, translator.tokenizer_tgt = tokenizer_src, tokenizer_tgt
         return translator
 
-    def translate(self, sentences, beam: int = 1, alpha: float = 0.6, nbest: int = 1,
+    def translate(self, sentences, beam: int = 1, alpha: float = LENGTH_PENALTY, nbest: int = 1,
                   batch_size: int = None, sampling=None, numbers=None):
         """Translations of a list of sentences (a list of strings), or of one sentence (a
         string, refused if empty); `beam` 1 is greedy; with nbest > 1, each an n-best list of
