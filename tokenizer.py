@@ -111,10 +111,12 @@ def tokenizer_recipe(config: Config, lang: str) -> dict:
             **({"extra_tag": config.extra_tag} if tagged else {})}
 
 
-def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: bool = False):
+def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: bool = False,
+                   shared: bool = False):
     """A tokenizer file, refused with one line if it is not what `kind` / `recipe` say (files
     saved before recipes were recorded are checked for their kind only). `unsaved`: it lies in
-    a model folder with no checkpoint (a first start stopped before its first save left it)."""
+    a model folder with no checkpoint (a first start stopped before its first save left it);
+    `shared`: outside the model folder (an absolute --tokenizer_file, other runs' too)."""
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(str(path))
@@ -125,8 +127,9 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: b
             from None
     found = "word" if type(tok.model).__name__ == "WordLevel" else "bpe"
     if kind and found != kind:
+        other = "tokenizer_file" if shared else "model_folder"
         raise DataError(f"tokenizer file {path} is a {found} tokenizer, but --tokenizer_type "
-                        f"is {kind}; use another --model_folder or --tokenizer_type {found}")
+                        f"is {kind}; use another --{other} or --tokenizer_type {found}")
     for i, special in enumerate(SPECIAL_TOKENS):
         if tok.token_to_id(special) != i:
             raise DataError(f"tokenizer file {path} lacks the special token {special} at id {i}")
@@ -140,6 +143,9 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: b
                 if unsaved:
                     raise DataError(f"{why}, by a start that saved no checkpoint: delete it and "
                                     f"{saved.name} to train a new one, or keep that value")
+                if shared:  # (another model folder would find the same file)
+                    raise DataError(f"{why}; keep that value, or give another --tokenizer_file "
+                                    f"(runs trained with this one need it as it is)")
                 raise DataError(f"{why}; keep that value, or train into another --model_folder "
                                 f"(these files belong to its checkpoints)")
     tok.encode_special_tokens = True  # "[EOS]" in a text is text, not the control token
@@ -163,8 +169,9 @@ def get_tokenizer(config: Config, lang: str, texts):
     recipe = tokenizer_recipe(config, lang)
     if path.exists():
         folder = Path(config.model_folder).resolve()
-        unsaved = folder in path.resolve().parents and not any(folder.glob("*.pt"))
-        return load_tokenizer(path, config.tokenizer_type, recipe, unsaved)
+        inside = folder in path.resolve().parents
+        unsaved = inside and not any(folder.glob("*.pt"))
+        return load_tokenizer(path, config.tokenizer_type, recipe, unsaved, shared=not inside)
     tok = build_tokenizer(config.tokenizer_type, config.vocab_size,
                           texts() if callable(texts) else texts, recipe.get("extra_tag", ""))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -52,8 +52,13 @@ def test_tokenizers_are_trained_on_train_only_saved_and_reused(tmp_path, corpus)
     again = get_tokenizer(config, "en", ["completely different text"] * 50)
     assert path.read_bytes() == before
     assert again.get_vocab() == data.tokenizer_src.get_vocab()
-    with pytest.raises(DataError, match="is a bpe tokenizer, but --tokenizer_type is word"):
+    with pytest.raises(DataError, match="is a bpe tokenizer, but --tokenizer_type is word; use "
+                       "another --model_folder or --tokenizer_type bpe$"):
         get_tokenizer(cfg(tmp_path, tokenizer_type="word"), "en", [])
+    shared = cfg(tmp_path / "other", tokenizer_type="word", tokenizer_file=str(path).replace(
+        "_en", "_{0}"))  # an absolute file outside the model folder: another folder finds it too
+    with pytest.raises(DataError, match="use another --tokenizer_file or --tokenizer_type bpe$"):
+        get_tokenizer(shared, "en", [])
 
 
 def test_tokenizers_train_on_an_evenly_spaced_sample(tmp_path):
@@ -111,8 +116,9 @@ def test_tokenizer_files_of_another_recipe_are_refused(tmp_path, monkeypatch):
     # a --tokenizer_file outside the model folder: not that folder's to delete
     elsewhere = dataclasses.replace(larger, model_folder=str(tmp_path / "run"),
                                     tokenizer_file=str(tmp_path / "tokenizer_{0}.json"))
-    with pytest.raises(DataError, match=r"not 500; keep that value"):
-        get_tokenizer(elsewhere, "en", texts)
+    with pytest.raises(DataError, match=r"not 500; keep that value, or give another "
+                       r"--tokenizer_file \(runs trained with this one need it as it is\)$"):
+        get_tokenizer(elsewhere, "en", texts)  # (another --model_folder finds the same file)
     monkeypatch.chdir(tmp_path)  # the default, relative --model_folder: the same advice
     relative = Config(model_folder="rel", vocab_size=300)
     get_tokenizer(relative, "en", texts)
