@@ -171,11 +171,12 @@ def translate_share(config: Config, plan: dict, rank: int = 0, world: int = 1):
     targets = DistilledTargets(config.model_folder)
     mine = [c for c in range(rank, plan["chunks"], world) if not targets.done(c)]
     if mine:
-        translate_chunks(config, plan, targets, mine)
+        translate_chunks(config, plan, targets, mine, world)
     sum_over_ranks(0)  # every chunk is written
 
 
-def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chunks: list):
+def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chunks: list,
+                     world: int = 1):
     train = load_corpus(own_corpus(config), wanted=("train", "validation"))["train"]
     model, teacher_config, tokenizer_src, tokenizer_tgt = load_teachers(config, plan["teachers"])
     size = plan["chunk"]
@@ -194,8 +195,10 @@ def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chun
             finished += 1
     except KeyboardInterrupt as interrupt:
         bar.close()
+        whose = ("" if world == 1 else  # (rank 0 speaks; every process keeps what it finished)
+                 f" of rank 0's share (each of the {world} processes keeps its own)")
         note(f"stopped while translating: {finished} of the {len(chunks)} chunk(s) left at this "
-             f"start are done, kept in {targets.parts}; the same command goes on from them")
+             f"start{whose} are done, kept in {targets.parts}; the same command goes on from them")
         raise StoppedAndSaid(getattr(interrupt, "signum", signal.SIGINT)) from None
     bar.close()
 

@@ -258,6 +258,32 @@ def test_translation_is_shared_out_between_processes(teachers, tmp_path, monkeyp
         lines(tmp_path / "alone/distilled/train.tgt")
 
 
+def test_a_stop_under_torchrun_says_its_count_is_rank_0s_share(teachers, tmp_path, monkeypatch,
+                                                                capsys):
+    """Rank 0 alone speaks: its count of chunks done is its own share's, and says so."""
+    from nmt import distill
+    from nmt.cli import StoppedAndSaid
+    monkeypatch.setattr(distill, "PARTS", 4)  # 4 parts of 40: rank 0 of 2 has chunks 0 and 2
+    monkeypatch.setattr(distill, "sum_over_ranks", lambda *v: v)
+    config = distil_config(teachers, model_folder=str(tmp_path / "w"))
+    plan = distill.plan_translation(config)
+    real, calls = distill.translate, []
+
+    def stopping(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(distill, "translate", stopping)
+    capsys.readouterr()
+    with pytest.raises(StoppedAndSaid):
+        distill.translate_share(config, plan, 0, 2)
+    assert capsys.readouterr().err.endswith(
+        "stopped while translating: 1 of the 2 chunk(s) left at this start of rank 0's share "
+        "(each of the 2 processes keeps its own) are done, kept in "
+        f"{tmp_path / 'w/distilled/parts'}; the same command goes on from them\n")
+
+
 def test_a_copy_of_the_corpus_is_the_corpus(teachers, tmp_path):
     """Teachers are checked against the corpus's text, not its path: a byte-identical copy
     elsewhere is accepted, a corpus rewritten at the teachers' path is refused."""
