@@ -116,7 +116,8 @@ def load_tokenizer(path: Path, kind: str = None, recipe: dict = None, unsaved: b
     """A tokenizer file, refused with one line if it is not what `kind` / `recipe` say (files
     saved before recipes were recorded are checked for their kind only). `unsaved`: it lies in
     a model folder with no checkpoint (a first start stopped before its first save left it);
-    `shared`: outside the model folder (an absolute --tokenizer_file, other runs' too)."""
+    `shared`: a file another model folder finds too (an absolute --tokenizer_file, or one
+    outside the model folder), so the advice names --tokenizer_file, not --model_folder."""
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(str(path))
@@ -171,7 +172,9 @@ def get_tokenizer(config: Config, lang: str, texts):
         folder = Path(config.model_folder).resolve()
         inside = folder in path.resolve().parents
         unsaved = inside and not any(folder.glob("*.pt"))
-        return load_tokenizer(path, config.tokenizer_type, recipe, unsaved, shared=not inside)
+        # shared: another --model_folder would find the same file (outside this one, or absolute)
+        shared = not inside or Path(config.tokenizer_file).is_absolute()
+        return load_tokenizer(path, config.tokenizer_type, recipe, unsaved, shared)
     tok = build_tokenizer(config.tokenizer_type, config.vocab_size,
                           texts() if callable(texts) else texts, recipe.get("extra_tag", ""))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,8 @@ from pathlib import Path
 
 import torch
 
-from config import add_locating_arguments, checkpoint_config, decode_batch_size
+from config import (LENGTH_PENALTY, add_locating_arguments, checkpoint_config,
+                    decode_batch_size)
 from corpus import read_lines
 from nmt.cli import ArgumentParser, run_main
 import nmt.decoding
@@ -365,7 +366,7 @@ def parse_args(argv):
     parser.add_argument("--sentences", type=int, default=0, metavar="N",
                         help="only the first N sentences of the split (0: all)")
     parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--alpha", type=float, default=LENGTH_PENALTY)
     parser.add_argument("--variants", action="store_true", help="also this repo's greedy in "
                         "bf16 and with dynamic int8 linear layers")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes of each decoder, "

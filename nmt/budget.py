@@ -18,8 +18,9 @@ MARGIN = 0.02  # of the budget, kept back for what is not measured
 
 
 def minutes(seconds: float) -> str:
-    """Seconds in minutes for the log: one decimal, or two significant digits under a minute."""
-    return f"{seconds / 60:.1f}" if seconds >= 60 else f"{seconds / 60:.2g}"
+    """Seconds in minutes for the log: one decimal, or two significant digits under a minute
+    (from 59.7 s on, which two digits round to "1", one decimal: "1.0")."""
+    return f"{seconds / 60:.1f}" if seconds / 60 >= 0.995 else f"{seconds / 60:.2g}"
 
 
 def clock() -> float:

@@ -380,6 +380,21 @@ def test_bench_times_a_small_corpus_few_batches_again_in_turn(tmp_path):
     assert "step 3: ours " in out and "step 4:" not in out
 
 
+def test_bench_times_a_few_batches_each_in_turn(tmp_path):
+    """Three batches for a warm-up and six timed steps: the first, second and third in turn,
+    twice over after the warm-up's (not the first one again and again)."""
+    t = run_here("dev/bench.py", "--wmt_pairs", "200", "--vocab_size", "2000", "--d_model", "32",
+                 "--N", "1", "--h", "2", "--d_ff", "64", "--max_tokens", "5000", "--steps",
+                 "6", "--warmup_steps", "1", "--baseline_steps", "0", "--train_steps", "0",
+                 "--profile_steps", "0", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "only 3 batches to time: each is timed again in turn" in out
+    real = [int(line.rsplit("(", 1)[1].split()[0]) for line in out.splitlines()
+            if line.startswith("  step ")]
+    assert len(real) == 7 and len(set(real)) == 3 and real == (real[:3] * 3)[:7], real
+
+
 def test_bench_bpe_dropout_prices_an_epoch_three_ways(trained):
     """Issue 43: bench_bpe_dropout.py makes one epoch plain, in train.py's pools and batch by
     batch, as many batches each, and prints the epoch's cost with the flag as a ratio to the

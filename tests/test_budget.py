@@ -57,6 +57,27 @@ def test_the_last_validation_says_the_steps_trained_not_a_new_plan(monkeypatch):
         ["0.005", "0.5", "0.98", "1.0", "60.0"]
 
 
+def test_spent_minutes_read_alike_in_every_line(monkeypatch, tmp_path):
+    """The plan's line, the start's and a complete schedule's stop name the spent minutes as
+    the last validation's does: two significant digits under a minute (not 0.0), "1.0" (not
+    "1") where two digits would round up to a minute."""
+    from types import SimpleNamespace
+
+    from config import Config
+    from nmt.stopping import Stop, stop_message
+    now = [120.0]
+    monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
+    budget = Budget(600, 0, 100, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=30)
+    assert budget.start().startswith("--time_budget 10 minutes: 0.33 spent; the schedule laid ")
+    assert budget.words().startswith("--time_budget 10 minutes: 0.33 spent; ")
+    run = SimpleNamespace(budget=budget, config=Config(model_folder=str(tmp_path)),
+                          world_size=1, batches_per_epoch=10)
+    progress = SimpleNamespace(step=30, epoch=2, batch=10, signal=None)
+    assert stop_message(run, progress, Stop.MAX_STEPS).startswith(
+        "the --time_budget's schedule is complete (0.33 of 10 minutes spent) in epoch 2")
+    assert [nmt.budget.minutes(s) for s in (59.6, 59.8, 59.99)] == ["0.99", "1.0", "1.0"]
+
+
 class FakeClock:
     """The budget's clock: a step costs STEP seconds, a validation VALIDATION, the test scoring
     TESTS; nothing else moves it."""

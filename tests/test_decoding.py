@@ -564,3 +564,17 @@ def test_a_sentence_longer_than_seq_len_is_named_by_its_number_in_the_file(capsy
         translate(model, Config(seq_len=8), tok, tok, [long])  # warning is not on its line
     lines = re.split(r"[\r\n]", capsys.readouterr().err)
     assert any(line.startswith("warning: sentence 1 has 10 tokens") for line in lines), lines
+
+
+def test_every_beam_search_takes_config_length_penalty_by_default():
+    """config.LENGTH_PENALTY is the one default of beam search's alpha: the decoders, the test
+    sets' beam (decoding.translate's default), the Python API and the exported engine."""
+    import inspect
+
+    from config import LENGTH_PENALTY
+    from nmt import decoding
+    from nmt.engine import Engine
+    from nmt.translator import Translator
+    for f in (decoding.beam_search, decoding.translate_ids, decoding.translate,
+              Translator.translate, Engine.translate_ids):
+        assert inspect.signature(f).parameters["alpha"].default == LENGTH_PENALTY, f.__qualname__

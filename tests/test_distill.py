@@ -284,6 +284,19 @@ def test_a_stop_under_torchrun_says_its_count_is_rank_0s_share(teachers, tmp_pat
         f"{tmp_path / 'w/distilled/parts'}; the same command goes on from them\n")
 
 
+def test_the_teachers_search_with_config_length_penalty_and_their_key_names_it(teachers,
+                                                                               tmp_path,
+                                                                               monkeypatch):
+    """The plan's alpha (the teachers' beam search's, recorded in meta.json) is
+    config.LENGTH_PENALTY; another would be another key: translated again, not reused."""
+    from config import LENGTH_PENALTY
+    from nmt import distill
+    plan = distill.plan_translation(distil_config(teachers, model_folder=str(tmp_path / "a")))
+    assert plan["alpha"] == LENGTH_PENALTY
+    monkeypatch.setattr(distill, "LENGTH_PENALTY", LENGTH_PENALTY + 0.4)
+    other = distill.plan_translation(distil_config(teachers, model_folder=str(tmp_path / "b")))
+    assert other["alpha"] == LENGTH_PENALTY + 0.4 and other["key"] != plan["key"]
+
 def test_a_copy_of_the_corpus_is_the_corpus(teachers, tmp_path):
     """Teachers are checked against the corpus's text, not its path: a byte-identical copy
     elsewhere is accepted, a corpus rewritten at the teachers' path is refused."""

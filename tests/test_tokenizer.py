@@ -129,6 +129,13 @@ def test_tokenizer_files_of_another_recipe_are_refused(tmp_path, monkeypatch):
                        r"value, or train into another --model_folder \(these files belong to "
                        r"its checkpoints\)$"):
         get_tokenizer(larger, "en", texts)
+    absolute = dataclasses.replace(larger, tokenizer_file=str(tmp_path / "tokenizer_{0}.json"))
+    # an absolute --tokenizer_file in the model folder: another --model_folder finds it too
+    for folder in (tmp_path, tmp_path / "another"):
+        with pytest.raises(DataError, match=r"or give another --tokenizer_file"):
+            get_tokenizer(dataclasses.replace(absolute, model_folder=str(folder)), "en", texts)
+    with pytest.raises(DataError, match="use another --tokenizer_file or --tokenizer_type bpe$"):
+        get_tokenizer(dataclasses.replace(absolute, tokenizer_type="word"), "en", texts)
     renamed = Config(model_folder=str(tmp_path), vocab_size=300,
                      tokenizer_file=str(tmp_path / "tokenizer_en.json").replace("_en", "_{0}"))
     (tmp_path / "tokenizer_en.json").rename(tmp_path / "tokenizer_fr.json")
