@@ -172,7 +172,13 @@ def translate_share(config: Config, plan: dict, rank: int = 0, world: int = 1):
     mine = [c for c in range(rank, plan["chunks"], world) if not targets.done(c)]
     if mine:
         translate_chunks(config, plan, targets, mine, world)
-    sum_over_ranks(0)  # every chunk is written
+    try:
+        sum_over_ranks(0)  # every chunk is written
+    except KeyboardInterrupt as interrupt:  # (rank 0's share done, the others' still going)
+        note(f"stopped while the other processes translate: rank 0's chunks are done, each "
+             f"process's finished ones kept in {targets.parts}; the same command goes on "
+             f"from them")
+        raise StoppedAndSaid(getattr(interrupt, "signum", signal.SIGINT)) from None
 
 
 def translate_chunks(config: Config, plan: dict, targets: DistilledTargets, chunks: list,

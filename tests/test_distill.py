@@ -297,6 +297,33 @@ def test_the_teachers_search_with_config_length_penalty_and_their_key_names_it(t
     other = distill.plan_translation(distil_config(teachers, model_folder=str(tmp_path / "b")))
     assert other["alpha"] == LENGTH_PENALTY + 0.4 and other["key"] != plan["key"]
 
+def test_a_stop_while_rank_0_waits_for_the_others_says_what_is_kept(teachers, tmp_path,
+                                                                       monkeypatch, capsys):
+    """Rank 0 done with its chunks, waiting for the others: a stop there said "aborted; the
+    checkpoints already saved are intact" (none exist); it says what is kept, and how to go on."""
+    from nmt import distill
+    from nmt.cli import StoppedAndSaid
+    monkeypatch.setattr(distill, "PARTS", 4)
+
+    def waiting(*values):
+        interrupt = KeyboardInterrupt()
+        interrupt.signum = 15
+        raise interrupt
+    monkeypatch.setattr(distill, "sum_over_ranks", waiting)
+    config = distil_config(teachers, model_folder=str(tmp_path / "w"))
+    plan = distill.plan_translation(config)
+    capsys.readouterr()
+    with pytest.raises(StoppedAndSaid) as stopped:
+        distill.translate_share(config, plan, 0, 2)
+    assert stopped.value.signum == 15
+    assert capsys.readouterr().err.endswith(
+        "stopped while the other processes translate: rank 0's chunks are done, each process's "
+        f"finished ones kept in {tmp_path / 'w/distilled/parts'}; the same command goes on from "
+        "them\n")
+    assert sorted(p.name for p in (tmp_path / "w/distilled/parts").glob("*.tgt")) == \
+        ["00000.tgt", "00002.tgt"]
+
+
 def test_a_copy_of_the_corpus_is_the_corpus(teachers, tmp_path):
     """Teachers are checked against the corpus's text, not its path: a byte-identical copy
     elsewhere is accepted, a corpus rewritten at the teachers' path is refused."""
