@@ -42,6 +42,22 @@ def test_dropout_drops_p_of_every_lane_scales_the_rest_and_reuses_its_mask_backw
     assert torch.equal(dropout.eval()(x), x)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5, 1 / 65536, 1 - 1 / 65536])
+def test_the_16_bit_mask_drops_exactly_round_p_65536_of_the_16_bit_numbers(p, monkeypatch):
+    """The threshold's boundary: given each of the 65,536 16-bit numbers once, the mask drops
+    exactly round(p · 65536) of them (the numbers below the threshold; the threshold itself is
+    kept), so with the kept ones scaled by 65536 / (65536 - threshold) the expectation is
+    exact. A comparison off by one (> for >=) drops one number more: a bias of 1/65536 that no
+    sampled fraction shows."""
+    lanes = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)  # each number once
+    monkeypatch.setattr(torch, "randint", lambda *args, **kwargs: lanes.view(torch.int64).clone())
+    x = torch.ones(65536)
+    y = Dropout(p).train()(x)
+    threshold = round(p * 65536)
+    assert int((y == 0).sum()) == threshold
+    assert y.double().sum().item() == pytest.approx(65536, rel=1e-6)  # E[y] = x
+
+
 @pytest.mark.parametrize("p", [1 - 1 / 131072, 0.999995, 1.0])
 def test_a_rate_that_rounds_to_one_in_16_bits_drops_as_torch_does(p):
     """p from 1 - 1/131072 up rounds to 65536/65536, which keeps no 16-bit number, and the

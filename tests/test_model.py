@@ -391,3 +391,148 @@ def test_a_scaled_embedding_has_unit_size_beside_the_positions():
         for embed in (model.src_embed, model.tgt_embed):
             x = embed(torch.arange(10000))  # (vocab, d_model)
             assert x.pow(2).mean().sqrt().item() == pytest.approx(1.0, abs=0.02)
+
+
+def test_rope_rotates_each_feature_pair_by_its_positions_angle():
+    """RoPE's angles themselves: at position m, the pair of features (i, i + d_k/2) is rotated
+    by m · 10000^(-2i/d_k), x1 cos - x2 sin and x1 sin + x2 cos. The relative-position test
+    above holds for any frequencies and either direction; this one pins them."""
+    torch.manual_seed(0)
+    d_k, half = 8, 4
+    rope = RotaryPositionalEmbedding(d_k, 64)
+    x = torch.randn(1, 1, 1, d_k, dtype=torch.float64)
+    for m in (1, 5, 63):
+        out = rope(x.float(), m)[0, 0, 0]
+        for i in range(half):
+            angle = m * 10000 ** (-2 * i / d_k)
+            x1, x2 = x[0, 0, 0, i].item(), x[0, 0, 0, i + half].item()
+            assert out[i].item() == pytest.approx(x1 * math.cos(angle) - x2 * math.sin(angle),
+                                                  abs=1e-4)
+            assert out[i + half].item() == pytest.approx(
+                x1 * math.sin(angle) + x2 * math.cos(angle), abs=1e-4)
+
+
+def test_pre_norm_stacks_end_with_a_norm_and_post_norm_stacks_do_not():
+    """A pre-norm stack's output is the sum of unnormalised sublayer outputs, so the encoder and
+    the decoder each end with a norm of the kind asked for; a post-norm stack already ends
+    normalised and has none (no extra parameters: a post-norm checkpoint has no
+    encoder.norm/decoder.norm keys). Held for the decoder too, not only the encoder."""
+    for norm, kind in (("layer", LayerNormalization), ("rms", RMSNormalization)):
+        pre, post = small(norm=norm), small(norm=norm, norm_first=False)
+        for stack in (pre.encoder, pre.decoder):
+            assert type(stack.norm) is kind
+        for stack in (post.encoder, post.decoder):
+            assert isinstance(stack.norm, torch.nn.Identity)
+        assert not [k for k in post.state_dict() if k.startswith(("encoder.norm", "decoder.norm"))]
+    # and the pre-norm decoder's output is normalised (gain 1, bias 0 at initialisation)
+    model = small()
+    src = torch.randint(4, 24, (2, 5))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    out = model.decode(model.encode(src, mask), mask, torch.randint(4, 24, (2, 6)))
+    torch.testing.assert_close(out.mean(-1), torch.zeros(2, 6), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.var(-1, unbiased=False), torch.ones(2, 6), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
+def test_a_sequence_of_exactly_seq_len_positions_fits_and_one_more_is_refused(pos):
+    """seq_len is the longest sequence: one of exactly seq_len positions encodes and decodes
+    (also as the last position of cached decoding), one of seq_len + 1 is refused, for the
+    sinusoids' table and for rotary positions' check alike (no off-by-one at the boundary)."""
+    model = build_transformer(20, 20, 8, 8, d_model=16, N=1, h=2, d_ff=32, dropout=0.0,
+                              pos=pos).eval()
+    src, mask = torch.randint(4, 20, (1, 8)), torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    assert model(src, src, mask).shape == (1, 8, 20)
+    assert model.tgt_pos(torch.zeros(1, 1, 16), start=7).shape == (1, 1, 16)
+    for call in (lambda: model.encode(torch.randint(4, 20, (1, 9)),
+                                      torch.ones(1, 1, 1, 9, dtype=torch.bool)),
+                 lambda: model.tgt_pos(torch.zeros(1, 1, 16), start=8)):
+        with pytest.raises(ValueError, match="longer than seq_len"):
+            call()
+
+
+@pytest.mark.parametrize("lengths", [(6, 12), (12, 6)])
+def test_rotary_positions_cover_the_longer_of_source_and_target(lengths):
+    """One rotary table serves the encoder and the decoder: it holds max(src_seq_len,
+    tgt_seq_len) positions, so a target longer than the longest source (or the reverse)
+    still gets its rotations."""
+    src_len, tgt_len = lengths
+    model = build_transformer(20, 20, src_len, tgt_len, d_model=16, N=1, h=2, d_ff=32,
+                              dropout=0.0, pos="rope").eval()
+    assert model.rotary.cos.size(0) == max(lengths)
+    src, tgt = torch.randint(4, 20, (1, src_len)), torch.randint(4, 20, (1, tgt_len))
+    assert model(src, tgt, torch.ones(1, 1, 1, src_len, dtype=torch.bool)).shape == \
+        (1, tgt_len, 20)
+
+
+def test_attention_and_activation_dropout_default_to_the_dropout_rate():
+    """build_transformer's attention_dropout and activation_dropout left out (None) take
+    --dropout's rate, as the paper's one rate for all: every Dropout of the model holds it."""
+    model = build_transformer(24, 24, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=0.3)
+    rates = {m.p for m in model.modules() if isinstance(m, Dropout)}
+    assert rates == {0.3}
+
+
+def test_the_fused_attention_kernel_drops_attention_weights_in_training(monkeypatch):
+    """Where the fused kernel runs in training (a GPU: kernels.written_out_attention_is_faster
+    is False), attention dropout reaches it as dropout_p: at rate 1 no attention weight is left,
+    so the source is never seen. Forced here on CPU, where training runs the written-out path."""
+    import model as model_module
+    monkeypatch.setattr(model_module, "written_out_attention_is_faster", lambda q, dropout: False)
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(k["dropout_p"]) or real(*a, **k))
+    torch.manual_seed(0)
+    model = build_transformer(24, 24, 16, 16, d_model=16, N=1, h=2, d_ff=32, dropout=0.0,
+                              attention_dropout=1.0).train()
+    src, other, tgt = (torch.randint(4, 24, (2, n)) for n in (7, 7, 6))
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    assert torch.equal(model(src, tgt, mask), model(other, tgt, mask))
+    assert calls and set(calls) == {1.0}
+    model.eval()
+    assert not torch.equal(model(src, tgt, mask), model(other, tgt, mask))
+    assert set(calls[-3:]) == {0.0}  # no dropout in evaluation
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
+def test_decoding_several_new_positions_after_cached_ones_equals_decoding_them_at_once(pos):
+    """The cache hook of model.decode: the target decoded in chunks (3 positions, then 2 with
+    their explicit mask, then 1) through one cache gives the outputs of the whole target
+    decoded at once; the cache's length advances by each chunk's positions, which place the
+    next chunk's positions (sinusoids, rotations) and its keys."""
+    from nmt.decoding import new_cache
+    model = tiny_model(pos=pos)
+    src, tgt = torch.randint(4, 20, (2, 7)), torch.randint(4, 20, (2, 6))
+    src_mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    memory = model.encode(src, src_mask)
+    whole = model.decode(memory, src_mask, tgt)
+    cache = new_cache(model, capacity=6)
+    chunks = [model.decode(memory, src_mask, tgt[:, :3], cache=cache),
+              model.decode(memory, src_mask, tgt[:, 3:5], causal_mask(5)[:, 3:], cache=cache),
+              model.decode(memory, src_mask, tgt[:, 5:], cache=cache)]
+    assert cache.length == 6
+    torch.testing.assert_close(torch.cat(chunks, dim=1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_rmsnorm_is_computed_in_float32_and_rounded_once_to_bf16():
+    """RMSNorm's docstring: computed in float32 for stability under bf16. A bf16 input's output
+    is the exact (float64) RMSNorm rounded once to bf16, not a bf16 mean of squares and a bf16
+    rsqrt rounded again (which misses the exact rounding in about a third of the elements)."""
+    torch.manual_seed(0)
+    norm = RMSNormalization(64)
+    x = (torch.randn(32, 64) * 3 + 1).bfloat16()
+    exact = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + norm.eps)
+    out = norm(x)
+    assert (out.bfloat16() != exact.bfloat16()).float().mean() < 0.01
+
+
+def test_layer_norm_reference_takes_eps_inside_the_square_root():
+    """The written-out LayerNorm is (x - mean) / sqrt(var + eps) · gain + bias, as torch's: with
+    an eps that matters (0.5, unit-scale inputs) the reference still equals F.layer_norm, so
+    eps cannot move outside the square root unseen (at 1e-6 the two places agree to 1e-5)."""
+    torch.manual_seed(0)
+    norm = LayerNormalization(16, eps=0.5)
+    x = torch.randn(4, 16) * 0.5
+    expected = F.layer_norm(x, (16,), eps=0.5)
+    torch.testing.assert_close(norm(x), expected)
+    torch.testing.assert_close(norm.reference(x), expected, atol=1e-5, rtol=1e-5)
