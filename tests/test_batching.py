@@ -29,6 +29,23 @@ def test_token_batches_never_exceed_max_tokens_and_cover_every_pair_once():
     assert max(len(b) for b in by_count) == 32
     assert sorted(i for b in by_count for i in b) == list(range(1000))
 
+def test_the_batches_come_in_a_shuffled_order_not_by_length():
+    """Pairs are bucketed by length, but the batches are not trained on shortest first: their
+    order is shuffled (seeded by the epoch), so an epoch is no curriculum from short to long.
+    Without shuffle they come sorted."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, 60, (1000,), generator=g).tolist()
+    for epoch in (0, 1):
+        batches = TokenBatchSampler(lengths, max_tokens=500, shuffle=True, seed=1).batches(epoch)
+        longest = [max(lengths[i] for i in b) for b in batches]
+        assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
+        ups = sum(a < b for a, b in zip(longest, longest[1:]))
+        assert 0.25 < ups / (len(longest) - 1) < 0.75  # about as many rises as falls
+    batches = TokenBatchSampler(lengths, max_tokens=500, shuffle=False).batches()
+    longest = [max(lengths[i] for i in b) for b in batches]
+    assert longest == sorted(longest)
+
+
 @pytest.mark.parametrize("k", [1, 2, 5, 13])
 def test_even_cuts_make_exactly_k_batches_of_about_equal_tokens(k):
     """BPE-dropout's pools are cut into exactly as many batches as came in, each a run of the

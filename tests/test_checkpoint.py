@@ -226,6 +226,26 @@ def test_averaging_counts_a_schedule_that_ended_mid_epoch_as_an_epochs_end(tmp_p
     assert [p.name for p in load_averaged(config, end, 2)[1]] == ["tmodel_01.pt", "tmodel_02.pt"]
 
 
+def test_load_averaged_gives_the_mean_of_exactly_the_checkpoints_it_names(tmp_path):
+    """--average N: the weights load_averaged returns are the mean of the N files it names,
+    each once (the run's mid-epoch end among them), and its position the newest's."""
+    config = Config(model_folder=str(tmp_path))
+    for epoch in range(3):
+        torch.manual_seed(epoch)
+        save_checkpoint(tiny_state(epoch, schedule_steps=35), tmp_path / f"tmodel_{epoch:02d}.pt")
+    end = tmp_path / "tmodel_03_s0000035.pt"
+    torch.manual_seed(3)
+    save_checkpoint(tiny_state(3, step=35, schedule_steps=35), end)
+    for path, n in ((end, 3), (tmp_path / "tmodel_02.pt", 2)):
+        state, paths = load_averaged(config, path, n)
+        assert len(paths) == n == len(set(paths))
+        weights = [load_checkpoint(p)["model_state_dict"] for p in paths]
+        for k, v in state["model_state_dict"].items():
+            mean = torch.stack([w[k].double() for w in weights]).mean(0).to(v.dtype)
+            torch.testing.assert_close(v, mean, msg=k)
+        assert state["global_step"] == load_checkpoint(paths[-1])["global_step"]
+
+
 def test_averaging_from_a_mid_epoch_best_leaves_out_the_end_of_its_epoch(tmp_path):
     """Issue 41: --preload best --average N averaged up to the best's epoch; a best from a
     mid-epoch validation (--eval_every) is older than its epoch's end, which joined the

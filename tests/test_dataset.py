@@ -65,6 +65,29 @@ def test_prepared_data_pads_a_whole_batch_at_once_as_the_collator_does():
     assert isinstance(lists.__getitems__([0, 1]), list)
 
 
+def test_the_length_a_pair_is_batched_by_is_its_padded_width_so_max_tokens_holds():
+    """BilingualDataset.lengths() (what TokenBatchSampler cuts by) is each pair's width in a
+    batch: the longer of encoder_input ([SOS] src [EOS]) and label (tgt [EOS]), from lists and
+    from prepared data alike; so no collated batch of the sampler's holds more than max_tokens
+    padded tokens on either side, targets longer than their sources included."""
+    g = np.random.default_rng(1)
+    src = [g.integers(4, 300, g.integers(0, 4)).tolist() for _ in range(40)]
+    tgt = [g.integers(4, 300, g.integers(8, 12)).tolist() for _ in range(40)]
+    src += [g.integers(4, 300, 11).tolist() for _ in range(10)]  # and sources the longer
+    tgt += [g.integers(4, 300, 3).tolist() for _ in range(10)]
+
+    def flat(seqs):
+        return TokenArray(np.array([t for s in seqs for t in s], dtype=np.uint16),
+                          np.cumsum([0] + [len(s) for s in seqs]))
+    for ds in (BilingualDataset(src, tgt), BilingualDataset(flat(src), flat(tgt))):
+        widths = [max(len(ds[i]["encoder_input"]), len(ds[i]["label"])) for i in range(len(ds))]
+        assert np.asarray(ds.lengths()).tolist() == widths
+        for batch in TokenBatchSampler(ds.lengths(), max_tokens=60, seed=0).batches():
+            collated = Collator()([ds[i] for i in batch])
+            for key in ("encoder_input", "decoder_input", "label"):
+                assert collated[key].numel() <= 60, key
+
+
 def cfg(tmp_path, corpus, **kw):
     kw = {"vocab_size": 300, "seq_len": 24, **kw}
     return Config(model_folder=str(tmp_path / "weights"), data_dir=str(corpus), lang_src="en",

@@ -15,6 +15,17 @@ def test_edit_distance_cer_and_wer():
     assert error_rate(["abcd", "xy"], ["abcd", "xz"], words=False) == pytest.approx(1 / 6)
 
 
+def test_error_rates_divide_by_the_reference_length_not_the_hypothesis():
+    """CER and WER are the corpus's edits over its reference characters or words: a short
+    hypothesis (2 of 4 characters; 1 of 4 words) has an error rate of 0.5 and 0.75, not 1 and
+    3, and an empty one 1.0; an over-long one can exceed 1."""
+    assert error_rate(["ab"], ["abcd"], words=False) == pytest.approx(2 / 4)
+    assert error_rate(["a"], ["a b c d"], words=True) == pytest.approx(3 / 4)
+    assert error_rate([""], ["abc"], words=False) == pytest.approx(1.0)
+    assert error_rate(["abcdef", "x"], ["ab", "xy"], words=False) == pytest.approx(5 / 4)
+    assert score(["ab"], ["abcd"], n_bootstrap=1)["cer"] == pytest.approx(0.5)
+
+
 def test_the_bit_vector_edit_distance_is_the_tables():
     """The bit-parallel distance (every validation's CER and WER) against the table, on random
     pairs: either one the longer, empty ones, small and large alphabets (many matches and

@@ -129,6 +129,117 @@ def test_under_fp16_every_rank_skips_an_update_any_rank_found_non_finite(monkeyp
     assert int(progress.bad_steps) == 1
 
 
+def test_the_cosine_schedule_stays_at_zero_past_the_end_of_its_run():
+    """The cosine's progress is clamped at 1: a step past the run's laid-out length (a
+    --time_budget plan going on as saved, a resume) learns at 0, never on a cosine that climbs
+    back towards the peak."""
+    config = Config(lr_schedule="cosine", lr=1e-3, warmup=10)
+    for step in (110, 150, 209, 300):
+        assert learning_rate(config, step, 109) == pytest.approx(0.0, abs=1e-12), step
+
+
+def test_the_run_length_counts_optimizer_steps_not_batches_under_accumulation():
+    """--accum_steps k: an optimizer step takes k batches, the epoch's last group may be
+    shorter; the schedule is laid out over the optimizer steps (ceil(batches / k) an epoch)."""
+    assert total_steps(Config(num_epochs=3, accum_steps=4), 10) == 9
+    assert total_steps(Config(num_epochs=3, accum_steps=4, max_steps=5), 10) == 5
+    assert total_steps(Config(num_epochs=2, accum_steps=5), 10) == 4
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_the_training_loss_takes_the_configured_smoothing_and_ignores_padding(smoothing):
+    """make_loss (what every training step uses) is section 5.4's formula with
+    --label_smoothing as configured, summed over the non-[PAD] labels only."""
+    torch.manual_seed(0)
+    model = build_transformer(30, 30, 8, 8, d_model=16, N=1, h=2, d_ff=32, dropout=0.0)
+    x = torch.randn(2, 6, 16)
+    label = torch.randint(4, 30, (2, 6))
+    label[0, 3:] = PAD
+    loss = make_loss(Config(label_smoothing=smoothing))(x, model.projection_layer, label)
+    expected = LabelSmoothedCrossEntropy(smoothing, ignore_index=PAD)(
+        x, model.projection_layer, label)
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+
+
+def adam(model, lr, fused, monkeypatch):
+    """make_optimizer's Adam; fused=False: its fallback, as on a device without the fused
+    kernel (torch.optim.Adam refusing fused=True)."""
+    if not fused:
+        real = torch.optim.Adam
+
+        def no_fused_kernel(*args, fused=None, **kwargs):
+            if fused:
+                raise RuntimeError("no fused kernel here")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(torch.optim, "Adam", no_fused_kernel)
+    optimizer = make_optimizer(model, lr)
+    assert bool(optimizer.defaults.get("fused")) == fused
+    return optimizer
+
+
+def one_update(monkeypatch, grad, clip_grad=1.0, lr=0.01, fused=True):
+    """A weight of two numbers after one optimizer_step with gradient `grad` at rate `lr`:
+    (weight before, weight after, Adam's state of it, the run's progress)."""
+    model = torch.nn.Linear(2, 1, bias=False)
+    optimizer = adam(model, 1.0, fused, monkeypatch)
+    run = types.SimpleNamespace(config=Config(clip_grad=clip_grad, lr=3e-4), model=model,
+                                optimizer=optimizer, world_size=1,
+                                scaler=torch.amp.GradScaler("cpu", enabled=False))
+    progress = train.Progress(bad_steps=torch.zeros(()))
+    before = model.weight.detach().clone()
+    model.weight.grad = torch.tensor([grad])
+    train.optimizer_step(run, progress, torch.tensor(1.0), lr)
+    return before, model.weight.detach().clone(), optimizer.state[model.weight], progress
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_an_update_clips_the_gradient_and_takes_adams_betas_at_the_scheduled_rate(
+        fused, monkeypatch):
+    """optimizer_step: the gradient norm clipped to --clip_grad before Adam sees it (a gradient
+    (3, 4) of norm 5 becomes (0.6, 0.8)); Adam's moments with the paper's betas (0.9, 0.98);
+    the step at the schedule's rate `lr`, not the optimizer's initial or the config's peak.
+    Fused Adam and make_optimizer's fallback alike."""
+    before, after, state, _ = one_update(monkeypatch, [3.0, 4.0], clip_grad=1.0, lr=0.01,
+                                         fused=fused)
+    clipped = torch.tensor([[0.6, 0.8]])
+    torch.testing.assert_close(state["exp_avg"], (1 - 0.9) * clipped)
+    torch.testing.assert_close(state["exp_avg_sq"], (1 - 0.98) * clipped ** 2)
+    # Adam's first step: lr · m̂ / (sqrt(v̂) + eps) = lr · sign(g)
+    torch.testing.assert_close(after - before, torch.tensor([[-0.01, -0.01]]))
+    _, _, state, _ = one_update(monkeypatch, [3.0, 4.0], clip_grad=0.0, fused=fused)  # off
+    torch.testing.assert_close(state["exp_avg"], (1 - 0.9) * torch.tensor([[3.0, 4.0]]))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_adams_epsilon_is_the_papers(fused, monkeypatch):
+    """Adam's eps is 1e-9 (section 5.3): on a gradient of 1e-8 the first step is
+    lr · g / (|g| + eps) = lr / 1.1, not lr / 2 as torch's default 1e-8 would give."""
+    before, after, _, _ = one_update(monkeypatch, [1e-8, -1e-8], lr=0.01, fused=fused)
+    torch.testing.assert_close(after - before, torch.tensor([[-0.01, 0.01]]) / 1.1)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_non_finite_update_is_skipped_and_a_finite_one_ends_the_streak(fused, monkeypatch):
+    """A NaN or infinite gradient leaves the weights and Adam's state as they were and counts
+    one more skipped update in a row (progress.bad_steps, which --max_bad_steps reads); a
+    finite update sets the count back to 0: the limit is on updates in a row. With fused
+    Adam the skip is its found_inf; without (a device with no fused kernel), on the host."""
+    model = torch.nn.Linear(2, 1, bias=False)
+    optimizer = adam(model, 0.01, fused, monkeypatch)
+    run = types.SimpleNamespace(config=Config(clip_grad=1.0), model=model, optimizer=optimizer,
+                                world_size=1, scaler=torch.amp.GradScaler("cpu", enabled=False))
+    progress = train.Progress(bad_steps=torch.zeros(()))
+    for grad, bad in (([float("nan"), 1.0], 1), ([float("inf"), 1.0], 2), ([1.0, 1.0], 0),
+                      ([float("nan"), 0.0], 1)):
+        before = model.weight.detach().clone()
+        model.weight.grad = torch.tensor([grad])
+        train.optimizer_step(run, progress, torch.tensor(1.0), 0.01)
+        assert int(progress.bad_steps) == bad, grad
+        assert torch.isfinite(model.weight).all()
+        assert torch.equal(model.weight, before) == (bad > 0), grad
+    assert int(optimizer.state[model.weight]["step"]) == 1  # the one finite update
+
+
 @pytest.fixture
 def train_here(tmp_path):
     """Runs train.py's main in this process, in tmp_path or `cwd` (conftest.run_here): returns
@@ -149,6 +260,43 @@ def lr_scalars(folder, tag="train/lr"):
     acc = EventAccumulator(str(folder))
     acc.Reload()
     return {e.step: e.value for e in acc.Scalars(tag)}
+
+
+def test_each_step_trains_at_its_own_rate_on_every_pair_once_an_epoch_in_a_new_order(
+        tmp_path, train_here, monkeypatch):
+    """The loop, under --accum_steps 2: optimizer step n (from 1) is given the schedule's rate
+    of step n (warm-up not off by one); the run makes the ceil(batches / 2) steps an epoch its
+    schedule is laid out for; each epoch trains on every pair once, in another order than
+    the epoch before."""
+    make_corpus(tmp_path / "c", n=60, val=2)
+    steps, batches = [], []
+    real_step, real_train_step = train.optimizer_step, train.train_step
+
+    def optimizer_step(run, progress, loss, lr):
+        steps.append((progress.step + 1, lr, run.config, run.steps(), run.batches_per_epoch))
+        return real_step(run, progress, loss, lr)
+
+    def train_step(model, group, *args, **kwargs):
+        batches.extend(b["label"] for b in group)
+        return real_train_step(model, group, *args, **kwargs)
+    monkeypatch.setattr(train, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(train, "train_step", train_step)
+    code, out, err = train_here("--data_dir", "c", *TINY, "--lr_schedule", "cosine",
+                                "--warmup", "3", "--accum_steps", "2", "--num_epochs", "2",
+                                "--max_tokens", "80", "--val_examples", "0")
+    assert code == 0, err
+    config, schedule, per_epoch = steps[0][2:]
+    assert per_epoch >= 5 and [n for n, *_ in steps] == list(range(1, len(steps) + 1))
+    assert len(steps) == schedule == 2 * math.ceil(per_epoch / 2)
+    for n, lr, *_ in steps:
+        assert lr == pytest.approx(learning_rate(config, n, schedule), rel=1e-12), n
+    assert steps[0][1] < steps[1][1] < steps[2][1]  # the warm-up rises from the first step
+
+    def rows(labels):  # each pair's label, in the order trained
+        return [tuple(t for t in row if t != PAD) for label in labels for row in label.tolist()]
+    first, second = rows(batches[:per_epoch]), rows(batches[per_epoch:])
+    assert len(batches) == 2 * per_epoch and len(first) == 60
+    assert sorted(first) == sorted(second) and first != second
 
 
 def test_a_lengthened_cosine_run_keeps_learning(tmp_path, train_here):
