@@ -375,10 +375,13 @@ def load_corpus(config: Config, wanted=SPLITS):
     splits to read (without "train", nothing is held out). With --extra_data_dir, its pairs
     join the training split (see _with_extra)."""
     splits = _load_local(config, wanted) if config.data_dir else _load_hub(config, wanted)
+    where = f"--data_dir {config.data_dir}" if config.data_dir else \
+        f"--datasource {config.datasource}"
+    if "validation" in splits and not len(splits["validation"]):  # (not "no pair fits seq_len")
+        raise DataError(f"the validation split of {where} has no usable pair (a pair with an "
+                        f"empty side is skipped)")
     if "train" in wanted:
         if len(splits["train"]) < 2:
-            where = f"--data_dir {config.data_dir}" if config.data_dir else \
-                f"--datasource {config.datasource}"
             raise DataError(f"the training split of {where} has {len(splits['train'])} usable "
                             f"pair(s), fewer than 2 (a pair with an empty side is skipped)")
         if "validation" not in splits:

@@ -124,3 +124,18 @@ def test_pooled_batches_count_a_last_smaller_pool():
     pools = PooledBatches(batches, 4)
     assert len(pools) == 3 == len(list(pools))
     assert [len(p) for p in pools] == [4, 4, 2] and len(PooledBatches(batches[:8], 4)) == 2
+
+
+def test_bpe_dropout_leaves_the_plain_tokenizers_deterministic():
+    """BPEDropout sets dropout on copies of the tokenizers: the plain ones (validation, test,
+    translation and checkpoints use them) keep segmenting every sentence one way."""
+    from tokenizer import build_tokenizer
+    pairs = number_pairs(40, seed=3)
+    tok = build_tokenizer("bpe", 300, [s for s, _ in pairs] + [t for _, t in pairs])
+    text = pairs[0][0]
+    plain = tok.encode(text).ids
+    data = BilingualDataset([tok.encode(s).ids for s, _ in pairs],
+                            [tok.encode(t).ids for _, t in pairs])
+    BPEDropout(data, tok, tok, 0.9, 64)
+    assert not tok.model.dropout
+    assert all(tok.encode(text).ids == plain for _ in range(20))

@@ -407,3 +407,109 @@ def test_a_missing_file_whose_packed_copy_is_there_names_it(tmp_path):
     with pytest.raises(DataError) as e:
         read_lines(tmp_path / "val.en")
     assert str(e.value) == f"cannot read {tmp_path / 'val.en'}: Is a directory"
+
+
+# ---- behaviours a mutation audit found unguarded -------------------------------------------------
+
+def test_the_held_out_share_is_val_fraction(tmp_path):
+    """--val_fraction sets how many training pairs are held out for validation (not a fixed
+    tenth)."""
+    write_aligned(tmp_path / "c", "train", number_pairs(40, seed=1))
+    splits = load_corpus(cfg(tmp_path, data_dir=str(tmp_path / "c"), val_fraction=0.25))
+    assert (len(splits["train"]), len(splits["validation"])) == (30, 10)
+
+
+def test_the_first_validation_split_found_is_the_one_read(tmp_path):
+    """One validation split is read, the first found (dev.* before val.*), and a split found as
+    aligned files is not read again from another format (val.tsv)."""
+    folder = tmp_path / "c"
+    write_aligned(folder, "train", number_pairs(10, seed=1))
+    write_aligned(folder, "dev", [("dev one.", "dev uno.")])
+    write_aligned(folder, "val", [("val one.", "val uno.")])
+    (folder / "val.tsv").write_text("tsv one.\ttsv uno.\n", encoding="utf-8")
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder)))
+    assert column(splits["validation"], "src") == ["dev one."]
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
+    """A UTF-8 file saved with a byte order mark (Windows editors) gives its first sentence
+    without the invisible U+FEFF."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "train.en").write_bytes(b"\xef\xbb\xbfHello.\nThe cat.\n")
+    (folder / "train.it").write_bytes(b"\xef\xbb\xbfCiao.\nIl gatto.\n")
+    write_aligned(folder, "val", [("a.", "b.")])
+    splits = load_corpus(cfg(tmp_path, data_dir=str(folder)))
+    assert column(splits["train"], "src")[0] == "Hello."
+    assert column(splits["train"], "tgt")[0] == "Ciao."
+
+
+def test_the_fingerprint_of_extra_pairs_covers_upsample(tmp_path):
+    """Another --upsample trains on other pairs: another corpus for resumes and prepared data."""
+    write_aligned(tmp_path / "c", "train", number_pairs(30, seed=1))
+    write_aligned(tmp_path / "bt", "train", [(f"s {i}.", f"t {i}.") for i in range(5)])
+    prints = {load_corpus(cfg(tmp_path, data_dir=str(tmp_path / "c"),
+                              extra_data_dir=str(tmp_path / "bt"), upsample=u))["fingerprint"]
+              for u in (1, 2)}
+    assert len(prints) == 2
+
+
+def test_a_hub_datasets_fingerprint_is_its_text(tmp_path):
+    """Two hub datasets with the same splits but other sentences are other corpora."""
+    a = load_corpus(cfg(tmp_path, datasource=str(make_hub_repo(tmp_path / "a"))))
+    b = load_corpus(cfg(tmp_path, datasource=str(make_hub_repo(
+        tmp_path / "b", pairs=number_pairs(40, seed=5)))))
+    assert a["fingerprint"] != b["fingerprint"]
+
+
+def test_aligned_files_read_in_chunks_count_lines_across_chunks(tmp_path):
+    """Read a chunk at a time, aligned files keep counting lines across chunks: a bad byte
+    names its line in the whole file, unequal files their whole line counts."""
+    from corpus import _aligned_dataset
+    (tmp_path / "a.en").write_text("1\n2\n3\n4\n5\n")
+    (tmp_path / "a.it").write_bytes(b"1\n2\n3\n\xff4\n5\n")
+    with pytest.raises(DataError, match=r"a\.it, line 4: not valid UTF-8"):
+        _aligned_dataset(tmp_path / "a.en", tmp_path / "a.it", chunk=2)
+    with pytest.raises(DataError, match=r"a\.it, line 4: not valid UTF-8"):  # as the source
+        _aligned_dataset(tmp_path / "a.it", tmp_path / "a.en", chunk=2)
+    (tmp_path / "b.en").write_text("1\n2\n3\n4\n5\n")
+    (tmp_path / "b.it").write_text("1\n2\n3\n4\n")
+    with pytest.raises(DataError, match=r"b\.en has 5 lines but .*b\.it has 4"):
+        _aligned_dataset(tmp_path / "b.en", tmp_path / "b.it", chunk=2)
+    ds = _aligned_dataset(tmp_path / "a.en", tmp_path / "a.en", chunk=2)
+    assert column(ds, "src") == ["1", "2", "3", "4", "5"]
+
+
+def test_an_empty_validation_split_is_refused_as_empty(tmp_path):
+    """A validation file with no usable pair (empty, or blank lines only) is refused as such
+    when the corpus is read; it was refused after preparing, as "validation: no pair fits
+    --seq_len", which no --seq_len could cure."""
+    folder = tmp_path / "c"
+    write_aligned(folder, "train", number_pairs(10, seed=1))
+    (folder / "val.en").write_text("\n\n")
+    (folder / "val.it").write_text("\n\n")
+    for wanted in (("train", "validation", "test"), ("validation", "test")):
+        with pytest.raises(DataError, match=r"the validation split of --data_dir .*c has no "
+                                            r"usable pair \(a pair with an empty side"):
+            load_corpus(cfg(tmp_path, data_dir=str(folder)), wanted)
+
+
+def test_blank_lines_in_json_lines_are_skipped(tmp_path):
+    """A JSON lines file with blank lines (between records, or trailing) reads its records,
+    not a refusal of the blank line."""
+    folder = tmp_path / "jl"
+    folder.mkdir()
+    rows = [json.dumps({"translation": {"en": s, "it": t}}) for s, t in number_pairs(6, seed=3)]
+    (folder / "train.jsonl").write_text("\n".join(rows[:3]) + "\n\n" + "\n".join(rows[3:])
+                                        + "\n\n")
+    (folder / "val.jsonl").write_text(rows[0] + "\n")
+    assert len(load_corpus(cfg(tmp_path, data_dir=str(folder)))["train"]) == 6
+
+
+def test_a_hub_dataset_without_a_train_split_is_one_line(tmp_path):
+    """A hub dataset with no train split is refused naming the splits it has (not a KeyError)."""
+    repo = make_hub_repo(tmp_path / "no_train")
+    readme = repo / "README.md"
+    readme.write_text(readme.read_text().replace("split: train", "split: test"))
+    with pytest.raises(DataError, match=r"'.*no_train' has no train split \(splits: test\)"):
+        load_corpus(cfg(tmp_path, datasource=str(repo)))

@@ -300,3 +300,62 @@ def test_an_extra_tag_is_one_token_of_the_source_vocabulary(tmp_path, capsys):
     assert "no token for --extra_tag <BT>" in capsys.readouterr().err
 
 
+
+
+# ---- behaviours a mutation audit found unguarded -------------------------------------------------
+
+def _word_tokenizer():
+    from tokenizer import build_tokenizer
+    return build_tokenizer("word", 100, ["a b c d e f g"] * 2)
+
+
+def test_a_pair_fits_seq_len_exactly_and_a_long_target_alone_drops_it():
+    """encode_pairs keeps a pair whose sides need exactly seq_len tokens with [SOS]/[EOS], and
+    drops one whose target alone is too long (the source fitting)."""
+    tok = _word_tokenizer()
+    src, tgt, keep = encode_pairs(["a b c", "a", "a b"], ["a b", "a b c d e f", "a b c"],
+                                  tok, tok, 5)
+    assert [len(s) for s in src] == [3, 1, 2]
+    assert keep == [0, 2]  # 3 + 2 == seq_len fits; a 6-token target does not
+
+
+def test_a_framed_source_is_cut_to_seq_len_with_its_special_tokens():
+    """framed_source(ids, seq_len): [SOS] ids [EOS], seq_len tokens at most, [EOS] kept last."""
+    from dataset import framed_source
+    from tokenizer import EOS, SOS
+    assert framed_source(range(10, 20), 6).tolist() == [SOS, 10, 11, 12, 13, EOS]
+    assert framed_source([10, 11], 6).tolist() == [SOS, 10, 11, EOS]
+
+
+def test_validation_texts_stay_with_their_ids_when_a_pair_is_dropped():
+    """to_bilingual drops long pairs from the ids and from the texts alike: each kept pair's
+    texts (what BLEU is scored against) are its own."""
+    from dataset import to_bilingual
+    tok = _word_tokenizer()
+    ds = to_bilingual(["a", "a b c d e f", "b"], ["c", "d", "e f"], tok, tok, 5, "validation")
+    assert ds.src_texts == ["a", "b"] and ds.tgt_texts == ["c", "e f"]
+    assert [tok.decode(ids) for ids in ds.tgt_ids] == ["c", "e f"]
+
+
+def test_prepared_ids_beyond_uint16_are_stored_whole(tmp_path):
+    """Prepared ids are uint16 only while the vocabulary fits 65,536 ids: a larger vocabulary's
+    ids (70,000 here) are stored in int32 and come back as they were encoded."""
+    from datasets import Dataset
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    class BigVocabulary:  # the two methods prepare asks of a tokenizer
+        def get_vocab_size(self):
+            return 70_000
+
+        def encode_batch(self, texts):
+            return [Encoding([int(w) for w in t.split()]) for t in texts]
+    pairs = {"src": ["69999 5", "70000"], "tgt": ["65537", "4 66000"]}
+    splits = {"train": Dataset.from_dict(pairs), "validation": Dataset.from_dict(pairs)}
+    folder = tmp_path / "prepared"
+    dataset.prepare(folder, {"k": 1}, splits, BigVocabulary(), BigVocabulary(), 16)
+    train, _, _ = dataset.load_prepared(folder, dataset.prepared_key({"k": 1}))
+    assert [list(map(int, train.src_ids[i])) for i in range(2)] == [[69999, 5], [70000]]
+    assert [list(map(int, train.tgt_ids[i])) for i in range(2)] == [[65537], [4, 66000]]

@@ -92,3 +92,47 @@ def test_a_batch_with_more_pairs_than_its_shapes_rows_is_refused():
     assert shapes.pad(batch(4))["encoder_input"].shape == (4, 8)
     with pytest.raises(ValueError, match=r"a batch of 5 pairs does not fit its shape \(4, 8\)"):
         shapes.pad(batch(5))
+
+
+# ---- behaviours a mutation audit found unguarded -------------------------------------------------
+
+def test_a_shapes_rows_never_hold_more_than_max_tokens():
+    """R(L) = max_tokens // L, rounded down: a fixed shape is never more tokens than
+    --max_tokens (batch_size rows for sentence batches)."""
+    from nmt.shapes import FixedShapes
+    shapes = FixedShapes((8, 16), 30, 0)
+    assert shapes.shape(5) == (3, 8) and shapes.shape(9) == (1, 16)
+    assert FixedShapes((8, 16), 0, 12).shape(9) == (12, 16)
+
+
+def test_a_pair_is_cut_by_the_first_length_at_least_as_long():
+    """FixedShapes.padded_lengths and .length: a pair exactly as long as a shape's length goes
+    in that shape, not the next."""
+    from nmt.shapes import FixedShapes
+    shapes = FixedShapes((8, 16), 64, 0)
+    assert shapes.padded_lengths([1, 8, 9, 16]).tolist() == [8, 8, 16, 16]
+    assert [shapes.length(n) for n in (1, 8, 9, 16)] == [8, 8, 16, 16]
+
+
+def test_a_batch_whose_target_is_its_longest_side_gets_the_shape_of_its_target():
+    """FixedShapes.pad picks the shape by the longer of source and label: a short source with a
+    long target is padded to the target's length, its tokens all kept."""
+    from nmt.shapes import FixedShapes
+    from tokenizer import EOS, PAD, SOS
+    enc = torch.tensor([[SOS, 7, EOS]])
+    label = torch.tensor([[7] * 9 + [EOS]])
+    dec = torch.tensor([[SOS] + [7] * 9])
+    out = FixedShapes((4, 12), 24, 0).pad({"encoder_input": enc, "decoder_input": dec,
+                                           "label": label})
+    assert out["label"].shape == (2, 12) and out["encoder_input"].shape == (2, 12)
+    assert out["label"][0, :10].tolist() == label[0].tolist()
+    assert (out["label"][1] == PAD).all()  # the filler row: no loss
+
+
+def test_the_shapes_report_counts_padding_on_both_sides():
+    """FixedShapes.report: a batch exactly filling its shape on both sides is no padding, and
+    each side of a batch padded to its own longest counts once."""
+    from nmt.shapes import FixedShapes
+    report = FixedShapes((4, 8), 8, 0).report([8], [8], [[0]], [[0]])
+    assert report["fixed_padding"] == 0 and report["plain_padding"] == 0 and report["added"] == 0
+    assert report["shapes"] == 1 and report["steps"] == report["plain_steps"] == 1

@@ -189,3 +189,84 @@ def test_a_checkpoint_recording_the_fingerprint_of_merges_as_strings_still_loads
     state["tokenizers"][0] = tokenizer_fingerprints(tgt)[1]  # the target's: another tokenizer
     with pytest.raises(CheckpointError, match="other tokens or merges"):
         check_tokenizers(state, data / "tmodel_best.pt", src, tgt)
+
+
+# ---- behaviours a mutation audit found unguarded -------------------------------------------------
+
+def test_word_level_files_without_a_decoder_join_their_words_with_spaces():
+    """Word-level tokenizer files of older versions have no decoder: detokenize joins their
+    words with spaces, as the write-ups did."""
+    tok = build_tokenizer("word", 100, ["the cat sat", "the cat sat"])
+    tok.decoder = None
+    assert detokenize(tok, tok.encode("the cat sat").ids) == "the cat sat"
+
+
+def test_the_tokenizer_sample_holds_at_most_tokenizer_sample_texts():
+    """sample_texts(ds, columns, n): evenly spaced, never more than n texts of a column (50
+    pairs sampled to 20 is every third, not every second)."""
+    from datasets import Dataset
+
+    from tokenizer import sample_texts
+    ds = Dataset.from_dict({"src": [f"s{i}" for i in range(50)],
+                            "tgt": [f"t{i}" for i in range(50)]})
+    src = [t for batch in sample_texts(ds, ["src"], 20) for t in batch]
+    assert len(src) <= 20 and src[:3] == ["s0", "s3", "s6"]
+    assert len([t for batch in sample_texts(ds, ["src"], 0) for t in batch]) == 50
+
+
+def test_the_target_tokenizer_is_trained_on_the_target_side(tmp_path):
+    """Separate vocabularies: the target tokenizer learns the target's words, the source's its
+    own (word level, so a word is one vocabulary entry)."""
+    from datasets import Dataset
+
+    from tokenizer import get_tokenizers
+    train = Dataset.from_dict({"src": ["the cat sat"] * 4, "tgt": ["il gatto sedeva"] * 4})
+    src, tgt = get_tokenizers(cfg(tmp_path, tokenizer_type="word"), train)
+    assert "▁gatto" in tgt.get_vocab() and "▁gatto" not in src.get_vocab()
+    assert "▁cat" in src.get_vocab() and "▁cat" not in tgt.get_vocab()
+
+
+def test_word_level_words_seen_once_are_unknown():
+    """The write-ups' word level: a word seen fewer than twice in training becomes [UNK]."""
+    tok = build_tokenizer("word", 100, ["the cat sat", "the cat ran"])
+    assert tok.encode("ran").ids == [UNK] and UNK not in tok.encode("the cat").ids
+
+
+def test_coverage_counts_single_byte_tokens_as_fallback():
+    """tokenizer.coverage: BPE's fallback share is its single-character tokens only (a merged
+    two-character token is covered)."""
+    from tokenizer import coverage
+    tok = build_tokenizer("bpe", 300, [s for s, _ in number_pairs(40)])
+    vocab = tok.get_vocab()
+    single = next(i for t, i in vocab.items() if len(t) == 1)
+    double = next(i for t, i in vocab.items() if len(t) == 2)
+    got = coverage(tok, ["one two"], [[single, double]])
+    assert got == {"tokens_per_word": 1.0, "fallback": 0.5}
+
+
+def test_a_tokenizer_file_with_its_special_tokens_at_other_ids_is_refused(tmp_path):
+    """Every tokenizer has [UNK], [PAD], [SOS], [EOS] at ids 0-3: a file holding them at other
+    ids (here [PAD] and [UNK] swapped) is refused, not read as if PAD were 1."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from tokenizer import load_tokenizer
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["a b c"] * 2, trainers.WordLevelTrainer(
+        special_tokens=["[PAD]", "[UNK]", "[SOS]", "[EOS]"], show_progress=False))
+    tok.save(str(tmp_path / "tokenizer_en.json"))
+    with pytest.raises(DataError, match=r"lacks the special token \[UNK\] at id 0"):
+        load_tokenizer(tmp_path / "tokenizer_en.json")
+
+
+def test_a_shared_vocabulary_is_one_joint_tokenizer_of_both_sides(tmp_path):
+    """--shared_vocab: one tokenizer (tokenizer_en_it.json), trained on both sides, serves
+    source and target (what tied embeddings need)."""
+    from datasets import Dataset
+
+    from tokenizer import get_tokenizers
+    train = Dataset.from_dict({"src": ["the cat sat"] * 4, "tgt": ["il gatto sedeva"] * 4})
+    config = cfg(tmp_path, tokenizer_type="word", shared_vocab=True)
+    src, tgt = get_tokenizers(config, train)
+    assert src is tgt and {"▁cat", "▁gatto"} <= set(src.get_vocab())
+    assert (tmp_path / "weights" / "tokenizer_en_it.json").is_file()
