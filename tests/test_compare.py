@@ -112,3 +112,33 @@ def test_help_shows_the_example_commands_as_written_and_the_description_once(tmp
     assert "\n    python compare.py a.hyp b.hyp --reference test.de              # a: the " \
            "baseline\n" in text
     assert text.count("Is one system's score really higher") == 1
+
+
+def test_each_p_value_is_printed_under_its_own_tests_column():
+    """The table's columns are p (bs) then p (ar) for each metric: each p-value under its own
+    test's heading (the two swapped looked as plausible, and both tiny in the other tests)."""
+    from compare import table
+    found = {"systems": ["base", "sys"],
+             "bleu": [{"score": 30.0, "ci": 1.0, "p_bs": None, "p_ar": None},
+                      {"score": 32.0, "ci": 1.1, "p_bs": 0.0123, "p_ar": 0.0456}],
+             "chrf": [{"score": 50.0, "ci": 0.5, "p_bs": None, "p_ar": None},
+                      {"score": 51.0, "ci": 0.6, "p_bs": 0.0789, "p_ar": 0.0987}]}
+    head, base, row = table(found).splitlines()
+    assert head.split()[5:9] == ["p", "(bs)", "p", "(ar)"]
+    assert row.split() == ["sys", "32.00", "±", "1.10", "0.0123", "0.0456", "51.00", "±",
+                           "0.60", "0.0789", "0.0987"]
+
+
+def test_files_of_one_name_in_different_folders_are_told_apart(tmp_path):
+    """Systems are named by their file's name; two files of one name in different folders
+    (a/test.hyp, b/test.hyp) are named by their paths, not both `test.hyp`."""
+    from compare import read_systems
+    ref = write(tmp_path / "ref", ["one two"])
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        write(tmp_path / folder / "test.hyp", ["one two"])
+    paths = [tmp_path / "a" / "test.hyp", tmp_path / "b" / "test.hyp"]
+    _, systems = read_systems(paths, ref)
+    assert [name for name, _ in systems] == [str(p) for p in paths]
+    _, systems = read_systems([paths[0], ref], ref)
+    assert [name for name, _ in systems] == ["test.hyp", "ref"]

@@ -235,3 +235,34 @@ def test_test_sets_without_a_best_checkpoint_are_said_not_scored(tmp_path, capsy
                       "device": "cpu"})
     assert "The test sets (test_2016_flickr) were not scored: the run has no best checkpoint" \
         in card and "no test split" not in card
+
+
+def test_validation_decodes_without_unk_and_scores_without_bootstrap_resamples(run):
+    """Validation decodes as translate.py does, never generating [UNK] (here the likeliest
+    token at every step, by the projection's bias), and scores its translations without
+    sacreBLEU's 1000 bootstrap resamples a metric (their intervals are the test sets'): no
+    `_ci` figure, no `bs:` in the signatures."""
+    from nmt.evaluation import run_validation, validation_translations
+    from tokenizer import UNK
+    run, progress = run
+    run.model.eval()
+    with torch.no_grad():
+        run.model.projection_layer.proj.bias[UNK] = 30.0
+    outputs = validation_translations(run, progress, len(run.data.validation))
+    assert outputs and all(out and UNK not in out for out in outputs), outputs
+    metrics = run_validation(run, progress)
+    assert not any(name.endswith("_ci") for name in metrics) and "bs:" not in metrics["report"]
+    assert {"bleu", "chrf", "cer", "wer", "loss"} <= set(metrics)
+
+
+def test_validation_decodes_the_first_val_max_sentences_or_all(run):
+    """--val_max_sentences N decodes the first N validation sentences (0: all of them; more
+    than the split holds: all of them), not one more or one fewer."""
+    from nmt.evaluation import validated_sentences
+    run, _ = run
+    total = len(run.data.validation)
+    assert total == 4
+    for most, n in ((0, 4), (1, 1), (3, 3), (10, 4)):
+        limited = dataclasses.replace(run, config=dataclasses.replace(
+            run.config, val_max_sentences=most))
+        assert validated_sentences(limited) == n, most

@@ -267,3 +267,70 @@ def test_export_average_exports_the_averaged_weights(trained, tmp_path, monkeypa
                       *files, cwd=home).stdout.decode()
     a, b = ours.splitlines(), theirs.splitlines()
     assert len(a) == 8 and a == b, (a, b)  # the engine decodes the averaged model as we do
+
+
+def test_the_engine_never_generates_what_decoding_here_never_does_and_cuts_long_sources(
+        corpus, tmp_path):
+    """The engine is told to ban [PAD] and [SOS] (suppress_sequences) and, with unk_id, [UNK]
+    (disable_unk), and sources go to it cut to seq_len - 2 tokens, as translate_ids does. A
+    random model never favours those tokens nor meets a long source, so losing either went
+    unseen: here the projection's bias makes [UNK], [PAD] and [SOS] the likeliest tokens at
+    every step, and one source is longer than seq_len allows."""
+    config = Config(data_dir=str(corpus / "c"), model_folder=str(corpus / "default"),
+                    lang_tgt="it", d_model=32, N=2, h=4, d_ff=64, seq_len=40, vocab_size=300)
+    model, data, sources = random_model(config)
+    with torch.no_grad():
+        model.projection_layer.proj.bias[[UNK, PAD, SOS]] = 30.0
+    long = [i for s in sources for i in s][:70]  # more than seq_len - 2 = 38 tokens
+    sources = sources[:8] + [long]
+    export(model, config, data.tokenizer_src, data.tokenizer_tgt, tmp_path / "ct2")
+    engine = load_engine(tmp_path / "ct2", Config())[0]
+    ours = translate_ids(model, sources, SOS, EOS, PAD, 40, unk_id=UNK)
+    assert not {UNK, PAD, SOS} & {t for out in ours for t in out}
+    assert engine.translate_ids(sources, SOS, EOS, PAD, 40, unk_id=UNK) == ours
+
+
+@pytest.mark.parametrize("design, scale", [("default", 1.0), ("modern", 1.0), ("modern", 1e-3)])
+def test_the_engine_gives_the_models_own_log_probabilities(corpus, tmp_path, design, scale):
+    """Greedy outputs alike can hide a small difference (a random model's attention is nearly
+    uniform, so a position scheme rotating the wrong dimensions, or a norm's epsilon, rarely
+    moves an argmax): the engine's log-probabilities of the model's own greedy outputs, token
+    by token, are the model's, to float32 rounding. Embeddings made small (scale 1e-3, no
+    position added: RoPE) make the norms' epsilon (1e-6, as model.py's) count."""
+    from dataset import source_batch
+    config = Config(data_dir=str(corpus / "c"), model_folder=str(corpus / design),
+                    lang_tgt="it", d_model=32, N=2, h=4, d_ff=64, seq_len=40, vocab_size=300,
+                    **DESIGNS[design])
+    model, data, sources = random_model(config)
+    sources = sources[:10]
+    with torch.no_grad():
+        for embed in (model.src_embed, model.tgt_embed):
+            embed.embedding.weight.mul_(scale)
+    export(model, config, data.tokenizer_src, data.tokenizer_tgt, tmp_path / "ct2")
+    engine = load_engine(tmp_path / "ct2", Config())[0]
+    outputs = translate_ids(model, sources, SOS, EOS, PAD, 40, unk_id=UNK)
+    for src_ids, out in zip(sources, outputs):
+        src, mask = source_batch([src_ids], 40, SOS, EOS, PAD)
+        with torch.no_grad():
+            x = model.decode(model.encode(src, mask), mask, torch.tensor([[SOS] + out]))
+            ours = model.projection_layer(x).log_softmax(-1)[0]
+        ours = ours[torch.arange(len(out) + 1), torch.tensor(out + [EOS])]
+        [theirs] = engine.translator.score_batch(
+            [[data.tokenizer_src.id_to_token(i) for i in src_ids]],
+            [[data.tokenizer_tgt.id_to_token(i) for i in out]])
+        torch.testing.assert_close(torch.tensor(theirs.log_probs), ours, atol=2e-4, rtol=0)
+
+
+def test_export_writes_the_quantization_asked_for(trained, tmp_path):
+    """export.py --quantization int8 hands int8 to the engine (export.json says so, and the
+    model's weights take about a quarter of float32's bytes), not the default float32."""
+    import json
+    home, _ = trained
+    for quantization in ("float32", "int8"):
+        t = run_here("export.py", "--output", tmp_path / quantization, "--quantization",
+                     quantization, "--preload", "01", cwd=home)
+        assert t.returncode == 0, t.stderr.decode()
+        note = json.loads((tmp_path / quantization / "export.json").read_text())
+        assert note["quantization"] == quantization
+    sizes = {q: (tmp_path / q / "model.bin").stat().st_size for q in ("float32", "int8")}
+    assert sizes["int8"] < 0.6 * sizes["float32"], sizes

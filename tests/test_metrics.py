@@ -168,3 +168,65 @@ def test_compare_tests_the_papers_bleu(tmp_path):
     assert set(found) == {"systems", "signatures", "bleu"}
     assert found["bleu"][1]["score"] == pytest.approx(100) and found["bleu"][1]["p_bs"] < 0.05
     assert "tok:none" in found["signatures"]["bleu"][0]
+
+
+def test_a_statistic_equal_to_the_observed_one_but_for_rounding_counts_as_a_tie():
+    """The p-value's ties are compared to 1e-9 (a permutation's difference and the observed
+    one are sums of the same floats in another order): a statistic 1e-12 below the observed
+    difference counts as at least as extreme; a strict comparison left it out, the p-value
+    smaller than it is."""
+    from nmt.metrics import at_least_as_extreme
+    assert at_least_as_extreme([1.0 - 1e-12, 0.5], 1.0) == 2 / 3
+    assert at_least_as_extreme([1.0 - 1e-6, 0.5], 1.0) == 1 / 3  # a real difference
+
+
+def test_compare_tests_cased_bleu_and_chrf_and_nothing_else():
+    """compare's paired tests are of sacreBLEU's cased BLEU and chrF only (score's lowercased
+    BLEU is left out): the results and the signatures printed hold those two."""
+    refs = [f"a dog number {i} runs through the grass" for i in range(10)]
+    hyps = [f"A dog number {i} runs on the grass" for i in range(10)]
+    found = compare([("a", hyps), ("b", refs)], refs, n_bootstrap=20, n_randomization=20)
+    assert set(found) == {"systems", "signatures", "bleu", "chrf"}
+    assert set(found["signatures"]) == {"bleu", "chrf"}
+    assert all("case:mixed" in s for s in found["signatures"]["bleu"])
+
+
+def test_papers_bleu_takes_the_references_as_tokenized_and_escaped():
+    """The papers' references come tokenized and escaped as tokenizer.perl leaves them
+    (&quot; &apos;): they are scored as they are, only the hypotheses tokenized; tokenizing
+    them again escapes their & a second time (&amp;quot;), and a perfect translation loses."""
+    from nmt.metrics import papers_bleu
+    hyps = ['Ein Mann hält ein Schild: "Joe\'s Bar".']
+    refs = ["ein mann hält ein schild : &quot; joe &apos; s bar &quot; ."]
+    assert papers_bleu(hyps, refs, "de")["bleu"] == pytest.approx(100.0)
+
+
+def test_the_fallback_interval_is_sacrebleus_own_on_a_set_where_both_work():
+    """When sacreBLEU's own bootstrap raises TypeError (tiny sets), corpus_score sums up the
+    same resamples itself: on a set where sacreBLEU's works, that path (forced here) gives
+    sacreBLEU's own mean, interval and signature (1000 resamples, its seed), not an interval
+    from fewer resamples or another draw."""
+    from sacrebleu.metrics import CHRF
+
+    from nmt.metrics import corpus_score
+
+    class Failing(CHRF):  # sacreBLEU's corpus_score failing as it does on tiny sets
+        def corpus_score(self, *args, **kwargs):
+            super().corpus_score(*args, **kwargs)
+            raise TypeError("don't know how to coerce float and float32")
+    hyps = [f"the cat number {i} sat on {'the' if i % 3 else 'a'} mat" for i in range(30)]
+    refs = [f"the cat number {i} sat on the mat" for i in range(30)]
+    own = CHRF().corpus_score(hyps, [refs], n_bootstrap=1000)
+    metric = Failing()
+    found = corpus_score(metric, hyps, refs, 1000)
+    assert found.score == pytest.approx(own.score)
+    assert found._ci == pytest.approx(own._ci, rel=1e-5)
+    assert found._mean == pytest.approx(own._mean, rel=1e-5)
+    assert "bs:1000|seed:12345" in metric.get_signature().format()
+
+
+def test_wer_counts_words_split_on_any_whitespace():
+    """WER's words are what str.split() gives: runs of spaces, tabs and a trailing space
+    make no empty words (split(" ") counted them as words to insert or delete)."""
+    assert error_rate(["a  b\tc "], ["a b c"], words=True) == 0.0
+    assert error_rate(["a b c"], [" a  b c"], words=True) == 0.0
