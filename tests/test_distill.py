@@ -258,6 +258,21 @@ def test_translation_is_shared_out_between_processes(teachers, tmp_path, monkeyp
         lines(tmp_path / "alone/distilled/train.tgt")
 
 
+def stop_translating_at(n: int, monkeypatch):
+    """The teachers' n-th translation call (one a chunk) is stopped by Ctrl-C; returns the real
+    function."""
+    from nmt import distill
+    real, calls = distill.translate, []
+
+    def stopping(*args, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(distill, "translate", stopping)
+    return real
+
+
 def test_a_stop_under_torchrun_says_its_count_is_rank_0s_share(teachers, tmp_path, monkeypatch,
                                                                 capsys):
     """Rank 0 alone speaks: its count of chunks done is its own share's, and says so."""
@@ -267,14 +282,7 @@ def test_a_stop_under_torchrun_says_its_count_is_rank_0s_share(teachers, tmp_pat
     monkeypatch.setattr(distill, "sum_over_ranks", lambda *v: v)
     config = distil_config(teachers, model_folder=str(tmp_path / "w"))
     plan = distill.plan_translation(config)
-    real, calls = distill.translate, []
-
-    def stopping(*args, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kw)
-    monkeypatch.setattr(distill, "translate", stopping)
+    stop_translating_at(2, monkeypatch)
     capsys.readouterr()
     with pytest.raises(StoppedAndSaid):
         distill.translate_share(config, plan, 0, 2)
@@ -466,14 +474,7 @@ def test_other_settings_or_sources_translate_again_and_no_part_of_them_is_reused
         assert "translating again" in capsys.readouterr().err
     # parts of a stopped start, then another teacher in the same folder: translated afresh
     monkeypatch.setattr(distill, "PARTS", 4)
-    real, calls = distill.translate, []
-
-    def stopping(*args, **kw):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kw)
-    monkeypatch.setattr(distill, "translate", stopping)
+    real = stop_translating_at(3, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         distill.distil(config)
     monkeypatch.setattr(distill, "translate", real)
@@ -483,9 +484,8 @@ def test_other_settings_or_sources_translate_again_and_no_part_of_them_is_reused
     distill.distil(alone)
     assert lines(tmp_path / "w/distilled/train.tgt") == lines(tmp_path / "t2/distilled/train.tgt")
     # parts of another size: not taken either
+    stop_translating_at(3, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        calls.clear()
-        monkeypatch.setattr(distill, "translate", stopping)
         distill.distil(config)
     monkeypatch.setattr(distill, "translate", real)
     monkeypatch.setattr(distill, "PARTS", 8)
