@@ -510,10 +510,8 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
 
 
 def init_weights(transformer: Transformer, d_model: int):
-    """Xavier (Glorot) uniform on every matrix, but N(0, 1/d_model) for the embedding tables:
-    multiplied by sqrt(d_model), a token's embedding has unit size beside the positions. W_Q,
-    W_K and W_V, stacked in `w_qkv`, share its bound: 1/sqrt(2) of each one's own without GQA
-    (fairseq's gain for them)."""
+    """Xavier uniform on every matrix (`w_qkv`, W_Q/W_K/W_V stacked: fairseq's 1/sqrt(2) gain),
+    N(0, 1/d_model) on the embedding tables: times sqrt(d_model), unit size beside the positions."""
     for p in transformer.parameters():
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
