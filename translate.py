@@ -169,6 +169,11 @@ def check_inputs(parser, args):
         if args.output and named not in (None, "-") and same_file(args.output, named):
             parser.error(f"--output {args.output} is the --{flag} file, which the translations "
                          f"would overwrite: give another --output")
+    for flag in ("output", "attention"):  # found before the decoding, not after it
+        path = getattr(args, flag)
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            parser.error(f"--{flag} {path}: no folder {folder} to write it in")
 
 
 def same_file(a: str, b: str) -> bool:
@@ -259,10 +264,12 @@ def check_sampling(parser, args):
     if args.alpha is not None and not searching:
         parser.error("--alpha is beam search's length penalty: it goes with --beam N (N >= 2)")
     args.alpha = LENGTH_PENALTY if args.alpha is None else args.alpha
-    if args.sample <= 0:
+    if args.sample < 0:
+        parser.error(f"--sample must be positive (got {args.sample})")
+    if args.sample == 0:
         given = [f"--{name}" for name, value in options.items() if value is not None]
-        if args.sample < 0 or given:
-            parser.error(f"{' '.join(given) or '--sample'}: "
+        if given:
+            parser.error(f"{' '.join(given)}: "
                          f"{'goes' if len(given) < 2 else 'go'} with --sample N (N >= 1)")
         return
     if args.beam > 1:

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the checkout (train.py)
 
 
 def make_corpus(source: Path, out: Path, pairs: int, join: int, seed: int = 0):
@@ -114,9 +114,10 @@ def main(argv=None):
         make_corpus(source, out, args.pairs, args.join)
         print(f"made {args.pairs:,} pairs in {out} ({time.time() - started:.0f}s)")
     size = sum(f.stat().st_size for f in out.glob("train.*")) / 2**30
-    words = sum(len(line.split()) for _, line in zip(range(10_000), open(out / "train.en")))
-    print(f"corpus: {args.pairs:,} pairs, {size:.2f} GiB of text, about {words / 10_000:.0f} "
-          f"words per English sentence")
+    with open(out / "train.en", encoding="utf-8") as f:
+        counts = [len(line.split()) for _, line in zip(range(10_000), f)]  # the first 10,000
+    print(f"corpus: {args.pairs:,} pairs, {size:.2f} GiB of text, about "
+          f"{sum(counts) / len(counts):.0f} words per English sentence")
     shutil.rmtree(args.model_folder, ignore_errors=True)
     flags = ["--data_dir", str(out), "--lang_src", "en", "--lang_tgt", "de",
              "--model_folder", args.model_folder, "--experiment_name",

@@ -383,6 +383,29 @@ def test_bench_times_a_few_batches_each_in_turn(tmp_path):
     assert len(real) == 7 and len(set(real)) == 3 and real == (real[:3] * 3)[:7], real
 
 
+def test_bench_data_prepares_resumes_and_trains_its_synthetic_corpus(tmp_path):
+    """dev/bench_data.py looked for train.py beside itself (in dev/) once the benchmarks moved
+    there, and failed at its first start: its three runs, end to end, on a tiny corpus."""
+    import random
+    rng = random.Random(0)
+    source = tmp_path / "source"
+    source.mkdir()
+    for language in ("en", "de"):
+        words = [f"{language}{i}" for i in range(50)]
+        (source / f"train.{language}").write_text(
+            "".join(" ".join(rng.choices(words, k=5)) + "\n" for _ in range(100)))
+    t = run_here("dev/bench_data.py", "--source", source, "--out", tmp_path / "out", "--pairs",
+                 "400", "--model_folder", tmp_path / "m", "--train_steps", "1",
+                 "--num_workers", "0", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, (out + t.stderr.decode())[-2000:]
+    assert "corpus: 400 pairs" in out and "about 15 words per English sentence" in out
+    rows = [line for line in out.splitlines() if line.startswith(("first start", "second start",
+                                                                  "1 steps, 0 workers"))]
+    assert len(rows) == 3 and all(" MB" in row for row in rows), out[-1500:]
+    assert "prepared data: " in out
+
+
 def test_bench_bpe_dropout_prices_an_epoch_three_ways(trained):
     """Issue 43: bench_bpe_dropout.py makes one epoch plain, in train.py's pools and batch by
     batch, as many batches each, and prints the epoch's cost with the flag as a ratio to the
