@@ -112,8 +112,10 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args, leftover: str = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.leftover = leftover
+        self.given = []  # the arguments being parsed
 
     def parse_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             self.error(self.unrecognized(extra, parsed))
@@ -133,6 +135,10 @@ class ArgumentParser(argparse.ArgumentParser):
         return f"unrecognized arguments: {' '.join(extra)}" + (f"; {leftover}" if leftover else "")
 
     def error(self, message):
+        if message.startswith("the following arguments are required"):  # (checked first)
+            unknown = [a for a in self.given if a.startswith("--")
+                       and a.split("=")[0] not in self._option_string_actions]
+            message = self.unrecognized(unknown) if unknown else message  # (a typo, not absent)
         self.refuse(f"{message} (see --help)")
 
     def refuse(self, message):

@@ -1,6 +1,6 @@
 """nmt/cli.py: run_main where only a process shows it (a stdout whose reader has gone ends
 the script quietly, any other broken pipe is a failure shown whole); where a line to stderr
-starts (below_a_bar)."""
+starts (below_a_bar); the parser naming a mistyped flag, a required one too."""
 
 import subprocess
 import sys
@@ -66,3 +66,21 @@ def test_a_line_to_stderr_starts_below_a_terminals_bar_or_an_open_one(monkeypatc
     with tqdm(total=2, file=io.StringIO()):
         assert below_a_bar() == "\n"
     assert below_a_bar() == ""
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--refrence", "r.txt"], "unrecognized argument --refrence: did you mean --reference?"),
+    (["--reference=r.txt", "--seeed", "1"], "unrecognized argument --seeed: did you mean --seed?"),
+    (["--seed", "1"], "the following arguments are required: --reference"),
+])
+def test_a_typo_in_a_required_flag_is_named_not_reported_missing(argv, said, capsys):
+    """argparse checks required flags before unknown ones: `compare.py a b --refrence x` said
+    --reference was missing."""
+    from nmt.cli import ArgumentParser
+    parser = ArgumentParser(prog="script.py")
+    parser.add_argument("--reference", required=True)
+    parser.add_argument("--seed", type=int)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == f"script.py: error: {said} (see --help)"
