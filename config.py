@@ -557,6 +557,9 @@ def unused(config: Config, given: set):
                 "speed it measures; give one of them")
     if "warmup" in typed and config.lr_schedule == "constant":
         return "--warmup with --lr_schedule constant: a constant rate has no warm-up"
+    if "datasource" in typed and config.data_dir:
+        return (f"--datasource with --data_dir: the run reads the files of --data_dir "
+                f"{config.data_dir}; give one of them")
     return None
 
 
