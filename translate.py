@@ -26,7 +26,7 @@ from pathlib import Path
 
 from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where)
-from corpus import DataError, column, decode_lines, load_corpus, own_corpus
+from corpus import DataError, column, decode_lines, load_corpus, own_corpus, text_file_name
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, save_attention_map
@@ -171,8 +171,8 @@ def check_inputs(parser, args):
                          f"would overwrite: give another --output")
     for flag in ("output", "attention"):  # found before the decoding, not after it
         path = getattr(args, flag)
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):
+        folder = os.path.dirname(path) if path not in (None, "-") else "."
+        if not os.path.isdir(folder or "."):
             parser.error(f"--{flag} {path}: no folder {folder} to write it in")
 
 
@@ -318,6 +318,12 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
     # (`cat missing.en | translate.py > out.hyp` ended with an empty file and not a word)
     if not sentences and not (args.reference or args.papers_reference):
         print(f"warning: {name} is empty: nothing to translate", file=sys.stderr)
+    for flag, language, side in (("input", config.lang_src, "from"), ("reference", config.lang_tgt,
+                                 "into"), ("papers_reference", config.lang_tgt, "into")):
+        named = other_language(getattr(args, flag), language)
+        if named:  # (a scoring command copied from another language pair's: BLEU 0.00)
+            print(f"warning: --{flag} {getattr(args, flag)} is named as {named} text; the model "
+                  f"translates {side} {language}", file=sys.stderr)
     found = []
     for path in (args.reference, args.papers_reference):
         refs = read_lines(path) if path else None
@@ -328,6 +334,14 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
                              f"{len(sentences)}")
         found.append(refs)
     return sentences, None, *found
+
+
+def other_language(path, language: str):
+    """The language a file's name gives it (val.de, val.de.gz: "de") where that is another
+    two-letter code than `language`'s, else None (no code, a longer one: not guessed)."""
+    named = text_file_name(Path(path))[1] if path not in (None, "-") else ""
+    two_letters = [x for x in (named, language) if len(x) == 2 and x.isalpha() and x.islower()]
+    return named if len(two_letters) == 2 and named != language else None
 
 
 def reading_a_terminal(args) -> bool:

@@ -78,9 +78,15 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         said = f"loaded {loaded}" + (f": {why}" if not checkpoint and why else "")
     if is_main():  # (under torchrun, each process loads its teachers: rank 0 says so)
         print(said, file=sys.stderr)
-    config, tokenizer_src, tokenizer_tgt = with_tokenizers(
-        merge_config(Config.from_dict(state["config"]), config, given, path, TRANSLATE_FIELDS,
-                     translating=True))
+    config = merge_config(Config.from_dict(state["config"]), config, given, path,
+                          TRANSLATE_FIELDS, translating=True)
+    if checkpoint and "model_folder" not in given:  # (a checkpoint copied out of its folder?)
+        for file in (tokenizer_path(config, key) for key in tokenizer_keys(config)):
+            if not file.exists():
+                raise CheckpointError(f"--checkpoint {checkpoint}: no tokenizer {file}: copy "
+                                      f"the tokenizer files of the folder it was trained in "
+                                      f"beside it, or give that folder as --model_folder")
+    config, tokenizer_src, tokenizer_tgt = with_tokenizers(config)
     check_tokenizers(state, path, tokenizer_src, tokenizer_tgt)
     device = setup_device(config.device)
     use_threads(config.threads)

@@ -370,6 +370,38 @@ def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, messag
     assert t.returncode == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_files_named_in_another_language_are_warned_of_and_still_scored(trained):
+    """A scoring command copied from another pair's (an en->fr model scored against val.de)
+    read BLEU 0.00 and not a word; the right files draw no warning."""
+    home, _ = trained
+    t = run_here("translate.py", "--input", "corpus/val.it", "--reference", "corpus/val.en",
+                 cwd=home)
+    warnings = [line for line in t.stderr.decode().splitlines() if "is named as" in line]
+    assert t.returncode == 0 and warnings == [
+        "warning: --input corpus/val.it is named as it text; the model translates from en",
+        "warning: --reference corpus/val.en is named as en text; the model translates into it"]
+    t = run_here("translate.py", "--input", "corpus/val.en", "--reference", "corpus/val.it",
+                 cwd=home)
+    assert t.returncode == 0 and "is named as" not in t.stderr.decode()
+
+
+def test_a_checkpoint_copied_out_of_its_folder_says_where_its_tokenizers_go(trained, tmp_path):
+    """--checkpoint reads the tokenizers beside it: a checkpoint copied alone said only
+    "tokenizer file .../tokenizer_en.json not found"."""
+    import shutil
+    home, _ = trained
+    shutil.copy(home / "weights" / "tmodel_00.pt", tmp_path / "lonely.pt")
+    t = run_here("translate.py", "--checkpoint", tmp_path / "lonely.pt", "hi", cwd=home)
+    err = t.stderr.decode().splitlines()[-1]
+    assert t.returncode == 2 and err == (
+        f"translate.py: error: --checkpoint {tmp_path / 'lonely.pt'}: no tokenizer "
+        f"{tmp_path / 'tokenizer_en.json'}: copy the tokenizer files of the folder it was "
+        f"trained in beside it, or give that folder as --model_folder"), err
+    t = run_here("translate.py", "--checkpoint", tmp_path / "lonely.pt", "--model_folder",
+                 "weights", "hi", cwd=home)  # (that folder's tokenizers)
+    assert t.returncode == 0, t.stderr.decode()
+
+
 def test_a_folder_with_only_its_best_checkpoint_says_so_for_preload_latest(trained, tmp_path):
     """A model folder copied with its best checkpoint alone: `--preload latest` (or --average)
     said "no checkpoint in it (train a model into it ...)"."""
