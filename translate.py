@@ -305,8 +305,13 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
         if args.data_dir is None and config.data_dir and not Path(config.data_dir).is_dir():
             raise DataError(f"the corpus the model was trained on, --data_dir {config.data_dir}"
                             f", is not there (moved?): give its place with --data_dir")
-        sentence, reference = validation_example(config, tokenizer_src, tokenizer_tgt,
-                                                 args.example)
+        try:
+            sentence, reference = validation_example(config, tokenizer_src, tokenizer_tgt,
+                                                     args.example)
+        except DataError as e:  # (the languages are the model's, not flags to check)
+            raise DataError(str(e).replace(
+                "check --lang_src and --lang_tgt", f"the model translates {config.lang_src}->"
+                f"{config.lang_tgt}: give --data_dir the corpus it was trained on")) from None
         return [sentence], reference, None, None
     if args.sentence is not None:
         return [check_sentence(args.sentence)], None, None, None

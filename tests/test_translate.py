@@ -216,6 +216,16 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     out = t.stdout.decode()
     src, ref = number_pairs(8, seed=2)[3]
     assert f"SOURCE: {src}" in out and f"TARGET: {ref}" in out and "PREDICTED:" in out
+    # another corpus's folder, without the model's languages: no flag of the user's to check
+    (tmp_path / "other").mkdir()
+    for language in ("de", "fr"):
+        (tmp_path / "other" / f"train.{language}").write_text("a\n")
+    t = run_here("translate.py", "--model_folder", home / "weights", "--example", "3",
+                 "--data_dir", tmp_path / "other", cwd=tmp_path)
+    assert t.returncode == 2 and t.stderr.decode().splitlines()[-1] == (
+        f"translate.py: error: --data_dir {tmp_path / 'other'} has no train.en (training files "
+        f"there: train.de, train.fr); the model translates en->it: give --data_dir the corpus "
+        f"it was trained on"), t.stderr.decode()
     (home / "test.en").write_text("".join(s + "\n" for s, _ in number_pairs(5, seed=3)))
     (home / "test.it").write_text("".join(t + "\n" for _, t in number_pairs(5, seed=3)))
     # issue 61: the papers' BLEU beside sacreBLEU's, against tokenized references (one decoding
