@@ -174,6 +174,8 @@ def check_inputs(parser, args):
         folder = os.path.dirname(path) if path not in (None, "-") else "."
         if not os.path.isdir(folder or "."):
             parser.error(f"--{flag} {path}: no folder {folder} to write it in")
+        if path not in (None, "-") and os.path.isdir(path):
+            parser.error(f"--{flag} {path} is a folder: give a file in it")
 
 
 def same_file(a: str, b: str) -> bool:

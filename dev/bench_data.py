@@ -117,7 +117,7 @@ def main(argv=None):
     with open(out / "train.en", encoding="utf-8") as f:
         counts = [len(line.split()) for _, line in zip(range(10_000), f)]  # the first 10,000
     print(f"corpus: {args.pairs:,} pairs, {size:.2f} GiB of text, about "
-          f"{sum(counts) / len(counts):.0f} words per English sentence")
+          f"{sum(counts) / max(len(counts), 1):.0f} words per English sentence")
     shutil.rmtree(args.model_folder, ignore_errors=True)
     flags = ["--data_dir", str(out), "--lang_src", "en", "--lang_tgt", "de",
              "--model_folder", args.model_folder, "--experiment_name",

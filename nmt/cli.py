@@ -136,10 +136,23 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         if message.startswith("the following arguments are required"):  # (checked first)
-            unknown = [a for a in self.given if a.startswith("--")
-                       and a.split("=")[0] not in self._option_string_actions]
+            unknown = self.unknown_flags()
             message = self.unrecognized(unknown) if unknown else message  # (a typo, not absent)
         self.refuse(f"{message} (see --help)")
+
+    def unknown_flags(self) -> list:
+        """The arguments being parsed that argparse reads as flags it does not know: not an
+        abbreviation it takes (--ref for --reference), nor a word after "--" or with a space
+        in it (which argparse reads as a positional argument)."""
+        known, unknown = self._option_string_actions, []
+        for a in self.given:
+            if a == "--":
+                break
+            flag = a.split("=")[0]
+            if a.startswith("--") and " " not in a and flag not in known and not (
+                    self.allow_abbrev and any(o.startswith(flag) for o in known)):
+                unknown.append(a)
+        return unknown
 
     def refuse(self, message):
         """A command line refused for what it names (a checkpoint), not for its flags: the one

@@ -80,7 +80,8 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         print(said, file=sys.stderr)
     config = merge_config(Config.from_dict(state["config"]), config, given, path,
                           TRANSLATE_FIELDS, translating=True)
-    if checkpoint and "model_folder" not in given:  # (a checkpoint copied out of its folder?)
+    beside = not Path(config.tokenizer_file).is_absolute()  # (an absolute one: its own error)
+    if checkpoint and "model_folder" not in given and beside:  # (copied out of its folder?)
         for file in (tokenizer_path(config, key) for key in tokenizer_keys(config)):
             if not file.exists():
                 raise CheckpointError(f"--checkpoint {checkpoint}: no tokenizer {file}: copy "

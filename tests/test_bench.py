@@ -387,19 +387,23 @@ def test_bench_data_prepares_resumes_and_trains_its_synthetic_corpus(tmp_path):
     """dev/bench_data.py looked for train.py beside itself (in dev/) once the benchmarks moved
     there, and failed at its first start: its three runs, end to end, on a tiny corpus."""
     import random
-    rng = random.Random(0)
+    rng = random.Random(2)
     source = tmp_path / "source"
     source.mkdir()
     for language in ("en", "de"):
         words = [f"{language}{i}" for i in range(50)]
-        (source / f"train.{language}").write_text(
-            "".join(" ".join(rng.choices(words, k=5)) + "\n" for _ in range(100)))
+        lines = [" ".join(rng.choices(words, k=rng.randint(2, 8))) for _ in range(100)]
+        (source / f"train.{language}").write_text("".join(line + "\n" for line in lines))
     t = run_here("dev/bench_data.py", "--source", source, "--out", tmp_path / "out", "--pairs",
                  "400", "--model_folder", tmp_path / "m", "--train_steps", "1",
                  "--num_workers", "0", cwd=tmp_path)
     out = t.stdout.decode()
     assert t.returncode == 0, (out + t.stderr.decode())[-2000:]
-    assert "corpus: 400 pairs" in out and "about 15 words per English sentence" in out
+    made = (tmp_path / "out" / "train.en").read_text().splitlines()
+    counts = [len(line.split()) for line in made]
+    mean = sum(counts) / len(counts)  # (of every line: sentences of 2 to 8 words, 3 joined)
+    assert "corpus: 400 pairs" in out and f"about {mean:.0f} words per English sentence" in out
+    assert counts[0] != round(mean), counts[0]  # (a mean of the first line alone: another)
     rows = [line for line in out.splitlines() if line.startswith(("first start", "second start",
                                                                   "1 steps, 0 workers"))]
     assert len(rows) == 3 and all(" MB" in row for row in rows), out[-1500:]

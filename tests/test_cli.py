@@ -72,6 +72,13 @@ def test_a_line_to_stderr_starts_below_a_terminals_bar_or_an_open_one(monkeypatc
     (["--refrence", "r.txt"], "unrecognized argument --refrence: did you mean --reference?"),
     (["--reference=r.txt", "--seeed", "1"], "unrecognized argument --seeed: did you mean --seed?"),
     (["--seed", "1"], "the following arguments are required: --reference"),
+    (["--seed=1"], "the following arguments are required: --reference"),
+    # what argparse takes is no typo: an abbreviation, a word after "--" or with a space
+    (["--se", "1"], "the following arguments are required: --reference"),
+    (["--seed", "1", "--", "--x"], "the following arguments are required: --reference"),
+    (["--seed", "1", "--a sentence"], "the following arguments are required: --reference"),
+    # another error than a missing flag is said as argparse says it
+    (["--seed", "one", "--refrence", "r.txt"], "argument --seed: invalid int value: 'one'"),
 ])
 def test_a_typo_in_a_required_flag_is_named_not_reported_missing(argv, said, capsys):
     """argparse checks required flags before unknown ones: `compare.py a b --refrence x` said
@@ -84,3 +91,14 @@ def test_a_typo_in_a_required_flag_is_named_not_reported_missing(argv, said, cap
         parser.parse_args(argv)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip() == f"script.py: error: {said} (see --help)"
+
+
+def test_a_typo_on_the_command_line_itself_is_named(monkeypatch, capsys):
+    """A script's parse_args() reads sys.argv: a typo there is named too."""
+    from nmt.cli import ArgumentParser
+    parser = ArgumentParser(prog="script.py")
+    parser.add_argument("--reference", required=True)
+    monkeypatch.setattr(sys, "argv", ["script.py", "--refrence", "r.txt"])
+    with pytest.raises(SystemExit):
+        parser.parse_args()
+    assert "unrecognized argument --refrence: did you mean --reference?" in capsys.readouterr().err

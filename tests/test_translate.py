@@ -339,6 +339,11 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     (["--input", "corpus/val.en", "--output", "nowhere/val.hyp"], None,
      "--output nowhere/val.hyp: no folder"),
     (["--attention", "nowhere/a.png", "hi"], None, "--attention nowhere/a.png: no folder"),
+    (["--input", "corpus/val.en", "--output", "corpus/val.it/val.hyp"], None,
+     "--output corpus/val.it/val.hyp: no folder corpus/val.it to write it in"),  # (a file)
+    (["--input", "corpus/val.en", "--output", "corpus"], None,
+     "--output corpus is a folder: give a file in it"),
+    (["--attention", "corpus", "hi"], None, "--attention corpus is a folder: give a file in it"),
     (["--input", "corpus/train.en", "--papers_reference", "corpus/val.it"], None,
      "corpus/val.it has 8 lines but the input has 64"),
     (["--papers_reference", "corpus/val.it", "hi"], None,
@@ -393,6 +398,22 @@ def test_files_named_in_another_language_are_warned_of_and_still_scored(trained)
     t = run_here("translate.py", "--input", "corpus/val.en", "--reference", "corpus/val.it",
                  cwd=home)
     assert t.returncode == 0 and "is named as" not in t.stderr.decode()
+    t = run_here("translate.py", "--input", "corpus/val.en", "--papers_reference",
+                 "corpus/val.en", cwd=home)
+    assert t.returncode == 0 and "warning: --papers_reference corpus/val.en is named as en text; " \
+        "the model translates into it" in t.stderr.decode().splitlines()
+
+
+@pytest.mark.parametrize("path, language, named", [
+    ("corpus/val.de", "en", "de"), ("val.de.gz", "en", "de"), ("val.tok.de", "en", "de"),
+    ("val.en", "en", None), ("val.hyp", "en", None), ("val.EN", "en", None),
+    ("val.deu", "en", None), ("val.de", "pt_br", None), ("val", "en", None), ("-", "en", None),
+    (None, "en", None)])
+def test_the_language_a_file_is_named_in(path, language, named):
+    """other_language: a two-letter lowercase code after the last dot (.gz aside) that is not
+    the model's; no guess from a longer suffix (.hyp, .deu) or a model's longer code."""
+    from translate import other_language
+    assert other_language(path, language) == named
 
 
 def test_a_checkpoint_copied_out_of_its_folder_says_where_its_tokenizers_go(trained, tmp_path):
@@ -410,6 +431,20 @@ def test_a_checkpoint_copied_out_of_its_folder_says_where_its_tokenizers_go(trai
     t = run_here("translate.py", "--checkpoint", tmp_path / "lonely.pt", "--model_folder",
                  "weights", "hi", cwd=home)  # (that folder's tokenizers)
     assert t.returncode == 0, t.stderr.decode()
+    # the advice is for the tokenizers beside it: not for an absolute --tokenizer_file, a
+    # --model_folder given or no --checkpoint (the file missing is named, as before)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "alone" / "weights").mkdir(parents=True)
+    shutil.copy(home / "weights" / "tmodel_00.pt", tmp_path / "alone" / "weights")
+    for flags, cwd, missing in (
+            (["--checkpoint", tmp_path / "lonely.pt", "--tokenizer_file",
+              tmp_path / "gone_{0}.json"], home, tmp_path / "gone_en.json"),
+            (["--checkpoint", tmp_path / "lonely.pt", "--model_folder", tmp_path / "empty"],
+             home, tmp_path / "empty" / "tokenizer_en.json"),
+            ([], tmp_path / "alone", os.path.join("weights", "tokenizer_en.json"))):
+        t = run_here("translate.py", *flags, "hi", cwd=cwd)
+        err = t.stderr.decode().splitlines()[-1]
+        assert t.returncode == 2 and err.endswith(f"tokenizer file {missing} not found"), err
 
 
 def test_a_folder_with_only_its_best_checkpoint_says_so_for_preload_latest(trained, tmp_path):
