@@ -68,7 +68,8 @@ def test_spent_minutes_read_alike_in_every_line(monkeypatch, tmp_path):
     now = [120.0]
     monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
     budget = Budget(600, 0, 100, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=30)
-    assert budget.start().startswith("--time_budget 10 minutes: 0.33 spent; the schedule laid ")
+    assert budget.start() == ("--time_budget 10 minutes: 0.33 spent; the schedule laid out for "
+                              "30 steps (3.0 epochs) until measured")
     assert budget.words().startswith("--time_budget 10 minutes: 0.33 spent; ")
     run = SimpleNamespace(budget=budget, config=Config(model_folder=str(tmp_path)),
                           world_size=1, batches_per_epoch=10)
@@ -76,6 +77,71 @@ def test_spent_minutes_read_alike_in_every_line(monkeypatch, tmp_path):
     assert stop_message(run, progress, Stop.MAX_STEPS).startswith(
         "the --time_budget's schedule is complete (0.33 of 10 minutes spent) in epoch 2")
     assert [nmt.budget.minutes(s) for s in (59.6, 59.8, 59.99)] == ["0.99", "1.0", "1.0"]
+
+
+def test_the_plan_waits_for_a_timed_step_then_fits_exactly_and_rank_0_proposes_it(monkeypatch):
+    """A validation before this start's first step (--init_from's, or one a stop cut short)
+    leaves the plan as it was (no step timed yet); 10 steps of 9 s, counted one by one, are
+    planned again at the log step: 1200 - 100 - 74 (the reserve) = 1026 s left, which 114 steps
+    fill exactly (a plan fits when its time equals what is left). Rank 0 alone proposes it."""
+    now = [0.0]
+    monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
+    budget = Budget(1200, 0, 0, steps_per_epoch=1000, eval_every=0, test_share=1.0, steps=30)
+    budget.start()
+    now[0] = 10.0
+    assert "laid out for 30 steps" in budget.validated(10, 0)
+    for step in range(1, 11):
+        now[0] += 9
+        budget.stepped(step, replan=step == 10)
+        assert budget.steps == (30 if step < 10 else 10 + 114)
+    assert budget.steps_done == 10 and budget.per_step() == 9
+    assert budget.proposal(0) == [124] and budget.proposal(1) == [0]
+    assert budget.agree(124, 10) is False and budget.done(124)
+
+
+def test_validations_on_the_way_count_epoch_ends_and_eval_every_once_the_last_left_out():
+    """Validations after step `start` up to `end`, the one at `end` the reserve's: epoch ends
+    (10 steps an epoch) and --eval_every steps within an epoch, each once."""
+    budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=99)
+    assert budget.validations_between(9, 20) == 1  # step 10 (step 20: the reserve's)
+    assert budget.validations_between(10, 25) == 1  # step 20
+    assert budget.validations_between(10, 30) == 1  # step 20 (step 30: the reserve's)
+    budget.eval_every = 4
+    assert budget.validations_between(0, 12) == 3  # steps 4, 8, 10 (step 12: the reserve's)
+    assert budget.validations_between(0, 21) == 6  # steps 4, 8, 10, 14, 18, 20
+
+
+def test_a_raised_budget_is_first_planned_at_the_earlier_starts_speed(monkeypatch):
+    """A resume past the saved schedule's end (the budget raised): 300 s for 100 steps before
+    (3 s a step), 60 s of this start's set-up: (1200 - 360 - MARGIN's 24) / 3 = 272 steps more,
+    agreed at once (the schedule is not complete), never past --max_steps."""
+    monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
+    budget = Budget(1200, 300, 40, steps_per_epoch=1000, eval_every=0, test_share=1.0,
+                    steps=100, agreed=100)
+    assert budget.lengthen(100) == 372 and budget.agreed == 372 and not budget.done(100)
+    budget.max_steps = 200
+    assert budget.lengthen(100) == 200 == budget.agreed
+
+
+def test_the_budget_reads_the_runs_epoch_validation_and_test_sets(monkeypatch, capsys):
+    """budget_for: an epoch's optimizer steps (7 batches, --accum_steps 2: 4), the test
+    sentences over those a validation decodes (8 over --val_max_sentences 4), and a resume of a
+    complete schedule is not lengthened (only one whose budget was raised)."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
+    config = SimpleNamespace(time_budget=10, val_max_sentences=4, accum_steps=2, eval_every=0,
+                             max_steps=0)
+    data = SimpleNamespace(validation=list(range(10)),
+                           test={"a": (["s"] * 6, ["t"] * 6), "b": (["s"] * 2, ["t"] * 2)})
+    fresh = SimpleNamespace(step=0, seconds_before=0.0, complete=False)
+    budget = nmt.budget.budget_for(config, data, 7, 50, fresh, 0.0)
+    assert (budget.steps_per_epoch, budget.test_share, budget.steps) == (4, 2.0, 50)
+    complete = SimpleNamespace(step=50, seconds_before=90.0, complete=True)
+    assert nmt.budget.budget_for(config, data, 7, 50, complete, 0.0).steps == 50
+    assert "raised" not in capsys.readouterr().out
+    raised = SimpleNamespace(step=50, seconds_before=90.0, complete=False)
+    assert nmt.budget.budget_for(config, data, 7, 50, raised, 0.0).steps > 50
+    assert "the --time_budget is raised" in capsys.readouterr().out
 
 
 class FakeClock:

@@ -430,6 +430,65 @@ def test_held_out_validation_must_be_the_teachers(tmp_path):
         check_teacher("t", state, Config(seed=42), corpus)
     check_teacher("t", state, Config(seed=7), corpus)
     check_teacher("t", state, Config(seed=42), {**corpus, "held_out": False})
+    with pytest.raises(CheckpointError, match="give the student --val_fraction 0.1"):
+        check_teacher("t", state, Config(seed=7, val_fraction=0.2), corpus)
+
+
+def test_a_teacher_is_checked_by_its_corpus_text_even_at_the_same_path(tmp_path):
+    """A teacher that records its corpus's text is refused where the text differs, though the
+    folder is the student's; only an earlier version's record (the files' times) is let through
+    with a note. Teachers whose target tokenizers are not recorded are not told apart; a model
+    folder with no checkpoint says so."""
+    from nmt.checkpoint import CheckpointError
+    from nmt.distill import check_targets, check_teacher, teacher_checkpoint
+    corpus = {"source": "/data", "text": "g", "held_out": False}
+    recorded = {"text": "f", "version": 2, "source": "/data"}
+    with pytest.raises(CheckpointError, match="was trained on /data, whose text is not"):
+        check_teacher("t", {"config": Config().to_dict(), "corpus": recorded}, Config(), corpus)
+    check_teacher("t", {"config": Config().to_dict(), "corpus": {**recorded, "version": 1}},
+                  Config(), corpus)
+    check_targets([{"teacher": "a", "target": None}, {"teacher": "b", "target": "x"}])
+    with pytest.raises(CheckpointError, match="^--distill_from b has another target tokenizer"):
+        check_targets([{"teacher": "a", "target": "y"}, {"teacher": "b", "target": "x"}])
+    with pytest.raises(CheckpointError, match=f"^--distill_from {tmp_path}: no checkpoint in "
+                                              f"{tmp_path}/$"):
+        teacher_checkpoint(str(tmp_path))
+
+
+def test_parts_hold_at_most_chunk_sentences_each_named_by_its_line(teachers, tmp_path,
+                                                                   monkeypatch):
+    """CHUNK caps a part (50 here, where 2 parts would hold 80): 160 sources in parts of 50,
+    50, 50 and 10, each sentence numbered by its line in the training file (a warning about a
+    long one names it); the whole is translate.py's lines; meta.json records the seconds."""
+    from nmt import distill
+    monkeypatch.setattr(distill, "CHUNK", 50)
+    monkeypatch.setattr(distill, "PARTS", 2)
+    real, seen = distill.translate, []
+
+    def numbered(*args, numbers, **kw):
+        seen.append((numbers[0], numbers[-1]))
+        return real(*args, numbers=numbers, **kw)
+    monkeypatch.setattr(distill, "translate", numbered)
+    meta = distill.distil(distil_config(teachers, model_folder=str(tmp_path / "w")))
+    assert seen == [(1, 50), (51, 100), (101, 150), (151, 160)]
+    assert 0 <= meta["seconds"] < 600  # (this start's translating time)
+    assert lines(tmp_path / "w/distilled/train.tgt") == \
+        ensemble_output(teachers, "--model_folder", "weights/t1", "--beam", "2")
+
+
+def test_an_ensemble_is_ordered_by_its_weights_not_its_names(teachers, tmp_path):
+    """The teachers' newest checkpoints copied as b.pt (t1's) and a.pt (t2's): by name the
+    other order than t1, t2; by weights the same ensemble, the same key."""
+    from nmt import distill
+    home = teachers
+    shutil.copy(home / "weights/t1/tmodel_15.pt", tmp_path / "b.pt")
+    shutil.copy(home / "weights/t2/tmodel_01.pt", tmp_path / "a.pt")
+    named = distill.plan_translation(distil_config(
+        home, model_folder=str(tmp_path / "w1"), distill_from=f"{tmp_path}/b.pt,{tmp_path}/a.pt"))
+    folders = distill.plan_translation(distil_config(
+        home, model_folder=str(tmp_path / "w2"),
+        distill_from=f"{home}/weights/t1,{home}/weights/t2"))
+    assert named["key"] == folders["key"]
 
 
 def test_distill_flags_need_teachers():

@@ -81,7 +81,7 @@ def test_a_busy_machine_is_said_before_training(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     cpu = torch.device("cpu")
-    for load, warned in ((1.0, False), (1.8, False), (3.1, True), (2.2, True)):
+    for load, warned in ((1.0, False), (1.8, False), (3.1, True), (2.0, True), (2.2, True)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
         note = busy_note(cpu)
         assert (note is not None) == warned, (load, note)
@@ -160,6 +160,54 @@ def test_the_probe_measures_bf16_against_fp32_at_the_models_shapes(monkeypatch):
         return
     assert ("avx512_bf16" in found) == ("avx512_bf16" in flags)
     assert ("avx2" in found) == ("avx2" in flags)
+
+
+def test_the_probe_is_bf16s_time_over_fp32s_and_any_slowdown_is_said(monkeypatch):
+    """bf16_slowdown divides the bf16 product's time by fp32's (a fake clock: 5 s against 2 s),
+    products of --max_tokens rows (at most 1,024) by d_model, times d_model by d_ff; bf16 1.5
+    times as slow is said, as fast as fp32 not."""
+    from types import SimpleNamespace
+    shapes, ticks, randn = [], iter([0.0, 2.0, 10.0, 15.0]), torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *size: shapes.append(size) or randn(*size))
+    monkeypatch.setattr(runtime, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert runtime.bf16_slowdown(Config(d_model=32, d_ff=64, max_tokens=256), repeats=1) == 2.5
+    assert shapes == [(256, 32), (32, 64)]
+    cpu = torch.device("cpu")  # (an AVX2 CPU: the suite's stand-in)
+    monkeypatch.setattr(runtime, "bf16_slowdown", lambda config: 1.5)
+    assert "took 1.5x fp32's time" in runtime.bf16_warning(Config(precision="bf16"), cpu)
+    monkeypatch.setattr(runtime, "bf16_slowdown", lambda config: 1.0)
+    assert runtime.bf16_warning(Config(precision="bf16"), cpu) is None
+
+
+def test_off_a_cpu_auto_says_the_gpus_bf16_and_mps_runs_fp32(monkeypatch):
+    """The start line's reason on a GPU names whether it computes bf16; on MPS auto is fp32,
+    in words of its own (not a CPU's); bf16 on a GPU is not probed as a CPU's is."""
+    monkeypatch.setattr(torch.version, "hip", None)
+    cuda, mps = torch.device("cuda"), torch.device("mps")
+    for capability, said in (((7, 5), "the GPU has no native bf16"),
+                             ((8, 0), "the GPU computes bf16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None, c=capability: c)
+        assert runtime.precision_reason(Config(), cuda) == f" (--precision auto: {said})"
+    assert autocast_dtype(Config(precision="auto"), mps) is None
+    assert runtime.precision_reason(Config(), mps) == " (--precision auto: fp32 off CPU and CUDA)"
+    monkeypatch.setattr(runtime, "bf16_slowdown", lambda config: pytest.fail("probed a GPU"))
+    assert runtime.bf16_warning(Config(precision="bf16"), cuda) is None
+
+
+def test_cpu_features_read_linux_flags_where_torch_has_no_probe(monkeypatch):
+    """NMT_CPU_FEATURES empty: a CPU of none of the kinds (not probed); unset, with a torch
+    that lacks its CPU probe: /proc/cpuinfo's flags, by their Linux names."""
+    import io
+    monkeypatch.setenv("NMT_CPU_FEATURES", "")
+    assert real_cpu_features() == frozenset()
+    monkeypatch.delenv("NMT_CPU_FEATURES")
+    monkeypatch.delattr(torch.cpu, "_is_avx2_supported", raising=False)
+    flags = "flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    monkeypatch.setattr(runtime, "open", lambda *a, **k: io.StringIO(flags), raising=False)
+    assert real_cpu_features() == {"avx2", "avx512", "avx512_bf16", "amx"}
+    monkeypatch.setattr(runtime, "open", lambda *a, **k: io.StringIO("flags\t\t: fpu avx2\n"),
+                        raising=False)
+    assert real_cpu_features() == {"avx2"}
 
 
 def test_data_parallel_keeps_buffers_unsent_without_a_deprecation_warning(tmp_path):

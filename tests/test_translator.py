@@ -153,3 +153,29 @@ def test_the_python_api_keeps_the_command_lines_promises(trained, monkeypatch):
     cli = run_here("translate.py", "--model_folder", str(other), "hi", cwd=home)
     assert cli.stderr.decode().strip().splitlines()[-1] == f"translate.py: error: {error.value}"
     shutil.rmtree(other)
+
+
+def test_nbest_alone_searches_that_wide_and_the_defaults_are_translate_pys(trained, monkeypatch):
+    """nbest alone (beam 1) searches with a beam of its width, as translate.py --nbest does (not
+    refused, not a beam of 1); Translator's defaults are translate.py's flags': device auto,
+    threads 0 (torch's threads left as they are), alpha config.LENGTH_PENALTY."""
+    import inspect
+
+    import torch
+
+    from config import LENGTH_PENALTY, Config
+    from nmt.translator import Translator
+    home, _ = trained
+    monkeypatch.chdir(home)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        translator = Translator("weights", preload="best")
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+    sentences = ["one two three", "four five"]
+    assert translator.translate(sentences, nbest=2) == \
+        translator.translate(sentences, beam=2, nbest=2)
+    assert inspect.signature(Translator).parameters["device"].default == Config().device
+    assert inspect.signature(Translator.translate).parameters["alpha"].default == LENGTH_PENALTY
