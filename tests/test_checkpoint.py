@@ -429,3 +429,76 @@ def test_train_pys_preload_advice_in_a_folder_without_checkpoints(tmp_path):
     (tmp_path / "weights" / "results.json").write_text("{}")
     with pytest.raises(CheckpointError, match=r"no checkpoint .*tmodel_03.pt$"):
         resolve_preload(config, training=True)
+
+
+def test_preload_best_before_any_validation_says_when_it_is_written(tmp_path):
+    """--preload best where the run has checkpoints but no best one yet: it is written at the
+    first validation; in a folder without checkpoints, how to train one into it."""
+    from nmt.checkpoint import resolve_preload
+    (tmp_path / "tmodel_00.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"--preload best: no checkpoint .*tmodel_best\.pt "
+                                              r"\(it is written after the first validation\)$"):
+        resolve_preload(Config(model_folder=str(tmp_path), preload="best"))
+    empty = tmp_path / "empty"
+    with pytest.raises(CheckpointError, match=r"tmodel_best\.pt \(train a model into it"):
+        resolve_preload(Config(model_folder=str(empty), preload="best"))
+
+
+def test_pruning_drops_the_mid_epoch_saves_of_the_epoch_its_own_checkpoint_ended(tmp_path):
+    """A mid-epoch save of epoch 1 is superseded by tmodel_01.pt, the end of that epoch: it goes
+    at once, though --keep_last would keep it among the newest mid-epoch ones."""
+    for name in ("tmodel_00.pt", "tmodel_01_s0000015.pt", "tmodel_01.pt"):
+        (tmp_path / name).write_bytes(b"x")
+    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=2,
+                             keep_optimizer=0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmodel_00.pt", "tmodel_01.pt"]
+
+
+def test_a_save_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
+    """Atomic is not enough after a power cut: the file's bytes are flushed to disk before the
+    rename makes it the checkpoint, and the folder after it (else the rename can be lost)."""
+    import os
+    import stat
+    from nmt import checkpoint
+    events, fsync, replace = [], os.fsync, os.replace
+
+    def synced(fd):
+        events.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        fsync(fd)
+    monkeypatch.setattr(checkpoint.os, "fsync", synced)
+    monkeypatch.setattr(checkpoint.os, "replace",
+                        lambda a, b: events.append("rename") or replace(a, b))
+    save_checkpoint(small_state(), tmp_path / "tmodel_00.pt")
+    assert events == ["file", "rename", "folder"]
+
+
+def test_a_dict_lacking_a_checkpoints_keys_is_refused(tmp_path):
+    """Any key of the format missing (not all of them) is not a checkpoint of this project."""
+    state = small_state()
+    del state["global_step"]
+    torch.save(state, tmp_path / "partial.pt")
+    with pytest.raises(CheckpointError, match=r"partial\.pt is not a checkpoint of this project "
+                                              r"\(it lacks model_state_dict, config, epoch, "
+                                              r"global_step\)"):
+        load_checkpoint(tmp_path / "partial.pt")
+    (tmp_path / "list.json").write_text('["a JSON list"]')
+    with pytest.raises(CheckpointError, match="list.json is a JSON file, not a checkpoint"):
+        load_checkpoint(tmp_path / "list.json")
+
+
+def test_averaging_refuses_other_architectures_and_keeps_the_newests_record(tmp_path):
+    """Checkpoints whose weights differ in shape (another vocabulary) are not averaged; the
+    average keeps the newest's config, position, corpus and tokenizers' fingerprints (what
+    translate.py checks the tokenizer files with)."""
+    from nmt.checkpoint import average_checkpoints
+    paths = [tmp_path / f"tmodel_{e:02d}.pt" for e in range(3)]
+    for e, path in enumerate(paths):
+        save_checkpoint(small_state(vocab=(20, 31) if e == 2 else (20, 30), epoch=e,
+                                    next_epoch=e + 1, corpus={"fingerprint": str(e)},
+                                    tokenizers=[f"s{e}", f"t{e}"]), path)
+    averaged = average_checkpoints(paths[:2])
+    assert (averaged["epoch"], averaged["next_epoch"], averaged["corpus"],
+            averaged["tokenizers"]) == (1, 2, {"fingerprint": "1"}, ["s1", "t1"])
+    with pytest.raises(CheckpointError, match=r"cannot average .*tmodel_02\.pt with .*"
+                                              r"tmodel_00\.pt: different architectures"):
+        average_checkpoints(paths)

@@ -454,3 +454,157 @@ def test_training_on_from_an_epoch_with_nothing_left_to_train_is_refused(tmp_pat
         "--preload 02: the --time_budget 5 minutes' schedule is complete (step 30)")
     (path, _), _ = resume_state(dataclasses.replace(config, preload="01"), {"preload"})
     assert path.name == "tmodel_01.pt" and not list(tmp_path.glob("superseded_*"))
+
+
+def test_each_rank_resumes_its_own_random_state_or_a_fresh_one_of_its_own():
+    """The saved dropout streams go on where the number of processes is the one saved (one
+    process: the checkpoint's own state); with another number (between epochs), every rank
+    draws a fresh stream of its own, from the seed, its rank and the step: never a saved
+    rank's, never the same as another rank's."""
+    from nmt.resume import restore_rng
+    cpu = torch.device("cpu")
+    with torch.random.fork_rng():
+        saved = []
+        for rank in range(2):
+            torch.manual_seed(100 + rank)
+            saved.append({"rng_state": torch.get_rng_state()})
+        state = {**saved[0], "rank_rng_states": saved, "global_step": 7}
+
+        def drawn(state, rank, world_size, seed=None):
+            if seed is None:
+                restore_rng(state, rank, world_size, cpu, seed=1)
+            else:
+                torch.manual_seed(seed)
+            return torch.rand(4)
+        assert torch.equal(drawn(state, 1, 2), drawn(None, 0, 0, seed=101))
+        single = {**saved[1], "rank_rng_states": None, "global_step": 7}
+        assert torch.equal(drawn(single, 0, 1), drawn(None, 0, 0, seed=101))
+        assert torch.equal(drawn(state, 0, 1), drawn(None, 0, 0, seed=1 + 0 + 7))  # 2 saved
+        fresh = [drawn(state, rank, 4) for rank in range(4)]
+        assert torch.equal(fresh[3], drawn(None, 0, 0, seed=1 + 3 + 7))
+        assert len({tuple(f.tolist()) for f in fresh}) == 4
+
+
+def test_two_set_asides_in_one_second_go_into_two_folders(tmp_path, monkeypatch):
+    """The abandoned line's folder is named by the second: a second --preload in the same
+    second gets a folder of its own (superseded_...+), not an error or a mix of two lines."""
+    import nmt.resume
+    from nmt.resume import set_aside_later
+    monkeypatch.setattr(nmt.resume.time, "strftime", lambda form: "20260101-000000")
+    config = Config(model_folder=str(tmp_path), preload="00")
+    for _ in range(2):
+        for e in range(2):
+            save_checkpoint(tiny_state(e), tmp_path / f"tmodel_{e:02d}.pt")
+        set_aside_later(config, tmp_path / "tmodel_00.pt")
+    assert sorted(p.name for p in tmp_path.glob("superseded_*/*")) == ["tmodel_01.pt"] * 2
+    assert {p.name for p in tmp_path.glob("superseded_*")} == {
+        "superseded_20260101-000000", "superseded_20260101-000000+"}
+
+
+def test_init_from_copies_its_tokenizers_and_names_only_the_files_it_created(tmp_path):
+    """--init_from copies the source's tokenizers and recipes into the new folder; a failed
+    start takes back what copy_tokenizers returns, so a file that was there before (the same
+    tokenizer) is never in it; another tokenizer there of that name is refused."""
+    from nmt.resume import copy_tokenizers
+    from tokenizer import recipe_path, tokenizer_keys, tokenizer_path
+    source = Config(model_folder=str(tmp_path / "src"))
+    new = Config(model_folder=str(tmp_path / "new"))
+    src_key, tgt_key = tokenizer_keys(new)
+    for key in (src_key, tgt_key):
+        tokenizer_path(source, key).parent.mkdir(exist_ok=True)
+        tokenizer_path(source, key).write_text(f"tokenizer {key}")
+        recipe_path(tokenizer_path(source, key)).write_text(f"recipe {key}")
+    tokenizer_path(new, src_key).parent.mkdir()
+    tokenizer_path(new, src_key).write_text(f"tokenizer {src_key}")  # the same: kept, not made
+    created = copy_tokenizers(tmp_path / "src" / "tmodel_best.pt",
+                              {"config": source.to_dict()}, new)
+    assert sorted(p.name for p in created) == sorted(
+        [recipe_path(tokenizer_path(new, src_key)).name, tokenizer_path(new, tgt_key).name,
+         recipe_path(tokenizer_path(new, tgt_key)).name])
+    assert tokenizer_path(new, tgt_key).read_text() == f"tokenizer {tgt_key}"
+    tokenizer_path(new, tgt_key).write_text("another tokenizer")
+    with pytest.raises(CheckpointError, match=f"{tokenizer_path(new, tgt_key).name} is another "
+                                              f"tokenizer than .*: give a new --model_folder"):
+        copy_tokenizers(tmp_path / "src" / "tmodel_best.pt", {"config": source.to_dict()}, new)
+
+
+def test_preload_none_never_overwrites_a_runs_checkpoints(tmp_path):
+    """--preload none where the run has checkpoints but no validation's files yet (none is
+    written before the first validation): refused as well, naming the newest checkpoint."""
+    save_checkpoint(tiny_state(0, optimizer_state_dict={}), tmp_path / "tmodel_00.pt")
+    save_checkpoint(tiny_state(1, step=15, optimizer_state_dict={}),
+                    tmp_path / "tmodel_01_s0000015.pt")
+    with pytest.raises(CheckpointError, match=r"already holds a run \(tmodel_01_s0000015\.pt\); "
+                                              r"--preload none would overwrite it"):
+        resume_state(Config(model_folder=str(tmp_path), preload="none"), {"preload"})
+
+
+def test_a_resume_given_its_init_from_again_keeps_the_source_as_recorded(tmp_path):
+    """The fine-tuning command again (--init_from the source's folder, or a relative path)
+    resumes the run; the source it started from stays as recorded (its resolved checkpoint),
+    not as this command names it."""
+    source = tmp_path / "src" / "tmodel_best.pt"
+    saved = Config(model_folder=str(tmp_path / "ft"), init_from=str(source))
+    (tmp_path / "ft").mkdir()
+    save_checkpoint({**tiny_state(0), "config": saved.to_dict(), "optimizer_state_dict": {}},
+                    tmp_path / "ft" / "tmodel_00.pt")
+    config = Config(model_folder=str(tmp_path / "ft"), init_from=str(tmp_path / "src"))
+    assert resume_state(config, {"init_from"})[1].init_from == str(source)
+
+
+def test_a_resume_may_name_the_teachers_in_another_order():
+    """The teachers are a set: the same ones in another order (or spelled otherwise) resume;
+    another teacher is refused, naming the flag."""
+    from nmt.resume import check_training_pairs
+    saved = Config(distill_from="t/b,t/a")
+    for again in ("t/b,t/a", "./t/a, t/b/"):
+        check_training_pairs(saved, Config(distill_from=again), "tmodel_00.pt")
+    with pytest.raises(CheckpointError, match=r"trained with --distill_from t/b,t/a \(a run's"):
+        check_training_pairs(saved, Config(distill_from="t/a,t/c"), "tmodel_00.pt")
+
+
+def test_a_resume_takes_its_position_history_and_training_time_from_the_checkpoint(tmp_path):
+    """restore_progress: the batch within the epoch (mid-epoch), the validations up to the
+    checkpoint's step only (a later one, recorded before a crash, is of steps trained again),
+    and the commands and training time of the earlier starts (the model card's)."""
+    from nmt.resume import Progress, restore_progress
+    config = Config(model_folder=str(tmp_path))
+    write_history(config, [{"step": s, "bleu": 1.0, "loss": 1.0} for s in (10, 15)])
+    state = tiny_state(1, step=13, schedule_steps=100,
+                       provenance={"commands": ["train.py"], "seconds": 12.5})
+    progress = Progress()
+    assert restore_progress(config, progress, tmp_path / "t.pt", state, 100, None) == 100
+    assert (progress.epoch, progress.batch, progress.step) == (1, 3, 13)
+    assert [h["step"] for h in progress.history] == [10]
+    assert (progress.commands, progress.seconds_before) == (["train.py"], 12.5)
+
+
+def test_a_resume_restores_the_gradient_scalers_scale(tmp_path):
+    """fp16: the gradient scaler's scale, grown or backed off over the run, goes on as saved
+    (a CPU run's scale never moves off its start: train.py's fp16 test cannot tell)."""
+    from model import build_transformer
+    from nmt.resume import restore_training
+    state = tiny_state(0)
+    model = build_transformer(20, 20, 16, 16, d_model=8, N=1, h=2, d_ff=16)
+    optimizer = torch.optim.Adam(model.parameters())
+    saved = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    saved.scale(torch.ones(1))  # (its state is made lazily)
+    state.update(optimizer_state_dict=optimizer.state_dict(),
+                 scaler_state_dict=saved.state_dict())
+    scaler = torch.amp.GradScaler("cpu")
+    restore_training(state, tmp_path / "t.pt", model, optimizer, scaler)
+    assert scaler.get_scale() == 1024.0
+
+
+def test_init_from_a_folder_starts_from_its_best_recorded_wherever_the_run_is_resumed(
+        tmp_path, monkeypatch):
+    """--init_from a run's folder takes its best checkpoint, not its newest, and records it
+    resolved: a resume from another working folder finds the same source."""
+    from nmt.resume import init_state
+    (tmp_path / "src").mkdir()
+    for name in ("tmodel_00.pt", "tmodel_best.pt"):
+        save_checkpoint(tiny_state(0), tmp_path / "src" / name)
+    monkeypatch.chdir(tmp_path)
+    (path, _), config = init_state(Config(model_folder="new", init_from="src"), {"init_from"})
+    assert path.name == "tmodel_best.pt"
+    assert config.init_from == str((tmp_path / "src" / "tmodel_best.pt").resolve())

@@ -179,6 +179,9 @@ def test_a_second_ctrl_c_aborts_at_once():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
         assert stopping.aborting()
+        # nothing cuts the way out short: a SIGTERM (torchrun's) is ignored from now on too
+        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is \
+            signal.SIG_IGN
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
@@ -241,9 +244,94 @@ def test_the_abort_watch_ends_with_its_block_and_leaves_the_signals_as_they_were
     starts afresh."""
     import signal
     import threading
+    import socket
     before = signal.set_wakeup_fd(-1)
     signal.set_wakeup_fd(before)
     with stopping.abort_watch("x", grace=0.1):
         assert any(t.name == "abort_watch" for t in threading.enumerate())
     assert not any(t.name == "abort_watch" for t in threading.enumerate())
     assert signal.set_wakeup_fd(before) == before
+    reader, writer = socket.socketpair()  # another's wakeup socket (asyncio's) is given back
+    writer.setblocking(False)
+    try:
+        signal.set_wakeup_fd(writer.fileno())
+        with stopping.abort_watch("x", grace=0.1):
+            pass
+        assert signal.set_wakeup_fd(before) == writer.fileno()
+    finally:
+        signal.set_wakeup_fd(before)
+        reader.close()
+        writer.close()
+
+
+HANGING_EXIT = '''
+import atexit, os, signal, sys, time, types
+sys.path.insert(0, {root!r})
+from nmt import stopping
+from nmt.cli import run_main
+
+
+def hang():  # the way out after the abort hangs (a clean-up that never returns)
+    time.sleep(20)
+    print("not ended", flush=True)
+
+
+def main():
+    stopping.catch_stop_signals(types.SimpleNamespace(signal=None))
+    with stopping.abort_watch("train.py: aborted", grace=0.3):
+        os.kill(os.getpid(), signal.SIGTERM)  # the first: stop after this step
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the second: the abort
+        except KeyboardInterrupt:
+            while stopping._signals_seen < 2:  # (the watch's thread has counted it)
+                time.sleep(0.01)
+            raise
+
+
+atexit.register(hang)
+run_main("train.py", main)
+'''
+
+
+def test_an_abort_whose_way_out_hangs_is_ended_by_its_watch_with_its_own_code(tmp_path):
+    """The abort's KeyboardInterrupt leaves the watched block and run_main says the line; the
+    exit can still hang (a clean-up that never returns): the watch of that second signal
+    stays on after the block, ends the process `grace` seconds after it with the signal's own
+    code (143 for SIGTERM), and does not say the line again."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    script = tmp_path / "hanging_exit.py"
+    script.write_text(HANGING_EXIT.format(root=str(ROOT)))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=30)
+    assert "not ended" not in result.stdout.decode() and result.returncode == 143
+    assert result.stderr.decode().splitlines().count("train.py: aborted") == 1
+
+
+def test_a_stop_at_max_steps_under_a_time_budget_names_the_step_limit(tmp_path):
+    """--max_steps reached exactly in a --time_budget run: the step limit stopped it (resume
+    without it); the schedule's end, which has nothing to resume, says no resume command."""
+    from types import SimpleNamespace
+
+    from nmt.stopping import Stop, stop_message
+    budget = SimpleNamespace(spent=lambda: 20.0, seconds=600)
+    run = SimpleNamespace(budget=budget, world_size=1, batches_per_epoch=10,
+                          config=Config(model_folder=str(tmp_path), max_steps=30))
+    progress = SimpleNamespace(step=30, epoch=2, batch=10, signal=None)
+    assert stop_message(run, progress, Stop.MAX_STEPS).startswith(
+        "reached --max_steps 30 in epoch 2 after batch 10 of 10 (step 30)")
+    run.config = Config(model_folder=str(tmp_path))
+    said = stop_message(run, progress, Stop.MAX_STEPS)
+    assert said.startswith("the --time_budget's schedule is complete (0.33 of 10 minutes spent)")
+    assert "Resume" not in said
+
+
+def test_dataloader_workers_leave_ctrl_c_to_the_main_process():
+    import signal
+    saved = signal.getsignal(signal.SIGINT)
+    try:
+        stopping.ignore_sigint(0)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, saved)
