@@ -102,3 +102,49 @@ def test_a_typo_on_the_command_line_itself_is_named(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args()
     assert "unrecognized argument --refrence: did you mean --reference?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--seeed=1"], "unrecognized argument --seeed: did you mean --seed?"),
+    (["--frobnicate", "1"], "unrecognized argument --frobnicate"),  # nothing near: no guess
+    (["--a-b-c-d", "1"], "unrecognized argument --a-b-c-d: did you mean --a_b_c_d?"),
+    (["--seeed", "1", "--refrence", "r"], "unrecognized argument --seeed: did you mean --seed?"),
+    (["-1"], "unrecognized arguments: -1; one sentence an argument"),  # a value, not a flag
+    (["a", "b"], "unrecognized arguments: a b; one sentence an argument"),
+])
+def test_an_unknown_flag_is_named_with_the_nearest_and_other_words_with_the_leftover(argv, said,
+                                                                                     capsys):
+    """The first unknown flag (its =value aside) with the nearest known one, dashes read as
+    underscores, and no guess where none is near; a number or a word is said with `leftover`."""
+    from nmt.cli import ArgumentParser
+    parser = ArgumentParser(prog="script.py", leftover="one sentence an argument")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--a_b_c_d")
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"script.py: error: {said} (see --help)\n"
+    parser = ArgumentParser(prog="script.py", leftover=lambda args: f"seed {args.seed}")
+    parser.add_argument("--seed", type=int)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--seed", "3", "word"])
+    assert capsys.readouterr().err == \
+        "script.py: error: unrecognized arguments: word; seed 3 (see --help)\n"
+
+
+def test_a_users_error_ends_an_open_bar_first_so_its_line_is_one_of_its_own(capsys):
+    """fail(): an open progress bar is closed before the line (in a log, an open bar's line
+    has no newline yet: the error would be glued to it)."""
+    import io
+
+    from tqdm import tqdm
+
+    from nmt.cli import fail
+    bar = tqdm(total=2, file=io.StringIO())
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            fail("script.py", "no such folder")
+        assert exit_.value.code == 2 and not tqdm._instances
+    finally:
+        bar.close()
+    assert capsys.readouterr().err == "script.py: error: no such folder\n"

@@ -188,3 +188,50 @@ def test_the_compiled_step_has_room_for_every_shape_and_cuda_graphs(monkeypatch)
     assert getattr(dynamo.config, name) >= 2 * 16
     assert calls == [{"dynamic": False, "mode": None},
                      {"dynamic": False, "mode": "reduce-overhead"}]
+
+
+def test_the_shapes_note_weighs_the_fixed_shapes_against_the_plain_batches():
+    """shapes_note's numbers the right way round: the fixed shapes (lengths rounded up) make at
+    least the plain batches' steps and pad more, and the tokens they add are the two
+    paddings' ratio. No fixed shapes, no note: choose_shapes gives None."""
+    import re
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    from nmt.compiling import choose_shapes, shapes_note
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 40, 300), rng.integers(1, 40, 300)
+    train = SimpleNamespace(src_ids=SimpleNamespace(lengths=lambda: src),
+                            tgt_ids=SimpleNamespace(lengths=lambda: tgt),
+                            lengths=lambda: np.maximum(src + 2, tgt + 1))
+    data = SimpleNamespace(train=train)
+    config = Config(max_tokens=200, fixed_shapes=3)
+    assert choose_shapes(Config(max_tokens=200), data) is None
+    note = shapes_note(choose_shapes(config, data), data, config)
+    found = re.fullmatch(r"fixed shapes: 3 lengths \([\d, ]+\), (\d+) shapes in epoch 0; (\d+) "
+                         r"steps padded ([\d.]+)%, against (\d+) padded ([\d.]+)% without them "
+                         r"\(\+([\d.]+)% tokens\)", note)
+    assert found, note
+    kinds, steps, fixed, plain_steps, plain, added = map(float, found.groups())
+    assert 1 <= kinds <= 3 and steps >= plain_steps and fixed > plain
+    assert added == pytest.approx(100 * ((100 - plain) / (100 - fixed) - 1), abs=0.3)
+
+
+def test_free_shapes_compile_dynamic_and_a_higher_recompile_limit_is_kept(monkeypatch):
+    """Without fixed shapes (BPE-dropout) the step is compiled with dynamic shapes; with them,
+    a recompile limit already above the shapes' need is not lowered."""
+    import torch._dynamo as dynamo
+
+    from nmt.shapes import FixedShapes
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    compiled(torch.nn.Linear(2, 2), Config(compile=True, bpe_dropout=0.1), torch.device("cpu"),
+             None)
+    assert calls == [{"dynamic": True}]
+    name = next(n for n in ("recompile_limit", "cache_size_limit") if hasattr(dynamo.config, n))
+    monkeypatch.setattr(dynamo.config, name, 1000)
+    compiled(torch.nn.Linear(2, 2), Config(compile=True), torch.device("cpu"),
+             FixedShapes((8, 16), 400, 0))
+    assert getattr(dynamo.config, name) == 1000
