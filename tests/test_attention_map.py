@@ -252,3 +252,138 @@ def test_the_picture_is_readable_a_colour_bar_and_no_title_over_the_panels(moder
             assert fig.dpi == DPI  # as saved: the layout is the PNG's
         finally:
             pyplot().close(fig)
+
+
+# ---- what each picture says: names, labels, colour scale, size, tokens (mutation audit) ------
+
+NAMES = {"cross": ("decoder cross-attention", "translation (queries)", "source (keys)"),
+         "encoder": ("encoder self-attention", "source (queries)", "source (keys)"),
+         "decoder": ("decoder self-attention", "translation (queries)", "translation read (keys)")}
+
+
+@pytest.fixture(scope="module")
+def long_weights(modern, tokenizer):
+    """The modern model's weights of a 35-token source and a 30-token translation, as ids."""
+    from nmt.attention_map import attention_of_ids
+    return attention_of_ids(modern[0], tokenizer, tokenizer, list(range(10, 45)),
+                            list(range(10, 40)))
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_every_panel_is_labelled_named_and_coloured_on_one_scale(modern, tokenizer, view):
+    """The view's name above; the queries' name at the left, the keys' at the bottom (cross:
+    the translation down, the source across); every panel's tokens on both axes, readable;
+    one viridis scale from 0 to the largest weight, its colour bar beside all the panels."""
+    from nmt.attention_map import attention_of_ids
+    model, src_ids, tgt_ids = modern
+    weights = attention_of_ids(model, tokenizer, tokenizer, src_ids, tgt_ids)
+    queries, keys = weights.axes(view)
+    fig = draw(weights, view, layer=0, head="all")
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        assert fig._suptitle.get_text() == NAMES[view][0]
+        panels = panel_axes(fig)
+        assert panels[0].get_ylabel() == NAMES[view][1]
+        assert panels[-1].get_xlabel() == NAMES[view][2]
+        top = float(weights.views[view].max())
+        for ax in panels:
+            assert [t.get_text() for t in ax.get_xticklabels()] == keys
+            assert [t.get_text() for t in ax.get_yticklabels()] == queries
+            assert min(t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()) >= 7
+            assert ax.images[0].get_cmap().name == "viridis"
+            assert ax.images[0].get_clim() == pytest.approx((0.0, top))
+        bar, = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+        boxes = [ax.get_window_extent(renderer) for ax in panels]
+        span = max(b.y1 for b in boxes) - min(b.y0 for b in boxes)
+        assert bar.get_window_extent(renderer).height >= 0.6 * span  # beside every row
+        assert bar.get_ylim() == pytest.approx((0.0, top))
+    finally:
+        pyplot().close(fig)
+
+
+def test_a_token_takes_24_pixels_or_more_however_many_there_are(long_weights, modern,
+                                                               tokenizer):
+    """With 30 and 35 tokens the margins no longer hide a smaller cell: 24 px a token, each
+    axis sized by its own tokens (a long translation of a short source too)."""
+    from nmt.attention_map import attention_of_ids
+    tall = attention_of_ids(modern[0], tokenizer, tokenizer, [10, 11, 12], list(range(10, 40)))
+    for weights in (long_weights, tall):
+        queries, keys = weights.axes("cross")
+        fig = draw(weights, "cross", layer=1, head="1")
+        try:
+            fig.canvas.draw()
+            box = panel_axes(fig)[0].get_window_extent(fig.canvas.get_renderer())
+            assert box.width / len(keys) >= 24 and box.height / len(queries) >= 24
+        finally:
+            pyplot().close(fig)
+
+
+def test_the_heads_mean_draws_every_layer_side_by_side(modern, tokenizer):
+    from nmt.attention_map import attention_of_ids
+    model, src_ids, tgt_ids = modern
+    weights = attention_of_ids(model, tokenizer, tokenizer, src_ids, tgt_ids)
+    fig = draw(weights, "encoder", head="mean")
+    try:
+        panels = panel_axes(fig)
+        assert [ax.get_title() for ax in panels] == [f"layer {n}, mean of 4 heads"
+                                                      for n in (1, 2, 3)]
+        assert len({round(ax.get_position().y0, 3) for ax in panels}) == 1  # one row
+    finally:
+        pyplot().close(fig)
+
+
+def test_the_tokens_are_those_the_model_read_and_the_model_is_left_as_found(modern, tokenizer):
+    """The decoder's keys are what each position reads ([SOS], then the translation); a
+    generated [EOS] and what follows it are cut; a source longer than the model's seq_len is
+    cut as the model cuts it; a model in training mode is left in it."""
+    from nmt.attention_map import attention_of_ids
+    from tokenizer import EOS, PAD
+    model, src_ids, tgt_ids = modern
+    weights = attention_of_ids(model, tokenizer, tokenizer, src_ids, tgt_ids)
+    assert weights.tgt_inputs == ["[SOS]"] + weights.tgt_tokens[:-1]
+    assert weights.axes("decoder") == (weights.tgt_tokens, weights.tgt_inputs)
+    padded = attention_of_ids(model, tokenizer, tokenizer, src_ids, tgt_ids + [EOS, PAD, PAD])
+    assert padded.tgt_tokens == weights.tgt_tokens
+    for view in VIEWS:
+        torch.testing.assert_close(padded.views[view], weights.views[view])
+    long = attention_of_ids(model, tokenizer, tokenizer, list(range(10, 90)), tgt_ids)
+    assert len(long.src_tokens) == model.seq_len == long.views["encoder"].shape[-1]
+    model.train()
+    try:
+        attention_of_ids(model, tokenizer, tokenizer, src_ids, tgt_ids)
+        assert model.training
+    finally:
+        model.eval()
+
+
+def test_a_token_without_printable_text_is_labelled_by_its_vocabulary_name():
+    from nmt.attention_map import label
+    names = {1: "Ġ", 2: "âĢ", 3: "Hund"}
+    texts = {1: " ", 2: "\ufffd\x00", 3: "Hund"}
+    tokenizer = type("T", (), {"decode": lambda self, ids: texts[ids[0]],
+                               "id_to_token": lambda self, i: names[i]})()
+    assert [label(tokenizer, i) for i in (1, 2, 3)] == ["Ġ", "âĢ", "Hund"]
+
+
+def test_tensorboards_picture_and_the_png_are_the_figure_drawn(modern, tokenizer, tmp_path):
+    """picture: draw's figure of the view asked for, as RGB; save_attention_map's PNG at DPI,
+    the size of that figure."""
+    import struct
+
+    import numpy as np
+
+    from nmt.attention_map import attention_weights, picture, save_attention_map
+    model = modern[0]
+    weights = attention_weights(model, tokenizer, tokenizer, "one two three four five.", "uno.")
+    for view in ("encoder", "cross"):
+        image = picture(weights, view, head="mean")
+        fig = draw(weights, view, head="mean")
+        fig.canvas.draw()
+        expected = np.asarray(fig.canvas.buffer_rgba())[..., :3]
+        pyplot().close(fig)
+        assert image.shape == expected.shape and np.array_equal(image, expected), view
+    save_attention_map(model, tokenizer, tokenizer, "one two three four five.", "uno.",
+                       tmp_path / "a.png", view="decoder")
+    width, height = struct.unpack(">II", (tmp_path / "a.png").read_bytes()[16:24])
+    assert (height, width, 3) == picture(weights, "decoder", head="all").shape
