@@ -171,10 +171,11 @@ def check_inputs(parser, args):
                          f"would overwrite: give another --output")
     for flag in ("output", "attention"):  # found before the decoding, not after it
         path = getattr(args, flag)
-        folder = os.path.dirname(path) if path not in (None, "-") else "."
-        if not os.path.isdir(folder or "."):
-            parser.error(f"--{flag} {path}: no folder {folder} to write it in")
-        if path not in (None, "-") and os.path.isdir(path):
+        if path in (None, "-"):
+            continue
+        if not os.path.isdir(os.path.dirname(path) or "."):
+            parser.error(f"--{flag} {path}: no folder {os.path.dirname(path)} to write it in")
+        if os.path.isdir(path):
             parser.error(f"--{flag} {path} is a folder: give a file in it")
 
 
