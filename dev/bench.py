@@ -189,21 +189,27 @@ class Step:
         return sum(self.padded if padded else self.tokens) / sum(self.times)
 
 
-def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -> float:
+def time_train_loop(config: Config, data, steps: int, host_only: bool = False, batches=None,
+                    untimed: int = 1) -> float:
     """Real tokens/s of train.py's own loop (train.train_epoch: data loading, step, optimizer,
-    learning rate, logging) over `steps` optimizer steps after one untimed step, in a throw-away
+    learning rate, logging) over `steps` optimizer steps after `untimed` ones, in a throw-away
     folder; with `host_only`, the mean seconds a step of that loop takes with the device's work
     (train_step's model and optimizer_step's Adam) replaced by the batches' copy to the device:
     what the host adds to each step. The loop is timed as train.py runs it: the device is waited
-    for after the untimed step and after the last, never between (a wait each step would add the
-    host's work to the device's instead of overlapping it)."""
+    for after the untimed steps and after the last, never between (a wait each step would add the
+    host's work to the device's instead of overlapping it). `batches` (lists of pair indices):
+    the epoch the loop trains on, in place of its sampler's (the model step's own batches, so
+    that a compiled loop compiles the shapes the step did and no other)."""
     with tempfile.TemporaryDirectory() as tmp:
         loop_config = dataclasses.replace(config, preload="none", model_folder=tmp,
-                                          experiment_name=f"{tmp}/runs", max_steps=steps + 1,
-                                          eval_every=0, save_every=0)
+                                          experiment_name=f"{tmp}/runs",
+                                          max_steps=steps + untimed, eval_every=0, save_every=0)
         for key, tok in zip(tokenizer_keys(config), (data.tokenizer_src, data.tokenizer_tgt)):
             tok.save(str(tokenizer_path(loop_config, key)))  # reuse the tokenizers
         run, progress = train.set_up(loop_config, set())
+        if batches is not None:  # its sampler's epoch replaced (set_epoch and iter read it)
+            run.sampler.batches = lambda epoch=None: [np.asarray(b) for b in batches]
+            run = dataclasses.replace(run, batches_per_epoch=len(batches))
         stamps, tokens = [(time.perf_counter(), 0)], []
         step, update = train.train_step, train.optimizer_step
 
@@ -222,7 +228,7 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -
         def timed_update(*args):
             if not host_only:
                 update(*args)
-            if host_only or len(tokens) in (1, steps + 1):  # the untimed step, the last one
+            if host_only or len(tokens) in (untimed, steps + untimed):  # the untimed, the last
                 mark()
         train.train_step, train.optimizer_step = timed_step, timed_update
         try:
@@ -235,10 +241,11 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False) -
             train.train_step, train.optimizer_step = step, update
             run.writer.close()
             run.lock.release()
-    if len(tokens) < 2:  # (a division by zero below)
+    if len(tokens) <= untimed:  # (a division by zero below)
         raise UserError(f"train.py's loop: the epoch has {len(tokens)} step, none to time after "
-                        f"the untimed one (a larger corpus or a smaller --max_tokens)")
-    (start, first), (end, last) = stamps[1], stamps[-1]  # from the end of the untimed step
+                        f"{untimed} untimed (a larger corpus or a smaller --max_tokens)")
+    # from the end of the untimed steps (host_only marks after every step)
+    (start, first), (end, last) = stamps[untimed if host_only else 1], stamps[-1]
     if last - first < steps:  # (the figure is over fewer steps than asked: say so)
         print(f"train.py's loop: its epoch ended after {last} steps: {last - first} timed, "
               f"not {steps}")
@@ -398,7 +405,8 @@ def parse(argv=None):
     parser.add_argument("--baseline_batch_size", type=int, default=8)
     parser.add_argument("--train_steps", type=int, default=6,
                         help="timed steps of the whole train.py loop after an untimed one "
-                        "(0 = skip)")
+                        "(under --compile: on the model step's own batches, after its warm-up; "
+                        "0 = skip)")
     parser.add_argument("--profile_steps", type=int, default=2,
                         help="steps of this repo's model profiled at the end (the last timed "
                         "batches), for the split of a step (matrix products, attention, loss...; "
@@ -482,7 +490,14 @@ def main(argv=None):
     if baseline:
         rows.append((f"baseline: {args.baseline_batch_size} sentences padded to "
                      f"{args.baseline_seq_len}", baseline))
-    loop = time_train_loop(config, data, args.train_steps) if args.train_steps else None
+    loop = None
+    if args.train_steps and config.compile:  # the step's shapes and warm-up (its compilations)
+        chosen = timed_batches(data, config, choose_shapes(config, data), args.shapes_timed)
+        wanted = args.warmup_steps + args.train_steps
+        loop = time_train_loop(config, data, args.train_steps, batches=(chosen * wanted)[:wanted],
+                               untimed=max(1, args.warmup_steps))
+    elif args.train_steps:
+        loop = time_train_loop(config, data, args.train_steps)
     report(rows, loop, flops, device, args)
     if args.host_steps:
         host = time_train_loop(config, data, args.host_steps, host_only=True)
@@ -494,6 +509,20 @@ def main(argv=None):
     if args.profile_steps:  # last, so that a failure here loses none of the figures above
         profiled = batches[-args.profile_steps:]  # the last timed batches again
         report_split(*profile_split(step_ours, profiled, config.compile), len(profiled), device)
+
+
+def timed_batches(data, config: Config, shapes, shapes_timed: int = 0) -> list:
+    """The epoch's batches (lists of pair indices) in its order; with fixed shapes and
+    `shapes_timed`, only those of its `shapes_timed` most frequent shapes: fewer compilations."""
+    sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
+                                seed=config.seed, shapes=shapes)
+    chosen = sampler.batches(0)
+    if shapes and shapes_timed:
+        lengths = shapes.padded_lengths(data.train.lengths())
+        count = collections.Counter(int(lengths[b].max()) for b in chosen)
+        frequent = {n for n, _ in count.most_common(shapes_timed)}
+        chosen = [b for b in chosen if int(lengths[b].max()) in frequent]
+    return chosen
 
 
 def compare(config: Config, data, device, args):
@@ -518,15 +547,8 @@ def compare(config: Config, data, device, args):
     step_ours.loss_fn.block_rows = args.loss_block_rows
     step_fp32 = None if plain is None else \
         Step(plain, dataclasses.replace(config, precision="fp32", compile=False), device)
-    sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
-                                seed=config.seed, shapes=shapes)
-    chosen = sampler.batches(0)
-    if shapes and args.shapes_timed:  # the most frequent shapes' batches: fewer compilations
-        lengths = shapes.padded_lengths(data.train.lengths())
-        count = collections.Counter(int(lengths[b].max()) for b in chosen)
-        frequent = {n for n, _ in count.most_common(args.shapes_timed)}
-        chosen = [b for b in chosen if int(lengths[b].max()) in frequent]
     wanted = args.warmup_steps + args.steps
+    chosen = timed_batches(data, config, shapes, args.shapes_timed)
     if len(chosen) < wanted:  # a small corpus's few batches of one shape: time them again
         print(f"only {len(chosen)} batches to time: each is timed again in turn")
         chosen = (chosen * wanted)[:wanted]

@@ -16,6 +16,9 @@
 # issue 58's two calls: the first list; the loss's block size in the whole step, train.py's own
 # tokens/s, and the compiled base model. It needs requirements.txt's packages on the GPU's machine,
 # and says so before any step where one is missing (a lent machine's image had no `datasets`).
+# PART 4 times train.py's loop under --compile against the compiled step (about 6 minutes; give
+# it SECONDS 420): the base model compiled, the base and big models with CUDA graphs, the loop on
+# the step's own batches of the most frequent shape after the step's warm-up.
 #
 #   DRY=1 bash dev/gpu_wmt.sh LOG 600 3       # the rehearsal: every command line checked, no run
 #   TINY=1 bash dev/gpu_wmt.sh LOG 900 3      # every step for real at a toy size, on the CPU
@@ -60,6 +63,18 @@ if ! missing=$(python3 -c "import datasets, tokenizers, sacrebleu, tqdm, tensorb
     echo "=== stopped before any step: ${missing##*$'\n'} (pip install -r requirements.txt)" \
         | tee -a "$log"
     exit 1
+fi
+if [ "$part" = 4 ]; then
+step 15 "the machine" bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())'; nproc"
+LOOP="--max_tokens 25000 --compile true --shapes_timed 1 --train_steps 40 --profile_steps 0"
+step 130 "base, WMT lengths, compiled; train.py's loop on the step's batches" \
+    python3 -m dev.bench $BASE $WMT $LOOP $DRYRUN
+step 130 "base, WMT lengths, compiled with CUDA graphs; train.py's loop on the step's batches" \
+    python3 -m dev.bench $BASE $WMT $LOOP $GRAPHS $DRYRUN
+step 150 "big, WMT lengths, compiled with CUDA graphs; train.py's loop on the step's batches" \
+    python3 -m dev.bench $BIG $WMT $LOOP $GRAPHS $DRYRUN
+echo "=== done at $(($(date +%s) - start)) s" | tee -a "$log"
+exit 0
 fi
 if [ "$part" = 3 ]; then
 step 15 "the machine" bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null; python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())'; nproc"

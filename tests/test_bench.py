@@ -614,6 +614,86 @@ def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, mo
         time_train_loop(config, get_ds(config), 3)
 
 
+def test_the_loop_trains_the_batches_it_is_given_after_its_untimed_steps(tmp_path, monkeypatch):
+    """Under --compile, the loop trains the model step's own batches (so that it compiles the
+    shapes the step did and no other) after as many untimed steps as the step's warm-up: it
+    trains exactly the batches given, in their order, and times from the end of the untimed
+    ones (step k takes k seconds on a fake clock), host_only too."""
+    import types
+
+    import dev.bench
+    from conftest import TINY, make_corpus
+
+    from config import parse_config
+    from dataset import Collator, get_ds, real_tokens
+    from dev.bench import time_train_loop, timed_batches
+    from tokenizer import PAD
+    make_corpus(tmp_path / "c", n=120, val=4)
+    config, _ = parse_config(["--data_dir", str(tmp_path / "c"), *TINY,
+                              "--model_folder", str(tmp_path / "w")])
+    data = get_ds(config)
+    epoch = timed_batches(data, config, None)
+    given = [epoch[2], epoch[0], epoch[2], epoch[1]]
+    expected = [real_tokens(Collator(PAD)([data.train[i] for i in b])) for b in given]
+    assert len(set(expected)) > 1  # (the order is seen)
+    clock, counts = [0.0], []
+
+    def counted(batch):
+        counts.append(real_tokens(batch))
+        clock[0] += len(counts)
+        return counts[-1]
+    monkeypatch.setattr(dev.bench, "real_tokens", counted)
+    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    import train
+    logged, log = [], train.log_progress  # the given batches are the epoch: its end logs
+    monkeypatch.setattr(train, "log_progress", lambda run, progress, *a: (
+        logged.append(progress.step), log(run, progress, *a)))
+    assert len(epoch) > len(given) and config.log_every > len(given)
+    for host_only in (False, True):
+        counts.clear(), logged.clear()
+        figure = time_train_loop(config, data, 2, host_only=host_only, batches=given, untimed=2)
+        assert counts == expected and logged == [1, 4]
+        timed = 10 - 3  # from the end of step 2 to the end of step 4
+        assert figure == pytest.approx(timed / 2 if host_only else sum(expected[2:]) / timed)
+
+
+def test_bench_times_the_compiled_loop_on_the_steps_batches(tmp_path, monkeypatch):
+    """dev.bench --compile --train_steps: the loop is given the step's batches (with
+    --shapes_timed, those of the most frequent shapes only, going round) and the step's warm-up;
+    eager, its own epoch after one untimed step."""
+    import dev.bench
+    from conftest import TINY, make_corpus
+
+    from dataset import get_ds
+    from nmt.compiling import choose_shapes
+    make_corpus(tmp_path / "c", n=400, val=4)
+    calls = []
+    monkeypatch.setattr(dev.bench, "compare", lambda *a: (mock.Mock(), mock.Mock(), None, [], []))
+    monkeypatch.setattr(dev.bench, "report", lambda *a: None)
+    monkeypatch.setattr(dev.bench, "time_train_loop",
+                        lambda config, data, steps, **kw: calls.append((steps, kw)) or 1.0)
+    common = ["--data_dir", str(tmp_path / "c"), "--lang_tgt", "it", *TINY,
+              "--model_folder", str(tmp_path / "w"), "--baseline_steps", "0",
+              "--profile_steps", "0", "--train_steps", "7", "--warmup_steps", "3", "--steps", "2"]
+    dev.bench.main(common)
+    assert calls == [(7, {})]
+    calls.clear()
+    dev.bench.main(common + ["--compile", "true", "--fixed_shapes", "4", "--shapes_timed", "1"])
+    (steps, kw), = calls
+    _, config = dev.bench.parse(common + ["--compile", "true", "--fixed_shapes", "4"])
+    data = get_ds(config)
+    shapes = choose_shapes(config, data)
+    lengths = shapes.padded_lengths(data.train.lengths())
+    epoch = dev.bench.timed_batches(data, config, shapes)
+    longest = [int(lengths[b].max()) for b in epoch]
+    frequent = max(set(longest), key=longest.count)
+    counts = sorted(longest.count(n) for n in set(longest))
+    assert counts[-1] > counts[-2] and counts[-1] < 10  # (one most frequent shape, gone round)
+    chosen = [b for b, n in zip(epoch, longest) if n == frequent]
+    assert steps == 7 and kw["untimed"] == 3 and len(kw["batches"]) == 10
+    assert [list(b) for b in kw["batches"]] == [list(b) for b in (chosen * 10)[:10]]
+
+
 def test_bench_attention_times_the_validations_picture():
     """dev/bench_attention.py, the command docs/training.md gives for the TensorBoard picture's
     cost: it runs log_attention itself and prints its median."""
