@@ -344,12 +344,22 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
     return sentences, None, *found
 
 
+# ISO 639-1's two-letter language codes (the alpha-2 column of ISO 639-2): a file named val.de
+# is German; notes.md, test.in or run.sh name no language
+ISO_639_1 = frozenset("""aa ab ae af ak am an ar as av ay az ba be bg bh bi bm bn bo br bs ca ce
+ch co cr cs cu cv cy da de dv dz ee el en eo es et eu fa ff fi fj fo fr fy ga gd gl gn gu gv ha he
+hi ho hr ht hu hy hz ia id ie ig ii ik io is it iu ja jv ka kg ki kj kk kl km kn ko kr ks ku kv kw
+ky la lb lg li ln lo lt lu lv mg mh mi mk ml mn mr ms mt my na nb nd ne ng nl nn no nr nv ny oc oj
+om or os pa pi pl ps pt qu rm rn ro ru rw sa sc sd se sg si sk sl sm sn so sq sr ss st su sv sw ta
+te tg th ti tk tl tn to tr ts tt tw ty ug uk ur uz ve vi vo wa wo xh yi yo za zh zu""".split())
+
+
 def other_language(path, language: str):
     """The language a file's name gives it (val.de, val.de.gz: "de") where that is another
-    two-letter code than `language`'s, else None (no code, a longer one: not guessed)."""
+    ISO 639-1 code than `language`'s, else None (no code, a longer one, two letters that are
+    no language: not guessed)."""
     named = text_file_name(Path(path))[1] if path not in (None, "-") else ""
-    two_letters = [x for x in (named, language) if len(x) == 2 and x.isalpha() and x.islower()]
-    return named if len(two_letters) == 2 and named != language else None
+    return named if named in ISO_639_1 and language in ISO_639_1 and named != language else None
 
 
 def reading_a_terminal(args) -> bool:

@@ -408,10 +408,12 @@ def test_files_named_in_another_language_are_warned_of_and_still_scored(trained)
     ("corpus/val.de", "en", "de"), ("val.de.gz", "en", "de"), ("val.tok.de", "en", "de"),
     ("val.en", "en", None), ("val.hyp", "en", None), ("val.EN", "en", None),
     ("val.deu", "en", None), ("val.de", "pt_br", None), ("val", "en", None), ("-", "en", None),
-    (None, "en", None)])
+    (None, "en", None), ("notes.md", "en", None), ("test.in", "de", None), ("val.de", "xx", None),
+    ("test.zu", "en", "zu"), ("test.aa.gz", "de", "aa")])
 def test_the_language_a_file_is_named_in(path, language, named):
-    """other_language: a two-letter lowercase code after the last dot (.gz aside) that is not
-    the model's; no guess from a longer suffix (.hyp, .deu) or a model's longer code."""
+    """other_language: an ISO 639-1 code after the last dot (.gz aside) that is not the
+    model's; no guess from a longer suffix (.hyp, .deu), two letters that are no language
+    (.md, .in), or a model's longer or unknown code."""
     from translate import other_language
     assert other_language(path, language) == named
 
