@@ -245,6 +245,18 @@ class Config:
         is A and B)."""
         return [os.path.normpath(t.strip()) for t in self.distill_from.split(",") if t.strip()]
 
+    def negative(self, names=None):
+        """The message for the first setting (of `names`, else all) that must not be negative and
+        is, or None: translate.py checks the flags given before it loads a model."""
+        for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
+                     "keep_epochs", "keep_optimizer", "val_max_sentences", "val_examples",
+                     "num_workers", "clip_grad", "patience", "eval_every", "tokenizer_sample",
+                     "fixed_shapes", "time_budget",
+                     "max_len_a", "max_len_b", "min_len", "N_dec", "threads"]:
+            if (names is None or name in names) and getattr(self, name) < 0:
+                return f"--{name} must not be negative (got {getattr(self, name)})"
+        return None
+
     def validate(self, training: bool = True):
         """An error message for an invalid combination of values, or None (training: the
         batching flags too; translate.py and export.py have none)."""
@@ -252,13 +264,8 @@ class Config:
                      "accum_steps", "log_every", "max_bad_steps"]:
             if getattr(self, name) <= 0:
                 return f"--{name} must be positive (got {getattr(self, name)})"
-        for name in ["batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last",
-                     "keep_epochs", "keep_optimizer", "val_max_sentences", "val_examples",
-                     "num_workers", "clip_grad", "patience", "eval_every", "tokenizer_sample",
-                     "fixed_shapes", "time_budget",
-                     "max_len_a", "max_len_b", "min_len", "N_dec", "threads"]:
-            if getattr(self, name) < 0:
-                return f"--{name} must not be negative (got {getattr(self, name)})"
+        if self.negative():
+            return self.negative()
         if self.seq_len < 3:
             return f"--seq_len must be at least 3 ([SOS], one token, [EOS]), got {self.seq_len}"
         if self.min_len > self.seq_len - 2:
@@ -605,7 +612,8 @@ def checkpoint_config(parser, args):
         for name in sorted(given & picking):
             parser.error(f"--checkpoint names its file: not with --{name}, which picks one in "
                          f"--model_folder")
-    problem = not_positive(average=args.average, batch_size=args.batch_size)
+    problem = not_positive(average=args.average, batch_size=args.batch_size) or \
+        config.negative(given)  # (before the model is loaded)
     if problem:
         parser.error(problem)
     return config, given

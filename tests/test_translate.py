@@ -329,6 +329,11 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "there: 00, 01; --preload latest for the newest checkpoint)"),
     (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
     (["--min_len", "200", "hi"], None, "--min_len 200 is more than a translation can hold"),
+    # a negative decoding flag is refused before a model is looked for (and with "see --help")
+    (["--max_len_a", "-1", "--model_folder", "nowhere", "hi"], None,
+     "--max_len_a must not be negative (got -1.0) (see --help)"),
+    (["--min_len", "-2", "--model_folder", "nowhere", "hi"], None,
+     "--min_len must not be negative (got -2) (see --help)"),
     (["--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score against"),
     (["--input", "-", "--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score"),
     (["--attention", "a.png", "--input", "corpus/val.en"], None,  # issue 45: mapped the first
