@@ -242,8 +242,9 @@ def time_train_loop(config: Config, data, steps: int, host_only: bool = False, b
             run.writer.close()
             run.lock.release()
     if len(tokens) <= untimed:  # (a division by zero below)
-        raise UserError(f"train.py's loop: the epoch has {len(tokens)} step, none to time after "
-                        f"{untimed} untimed (a larger corpus or a smaller --max_tokens)")
+        raise UserError(f"train.py's loop: the epoch has {len(tokens)} step"
+                        f"{'s' * (len(tokens) != 1)}, none to time after {untimed} untimed (a "
+                        f"larger corpus or a smaller --max_tokens)")
     # from the end of the untimed steps (host_only marks after every step)
     (start, first), (end, last) = stamps[untimed if host_only else 1], stamps[-1]
     if last - first < steps:  # (the figure is over fewer steps than asked: say so)
@@ -493,9 +494,10 @@ def main(argv=None):
     loop = None
     if args.train_steps and config.compile:  # the step's shapes and warm-up (its compilations)
         chosen = timed_batches(data, config, choose_shapes(config, data), args.shapes_timed)
-        wanted = args.warmup_steps + args.train_steps
+        untimed = max(1, args.warmup_steps)
+        wanted = (untimed + args.train_steps) * config.accum_steps  # batches: k an update
         loop = time_train_loop(config, data, args.train_steps, batches=(chosen * wanted)[:wanted],
-                               untimed=max(1, args.warmup_steps))
+                               untimed=untimed)
     elif args.train_steps:
         loop = time_train_loop(config, data, args.train_steps)
     report(rows, loop, flops, device, args)
@@ -514,8 +516,8 @@ def main(argv=None):
 def timed_batches(data, config: Config, shapes, shapes_timed: int = 0) -> list:
     """The epoch's batches (lists of pair indices) in its order; with fixed shapes and
     `shapes_timed`, only those of its `shapes_timed` most frequent shapes: fewer compilations."""
-    sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, shuffle=True,
-                                seed=config.seed, shapes=shapes)
+    sampler = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
+                                shuffle=True, seed=config.seed, shapes=shapes)
     chosen = sampler.batches(0)
     if shapes and shapes_timed:
         lengths = shapes.padded_lengths(data.train.lengths())

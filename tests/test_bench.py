@@ -1,5 +1,6 @@
 """The benchmark scripts: their FLOP count, the decoding comparison, the picture."""
 
+import dataclasses
 from unittest import mock
 
 import pytest
@@ -692,6 +693,77 @@ def test_bench_times_the_compiled_loop_on_the_steps_batches(tmp_path, monkeypatc
     chosen = [b for b, n in zip(epoch, longest) if n == frequent]
     assert steps == 7 and kw["untimed"] == 3 and len(kw["batches"]) == 10
     assert [list(b) for b in kw["batches"]] == [list(b) for b in (chosen * 10)[:10]]
+
+
+def test_the_loop_waits_after_its_untimed_steps_and_its_last_and_refuses_too_few(tmp_path,
+                                                                                monkeypatch):
+    """Under --compile's warm-up of several untimed steps, the loop still waits for the device
+    twice only (after the untimed steps, after the last), and an epoch of no more steps than the
+    untimed ones is a one-line error, not a division by zero; timed_batches is the epoch train.py
+    trains first (its sampler's epoch 0), and --shapes_timed without fixed shapes (eager) is no
+    filter."""
+    import dev.bench
+    from conftest import TINY, make_corpus
+
+    from config import UserError, parse_config
+    from dataset import get_ds
+    from dev.bench import time_train_loop, timed_batches
+    from nmt.batching import TokenBatchSampler
+    from nmt.compiling import choose_shapes
+    make_corpus(tmp_path / "c", n=120, val=4)
+    config, _ = parse_config(["--data_dir", str(tmp_path / "c"), *TINY,
+                              "--model_folder", str(tmp_path / "w")])
+    data = get_ds(config)
+    epoch = timed_batches(data, config, None)
+    trained = TokenBatchSampler(data.train.lengths(), config.max_tokens, config.batch_size,
+                                shuffle=True, seed=config.seed).batches(0)
+    assert [list(b) for b in epoch] == [list(b) for b in trained]
+    assert [list(b) for b in timed_batches(data, config, None, 1)] == [list(b) for b in epoch]
+    shaped = dataclasses.replace(config, fixed_shapes=4)
+    shapes = choose_shapes(shaped, data)
+    assert [list(b) for b in timed_batches(data, shaped, shapes)] == [list(b) for b in
+        TokenBatchSampler(data.train.lengths(), shaped.max_tokens, shaped.batch_size,
+                          shuffle=True, seed=shaped.seed, shapes=shapes).batches(0)]
+    steps_done, waits = [], []
+    real = dev.bench.real_tokens
+    monkeypatch.setattr(dev.bench, "real_tokens", lambda b: steps_done.append(1) or real(b))
+    monkeypatch.setattr(dev.bench, "sync", lambda device: waits.append(len(steps_done)))
+    given = [epoch[0], epoch[1], epoch[2], epoch[0], epoch[1], epoch[2]]
+    assert time_train_loop(config, data, 3, batches=given, untimed=3) > 0
+    assert waits == [3, 6]
+    with pytest.raises(UserError, match="the epoch has 2 steps, none to time after 2 untimed"):
+        time_train_loop(config, data, 3, batches=given[:2], untimed=2)
+
+
+def test_bench_without_warm_up_still_gives_the_compiled_loop_an_untimed_step(tmp_path,
+                                                                             monkeypatch):
+    """dev.bench --compile --warmup_steps 0: the loop's first step (its compilation) is still
+    untimed, and it has a batch for each step, untimed and timed (it timed one step too few); k
+    for each under --accum_steps k (it ran out of batches); its batches are train.py's, sentence
+    batches too (--max_tokens 0 --batch_size N)."""
+    import dev.bench
+    from conftest import TINY, make_corpus
+    make_corpus(tmp_path / "c", n=120, val=4)
+    calls = []
+    monkeypatch.setattr(dev.bench, "compare", lambda *a: (mock.Mock(), mock.Mock(), None, [], []))
+    monkeypatch.setattr(dev.bench, "report", lambda *a: None)
+    monkeypatch.setattr(dev.bench, "time_train_loop",
+                        lambda config, data, steps, **kw: calls.append((steps, kw)) or 1.0)
+    dev.bench.main(["--data_dir", str(tmp_path / "c"), "--lang_tgt", "it", *TINY,
+                    "--model_folder", str(tmp_path / "w"), "--baseline_steps", "0",
+                    "--profile_steps", "0", "--train_steps", "4", "--warmup_steps", "0",
+                    "--steps", "2", "--compile", "true"])
+    (steps, kw), = calls
+    assert steps == 4 and kw["untimed"] == 1 and len(kw["batches"]) == 5
+    calls.clear()
+    dev.bench.main(["--data_dir", str(tmp_path / "c"), "--lang_tgt", "it", *TINY,
+                    "--model_folder", str(tmp_path / "w"), "--baseline_steps", "0",
+                    "--profile_steps", "0", "--train_steps", "4", "--warmup_steps", "2",
+                    "--steps", "2", "--compile", "true", "--accum_steps", "3",
+                    "--max_tokens", "0", "--batch_size", "7"])
+    (steps, kw), = calls
+    assert steps == 4 and kw["untimed"] == 2 and len(kw["batches"]) == 18
+    assert all(len(b) <= 7 for b in kw["batches"]) and len(kw["batches"][0]) == 7
 
 
 def test_bench_attention_times_the_validations_picture():

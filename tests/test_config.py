@@ -452,3 +452,17 @@ def test_the_pages_keep_their_paragraphs_and_name_the_machine_of_a_figure():
     figure = scaling[scaling.index("70 s against 53 s"):][:250]
     assert ("one run each, on an AMD EPYC with AVX512-BF16, 2 cores shared with a training run, "
             "torch 2.13.0 CPU") in figure
+
+
+@pytest.mark.parametrize("name", [
+    "batch_size", "max_tokens", "warmup", "max_steps", "save_every", "keep_last", "keep_epochs",
+    "keep_optimizer", "val_max_sentences", "val_examples", "num_workers", "clip_grad", "patience",
+    "eval_every", "tokenizer_sample", "fixed_shapes", "time_budget", "max_len_a", "max_len_b",
+    "min_len", "N_dec", "threads"])
+def test_every_count_refuses_a_negative_value(name):
+    """Config.negative, validate's rule and translate.py's check before a model is loaded: each
+    of these settings is refused below 0, and only where asked about (names given)."""
+    config = Config(**{name: -1})
+    message = f"--{name} must not be negative (got -1)"
+    assert config.negative() == message and config.validate() == message
+    assert config.negative({name}) == message and config.negative({"d_model"}) is None
