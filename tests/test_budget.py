@@ -277,3 +277,17 @@ def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatc
 def test_the_budget_is_minutes_not_negative():
     from config import Config
     assert "--time_budget must not be negative" in Config(time_budget=-1).validate()
+
+
+def test_a_budget_run_trains_past_num_epochs_until_its_schedule_is_complete(tmp_path,
+                                                                           fake_time):
+    """Under --time_budget the budget, not --num_epochs (20 by default, which it replaces),
+    sets the run's length: on a corpus of one step an epoch, 4 minutes at the fake clock's
+    costs buy more than 20 epochs, all trained to the schedule's end."""
+    make_corpus(tmp_path / "c", n=8, val=2)
+    t = run_here("train.py", *FLAGS, "--time_budget", "4", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "the --time_budget's schedule is complete" in t.stdout.decode()
+    validations = json.loads((tmp_path / "weights" / "tmodel_validation.json").read_text())
+    final = load_checkpoint(latest(tmp_path))
+    assert validations[-1]["epoch"] >= 20 and final["schedule_steps"] == final["global_step"]

@@ -466,3 +466,115 @@ def test_every_count_refuses_a_negative_value(name):
     message = f"--{name} must not be negative (got -1)"
     assert config.negative() == message and config.validate() == message
     assert config.negative({name}) == message and config.negative({"d_model"}) is None
+
+
+def test_the_peak_learning_rate_follows_the_model_width():
+    """--lr 0 (the default) is LR_AT_512 · 512 / d_model, as --help says (4e-3 at d_model 128,
+    the Multi30k presets' width); a --lr given is used as it is."""
+    assert Config().peak_lr() == pytest.approx(1e-3)
+    assert Config(d_model=128).peak_lr() == pytest.approx(4e-3)
+    assert Config(d_model=128, lr=5e-4).peak_lr() == 5e-4
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"N": 0}, "--N must be positive (got 0)"),
+    ({"max_bad_steps": 0}, "--max_bad_steps must be positive (got 0)"),
+    ({"seq_len": 2, "min_len": 0}, "--seq_len must be at least 3"),
+    ({"max_len_a": 0, "max_len_b": 0, "min_len": 0}, "--max_len_a 0 and --max_len_b 0 leave no "
+                                                      "room for --min_len 0 output tokens"),
+    ({"h": 8, "n_kv_heads": 3}, "--h (8) must be divisible by --n_kv_heads (3)"),
+    ({"tie_embeddings": "all"}, "--tie_embeddings all needs --shared_vocab true"),
+    ({"attention_dropout": 1.0}, "--attention_dropout must be in [0, 1), got 1.0"),
+    ({"label_smoothing": 1.0}, "--label_smoothing must be in [0, 1), got 1.0"),
+    ({"lr": -0.5}, "--lr must not be negative"),
+    ({"device": "cuda:"}, "--device must be auto, cpu, cuda, cuda:N or mps, got 'cuda:'"),
+    ({"lang_src": ""}, "--lang_src and --lang_tgt must be two different languages"),
+    ({"tokenizer_file": "tokenizer.json"}, "--tokenizer_file must contain {0}"),
+    ({"val_fraction": 0.0}, "--val_fraction must be in (0, 1), got 0.0"),
+    ({"upsample": 2}, "--extra_tag and --upsample go with --extra_data_dir"),
+    ({"distill_from": "teacher", "distill_average": 0},
+     "--distill_beam and --distill_average must be at least 1"),
+    ({"bpe_dropout": 0.1, "fixed_shapes": 4}, "--fixed_shapes does not go with --bpe_dropout"),
+    ({"cuda_graphs": True}, "--cuda_graphs goes with --compile true"),
+])
+def test_each_rule_of_validate_refuses_at_its_edge(settings, message):
+    """Each refusal of Config.validate at the first value it refuses (a zero where a count
+    must be positive, a rate of exactly 1, an option without the one it needs): a rule
+    loosened by one, or dropped, lets a run start that fails later or trains wrong."""
+    problem = Config(**settings).validate()
+    assert problem is not None and message in problem, problem
+
+
+@pytest.mark.parametrize("settings", [
+    {"seq_len": 10, "min_len": 8},  # the most output tokens seq_len leaves
+    {"max_tokens": 350},  # a batch of one sequence of --seq_len (350) tokens
+    {"max_len_a": 0, "max_len_b": 1, "min_len": 1},
+    {"seq_len": 3, "min_len": 1},
+    {"h": 8, "n_kv_heads": 4},
+    {"tie_embeddings": "all", "shared_vocab": True},
+    {"device": "cuda:1"},
+    {"extra_data_dir": "bt", "upsample": 2},
+])
+def test_validate_accepts_the_values_at_each_edge(settings):
+    """The last value each rule lets through is accepted (a boundary moved by one refuses a
+    setting --help allows)."""
+    assert Config(**settings).validate() is None
+
+
+def test_warmup_is_refused_only_with_a_constant_rate():
+    """--warmup with the default inverse_sqrt schedule (or cosine) is used; only beside
+    --lr_schedule constant, which has none, is it refused."""
+    assert parse_config(["--warmup", "100"])[0].warmup == 100
+    assert parse_config(["--lr_schedule", "cosine", "--warmup", "100"])[0].warmup == 100
+    from config import UserError
+    with pytest.raises(UserError, match="--warmup with --lr_schedule constant"):
+        parse_config(["--lr_schedule", "constant", "--warmup", "100"])
+
+
+def test_a_switch_takes_every_spelling_of_true_and_false():
+    """--compile yes/on/1/true and no/off/0/false, as --help's [true|false] reads; anything
+    else is refused."""
+    for word, value in (("yes", True), ("on", True), ("1", True), ("TRUE", True),
+                        ("no", False), ("off", False), ("0", False), ("False", False)):
+        assert parse_config(["--compile", word])[0].compile is value, word
+    from config import UserError
+    with pytest.raises(UserError, match="expected true or false, got 'maybe'"):
+        parse_config(["--compile", "maybe"])
+
+
+def test_datasource_typed_on_a_resume_of_a_local_corpus_is_refused():
+    """The run's settings (a resume's checkpoint, `settings`) read --data_dir's files: a
+    --datasource typed beside them would do nothing, and is refused though --data_dir was
+    not typed this time."""
+    from config import UserError
+
+    def resumed(config, given):  # a checkpoint trained on local files
+        return dataclasses.replace(config, data_dir="corpus")
+    with pytest.raises(UserError, match="--datasource with --data_dir: the run reads the files "
+                                        "of --data_dir corpus"):
+        parse_config(["--datasource", "x/y"], settings=resumed)
+    assert parse_config(["--lr", "1e-3"], settings=resumed)[0].lr == 1e-3
+
+
+def test_translate_refuses_a_batch_size_or_an_average_below_one():
+    """checkpoint_config (translate.py's and export.py's flags): --batch_size 0 and --average 0
+    are one line before any model is loaded (a 0 would fall back to the default silently)."""
+    from config import RaisingParser, UserError, add_locating_arguments, checkpoint_config
+    for argv, message in ((["--batch_size", "0"], "--batch_size must be positive (got 0)"),
+                          (["--average", "0"], "--average must be positive (got 0)")):
+        parser = RaisingParser()
+        add_locating_arguments(parser)
+        with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            checkpoint_config(parser, parser.parse_args(argv))
+    parser = RaisingParser()
+    add_locating_arguments(parser)
+    config, given = checkpoint_config(parser, parser.parse_args(["--batch_size", "1"]))
+    assert config.batch_size == 1 and given == {"batch_size"}
+
+
+def test_a_newer_checkpoints_unknown_settings_are_dropped():
+    """A checkpoint saved by newer code holds settings this code has not: Config.from_dict
+    drops them (a TypeError would make it unloadable) and keeps every known one."""
+    saved = {**Config(d_model=64, h=4).to_dict(), "a_future_setting": 3}
+    config = Config.from_dict(saved)
+    assert (config.d_model, config.h) == (64, 4) and not hasattr(config, "a_future_setting")

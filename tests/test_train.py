@@ -452,6 +452,41 @@ def test_patience_breaks_bleu_ties_with_the_validation_loss(tmp_path, monkeypatc
     assert validate(5, 4.2) is train.Stop.PATIENCE
 
 
+def test_a_validation_no_better_than_the_best_leaves_the_best_checkpoint_as_it_was(
+        tmp_path, monkeypatch):
+    """Only a new best validation rewrites tmodel_best.pt: a worse one after it leaves the best
+    checkpoint's weights and step those of the best (translate.py and the test scores use it)."""
+    run, progress = fake_run(tmp_path), train.Progress()
+    for step, bleu in ((1, 5.0), (2, 3.0)):
+        progress.step = step
+        monkeypatch.setattr(train, "run_validation",
+                            lambda run, progress, bleu=bleu: {"bleu": bleu, "loss": 2.0})
+        assert train.validate(run, progress) is train.Stop.NONE
+    best = load_checkpoint(best_checkpoint_path(run.config))
+    assert best["global_step"] == 1 and best["validation"]["bleu"] == 5.0
+    assert [h["step"] for h in history(tmp_path)] == [1, 2]
+
+
+def test_a_stop_right_after_a_validation_does_not_validate_those_weights_again(tmp_path,
+                                                                               monkeypatch):
+    """end_epoch after a stop mid-epoch (--max_steps, a --time_budget plan that shrank) at a
+    step a validation has just scored (--eval_every's) validates no more: a second one recorded
+    the same step twice in the history, and counted it against --patience."""
+    from nmt.runtime import NoWriter
+    run = types.SimpleNamespace(**vars(fake_run(tmp_path)), batches_per_epoch=10,
+                                writer=NoWriter())
+    progress, validated = train.Progress(), []
+    monkeypatch.setattr(train, "run_validation", lambda run, progress: validated.append(
+        progress.step) or {"bleu": 1.0, "loss": 2.0})
+    progress.step, progress.batch = 5, 5  # mid-epoch
+    assert train.validate(run, progress) is train.Stop.NONE
+    assert train.end_epoch(run, progress, train.Stop.MAX_STEPS) is train.Stop.MAX_STEPS
+    assert validated == [5] and [h["step"] for h in history(tmp_path)] == [5]
+    progress.step, progress.batch = 6, 6  # weights not validated yet: validated
+    train.end_epoch(run, progress, train.Stop.MAX_STEPS)
+    assert validated == [5, 6]
+
+
 def test_the_ranks_hosts_exchange_once_a_step(tmp_path, monkeypatch):
     """Issue 44: two exchanges between the ranks' hosts a step (the update's token count, then
     the stop decision); now one, carrying both, and none else in an epoch without saves or
@@ -473,6 +508,146 @@ def test_the_ranks_hosts_exchange_once_a_step(tmp_path, monkeypatch):
     assert progress.step == len(groups) == len(exchanged) > 2
     assert exchanged == [(train.target_tokens(g), False) for g in groups]
     assert any(len(g) == 2 for g in groups)
+
+
+class Scalars:
+    """A TensorBoard writer that keeps the (tag, step) of each scalar it is given."""
+
+    def __init__(self):
+        self.logged = []
+
+    def add_scalar(self, tag, value, step):
+        self.logged.append((tag, step))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def epoch_run(tmp_path, monkeypatch, *flags):
+    """train.py's run, set up on 60 pairs of number words in tmp_path (8 batches an epoch at
+    --max_tokens 60) with `flags`, for train_epoch called directly: its lock released, its
+    writer a Scalars."""
+    make_corpus(tmp_path / "c", n=60, val=4)
+    monkeypatch.chdir(tmp_path)
+    config, given = parse_config(["--data_dir", "c", *TINY, "--max_tokens", "60",
+                                  "--val_examples", "0", *flags])
+    run, progress = train.set_up(config, given)
+    run.lock.release()
+    run.writer.close()
+    return dataclasses.replace(run, writer=Scalars()), progress
+
+
+def test_the_loss_is_logged_every_log_every_steps_and_at_the_epochs_end(tmp_path, monkeypatch):
+    """--log_every N logs the loss (and rate) at the first step, every N steps and at the
+    epoch's last step, whatever N (--help's "and at each epoch's end"); the epoch's throughput
+    once, at its end."""
+    run, progress = epoch_run(tmp_path, monkeypatch, "--log_every", "3")
+    assert train.train_epoch(run, progress) is train.Stop.NONE
+    end = run.batches_per_epoch
+    assert end > 3 and end % 3 and progress.step == end  # (the epoch's end: no multiple of 3)
+    logged = [step for tag, step in run.writer.logged if tag == "train/loss"]
+    assert logged == sorted({1, *range(3, end, 3), end})
+    assert [step for tag, step in run.writer.logged if tag == "train/epoch_tokens_per_s"] == [end]
+
+
+def test_save_every_saves_at_its_steps_within_the_epoch_and_not_at_its_end(tmp_path,
+                                                                          monkeypatch):
+    """--save_every N saves mid-epoch at every N-th step, each named by its step; at the
+    epoch's last step the epoch's own checkpoint (end_epoch's) is the one saved."""
+    run, progress = epoch_run(tmp_path, monkeypatch, "--save_every", "2")
+    saved = []
+    monkeypatch.setattr(train, "save", lambda run, progress, epoch, batch, path: saved.append(
+        (epoch, batch, path.name)))
+    assert train.train_epoch(run, progress) is train.Stop.NONE
+    end = run.batches_per_epoch
+    assert end % 2 == 0  # the epoch ends on a multiple of 2
+    assert saved == [(0, s, f"tmodel_00_s{s:07d}.pt") for s in range(2, end, 2)]
+
+
+def test_eval_every_validates_within_the_epoch_and_leaves_its_end_to_end_epoch(tmp_path,
+                                                                              monkeypatch):
+    """--eval_every N validates at every N-th step within the epoch; at its last step it is
+    end_epoch's validation, after the epoch's checkpoint is saved (a crash while decoding loses
+    nothing)."""
+    run, progress = epoch_run(tmp_path, monkeypatch, "--eval_every", "2")
+    validated = []
+    monkeypatch.setattr(train, "validate", lambda run, progress: validated.append(
+        progress.step) or train.Stop.NONE)
+    assert train.train_epoch(run, progress) is train.Stop.NONE
+    end = run.batches_per_epoch
+    assert end % 2 == 0 and validated == list(range(2, end, 2))
+
+
+def test_patience_running_out_mid_epoch_stops_at_that_step_and_saves_it(tmp_path, monkeypatch):
+    """An --eval_every validation that runs out --patience stops the epoch there, with a
+    mid-epoch checkpoint of that step (it trained on to the epoch's end)."""
+    run, progress = epoch_run(tmp_path, monkeypatch, "--eval_every", "2", "--patience", "1")
+    validated = []
+
+    def validate(run, progress):
+        validated.append(progress.step)
+        return train.Stop.PATIENCE if progress.step == 4 else train.Stop.NONE
+    monkeypatch.setattr(train, "validate", validate)
+    assert train.train_epoch(run, progress) is train.Stop.PATIENCE
+    assert validated == [2, 4] and (progress.step, progress.batch) == (4, 4)
+    assert load_checkpoint(tmp_path / "weights" / "tmodel_00_s0000004.pt")["next_batch"] == 4
+
+
+def test_a_stop_signal_mid_epoch_saves_there_and_says_it_was_the_signal(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A Ctrl-C during a step: the epoch stops before the next one, saves a mid-epoch checkpoint
+    there and says the signal stopped it, with the command that resumes (not the --max_steps
+    line, whose advice is another flag)."""
+    run, progress = epoch_run(tmp_path, monkeypatch)
+    real = train.optimizer_step
+
+    def signalled(run, progress, loss, lr):
+        real(run, progress, loss, lr)
+        if progress.step == 1:  # the second step (counted after this call)
+            progress.signal = "SIGINT"
+    monkeypatch.setattr(train, "optimizer_step", signalled)
+    assert train.train_epoch(run, progress) is train.Stop.SIGNAL
+    assert (progress.step, progress.batch) == (2, 2)
+    out = capsys.readouterr().out
+    assert (f"stopped by SIGINT in epoch 0 after batch 2 of {run.batches_per_epoch} (step 2); "
+            "saved weights/tmodel_00_s0000002.pt. Resume with: python train.py") in out, out
+    assert load_checkpoint(tmp_path / "weights" / "tmodel_00_s0000002.pt")["next_batch"] == 2
+
+
+def test_a_failed_set_up_releases_the_model_folder(tmp_path, monkeypatch):
+    """set_up called from code (a notebook, dev/bench.py) that fails after it locked the model
+    folder (here: no corpus) releases it: a retry in the same process, the error still held
+    (a notebook keeps the last traceback), was refused as "in use by another training run"."""
+    from config import UserError
+    from nmt.files import FolderLock
+    monkeypatch.chdir(tmp_path)
+    config, given = parse_config(["--data_dir", "nowhere", *TINY, "--model_folder", "w"])
+    with pytest.raises(UserError, match="nowhere") as failed:
+        train.set_up(config, given)
+    assert not FolderLock(tmp_path / "w").held()
+    make_corpus(tmp_path / "nowhere", n=40, val=4)
+    run, _ = train.set_up(config, given)  # the first failure's traceback still held
+    run.lock.release()
+    run.writer.close()
+    assert failed.value.__traceback__ is not None
+
+
+def test_a_run_from_a_trained_model_says_what_it_starts_from(trained, tmp_path, capsys):
+    """--init_from's start names the checkpoint it starts from and what the source's
+    vocabulary makes of the new corpus."""
+    home, _ = trained
+    config, given = parse_config(["--init_from", str(home / "weights"), "--data_dir",
+                                  str(home / "corpus"), "--model_folder", str(tmp_path / "w"),
+                                  "--experiment_name", str(tmp_path / "runs")])
+    run, _ = train.set_up(config, given)
+    run.lock.release()
+    run.writer.close()
+    out = capsys.readouterr().out
+    assert (f"a new run from {home / 'weights' / 'tmodel_best.pt'}: vocabulary on the new "
+            "corpus: ") in out and "tokens a word" in out, out
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
