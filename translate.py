@@ -29,7 +29,7 @@ from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, c
 from corpus import DataError, column, decode_lines, load_corpus, own_corpus, text_file_name
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
-from nmt.attention_map import VIEWS, save_attention_map
+from nmt.attention_map import VIEWS, picture_problem, save_attention_map
 from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import Sampling, clean
 from nmt.engine import load_engine
@@ -89,7 +89,7 @@ def add_input_arguments(parser):
                         "validation split the model was trained with, beside its reference "
                         "(--data_dir: that corpus's place, where it has moved)")
     parser.add_argument("--input", help="file of sentences, one a line ('-': stdin)")
-    parser.add_argument("--output", help="write translations here instead of stdout")
+    parser.add_argument("--output", help="write translations here instead of stdout (-: stdout)")
     parser.add_argument("--reference", help="reference translations of --input: print corpus "
                         "sacreBLEU and chrF")
     parser.add_argument("--papers_reference", metavar="TOK", help="tokenized references of "
@@ -171,12 +171,14 @@ def check_inputs(parser, args):
                          f"would overwrite: give another --output")
     for flag in ("output", "attention"):  # found before the decoding, not after it
         path = getattr(args, flag)
-        if path in (None, "-"):
+        if path in (None, "-"):  # (--output -: stdout)
             continue
         if not os.path.isdir(os.path.dirname(path) or "."):
             parser.error(f"--{flag} {path}: no folder {os.path.dirname(path)} to write it in")
         if os.path.isdir(path):
             parser.error(f"--{flag} {path} is a folder: give a file in it")
+    if args.attention and picture_problem(args.attention):  # (matplotlib would add .png)
+        parser.error(picture_problem(args.attention))
 
 
 def same_file(a: str, b: str) -> bool:
@@ -287,7 +289,8 @@ def check_sampling(parser, args):
     if args.top_p is not None and not 0 < args.top_p <= 1:
         parser.error(f"--top_p must lie in (0, 1] (got {args.top_p}; 1: all tokens)")
     if (args.reference or args.papers_reference) and args.sample > 1:
-        parser.error("--reference scores one translation a sentence: --sample 1")
+        parser.error(f"--{'reference' if args.reference else 'papers_reference'} scores one "
+                     f"translation a sentence: --sample 1")
 
 
 def sampling(args):
@@ -407,7 +410,7 @@ def write_outputs(args, sentences, outputs, reference, first: int = 0):
     else:
         lines = outputs
     text = "".join(line + "\n" for line in lines)
-    if not args.output:
+    if args.output in (None, "-"):
         sys.stdout.write(text)
         return
     try:
@@ -435,7 +438,7 @@ def main(argv=None):
         check_attention(translator.model, args.attention_view, args.attention_layer,
                         args.attention_head)
     if reading_a_terminal(args) and not (args.reference or args.papers_reference
-                                         or args.output):
+                                         or args.output not in (None, "-")):
         return translate_as_typed(args, translator)
     tokenizer_src, tokenizer_tgt = translator.tokenizer_src, translator.tokenizer_tgt
     first_src = tokenizer_src[0] if args.ensemble else tokenizer_src  # for --example

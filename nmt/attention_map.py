@@ -12,6 +12,7 @@ Grouped-query attention draws its query heads: h of them, each with its shared k
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -175,6 +176,21 @@ def draw(weights: AttentionWeights, view: str = "cross", layer: int = 0, head: s
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(VIEWS[view], fontsize=9)
     return fig
+
+
+def picture_problem(path: str):
+    """Why `path` cannot take a picture of attention, or None: matplotlib missing, or a name
+    without a format matplotlib writes (it would add .png to `attmap`, and refuse `a.txt`):
+    checked before any sentence is decoded (translate.py --attention)."""
+    plt = pyplot()
+    if plt is None:
+        return "drawing attention needs matplotlib (pip install matplotlib)"
+    formats = plt.gcf().canvas.get_supported_filetypes()
+    plt.close()
+    if Path(path).suffix[1:].lower() not in formats:
+        return (f"--attention {path}: end the file name with a picture format (.png, .pdf, "
+                f".svg or another that matplotlib writes)")
+    return None
 
 
 def save_attention_map(model, tokenizer_src, tokenizer_tgt, sentence, translation, path,

@@ -141,10 +141,12 @@ def test_a_terminal_on_stdin_is_told_what_is_awaited_and_answered_line_by_line(t
                                                             abs=2e-3)
 
 
-@pytest.mark.parametrize("args", [["--output", "out.hyp"], ["--reference", "corpus/val.it"]])
+@pytest.mark.parametrize("args", [["--output", "out.hyp"], ["--reference", "corpus/val.it"],
+                                  ["--papers_reference", "corpus/val.it"]])
 def test_a_terminal_read_to_its_end_says_so(trained, tmp_path, args):
-    """To a file, or scored against a reference, the terminal's lines are read to Ctrl-D
-    (they are translated together), as the first line says."""
+    """To a file, or scored against a reference (--reference or --papers_reference), the
+    terminal's lines are read to Ctrl-D (they are translated together), as the first line
+    says."""
     pytest.importorskip("pty")
     home, _ = trained
     args = [str(tmp_path / a) if a == "out.hyp" else a for a in args]
@@ -157,6 +159,17 @@ def test_a_terminal_read_to_its_end_says_so(trained, tmp_path, args):
         assert out == "" and (tmp_path / "out.hyp").read_text() == expected
     else:
         assert out == expected and "BLEU = " in err
+
+
+@pytest.mark.parametrize("args", [["--input", "-"], ["--output", "-"]])
+def test_input_dash_on_a_terminal_is_stdin_answered_line_by_line(trained, args):
+    """`--input -` names stdin and `--output -` stdout: on a terminal each line is answered as
+    typed, as without them."""
+    pytest.importorskip("pty")
+    home, _ = trained
+    _, out, err, code = on_a_terminal(home, args, b"one two three.\n\x04")
+    assert code == 0 and TYPE_AND_ENTER in err.splitlines(), err
+    assert READ_TO_THE_END not in err and len(out.splitlines()) == 1
 
 
 @pytest.mark.parametrize("args", [["--input", "corpus/val.en"], ["--example", "1"]])
@@ -379,6 +392,49 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "of the ensemble in one comma-separated argument (--ensemble A,B)"),
     (["--ensemble", "weights,weights", "--model_folder", "weights", "hi"], None,
      "--ensemble names its models: not with --model_folder"),
+    # (tests from a review's mutations of translate.py) the search's settings are checked
+    # before a model is looked for
+    (["--beam", "0", "--model_folder", "nowhere", "hi"], None,
+     "--beam must be positive (got 0) (see --help)"),
+    (["--beam", "2", "--nbest", "3", "--model_folder", "nowhere", "hi"], None,
+     "--nbest 3 must be at most --beam 2 (see --help)"),
+    # --example is one input of three: not beside a sentence or --input (example 0 too), nor
+    # with --reference or --output, which it would ignore
+    (["--example", "1", "hi"], None, "give one of a sentence, --input and --example"),
+    (["--example", "0", "--input", "corpus/val.en"], None,
+     "give one of a sentence, --input and --example"),
+    (["--example", "1", "--reference", "corpus/val.it"], None,
+     "--reference goes with --input or stdin"),
+    (["--example", "0", "--output", "ex.txt"], None, "--output writes the translations of "
+     "--input or stdin; --example prints its one beside its source and reference"),
+    # every --attention_* flag needs --attention; of several, the first by name is said
+    (["--attention_layer", "1", "hi"], None, "--attention_layer goes with --attention PNG"),
+    (["--attention_view", "encoder", "--attention_head", "mean", "--attention_layer", "1",
+      "hi"], None, "--attention_head goes with --attention PNG"),
+    # the flags that locate one model, beside --ctranslate2's or --ensemble's models
+    (["--ctranslate2", "nowhere", "--preload", "1", "hi"], None, "--ctranslate2 takes the "
+     "exported model as it is: not with --preload (export another model with export.py)"),
+    (["--ensemble", "weights,weights", "--model_basename", "tmodel_", "hi"], None,
+     "--ensemble names its models: not with --model_basename"),
+    (["--ensemble", "weights,weights", "--ctranslate2", "weights", "hi"], None,
+     "--ensemble names its models: not with --ctranslate2"),
+    (["--ensemble", "weights,weights", "--attention", "a.png", "hi"], None,
+     "--ensemble names its models: not with --attention"),
+    (["--ensemble", "weights,weights", "--model_folder", "weights", "--attention", "a.png",
+      "hi"], None, "--ensemble names its models: not with --attention"),
+    # a model folder as the sentence is a model only beside --ensemble
+    (["weights", "one two"], None, "unrecognized arguments: one two; one sentence is one "
+     "argument (quote it)"),
+    (["--sample", "2", "--input", "corpus/val.en", "--papers_reference", "corpus/val.it"], None,
+     "--papers_reference scores one translation a sentence: --sample 1"),
+    # an empty stdin with --papers_reference alone: the error, without the warning before it
+    (["--papers_reference", "corpus/val.it"], b"",
+     "stdin is empty: nothing to score against corpus/val.it"),
+    (["--input", "corpus/val.en", "--reference", "corpus/train.it"], None,  # more, not fewer
+     "corpus/train.it has 64 lines but the input has 8"),
+    pytest.param(["--input", "corpus/val.en", "--output", "/dev/full"], None,
+                 "cannot write /dev/full: No space left on device",  # (not a traceback)
+                 marks=pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's")),
 ])
 def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
     """Issue 45: an empty input with --reference ended in sacreBLEU's IndexError."""
@@ -902,3 +958,156 @@ def test_a_bad_attention_layer_or_head_is_refused_before_anything_is_decoded(
                      tmp_path / "out.txt", "one two", cwd=home)
         assert t.returncode == 2 and message in t.stderr.decode(), t.stderr.decode()
         assert not (tmp_path / "out.txt").exists() and not (tmp_path / "a.png").exists()
+
+
+# Tests from a review's mutations of translate.py: behaviour no test pinned.
+
+def test_an_attention_map_is_drawn_for_a_validation_example(trained, tmp_path):
+    """--attention maps one sentence: the sentence argument or --example N's source."""
+    home, _ = trained
+    t = run_here("translate.py", "--attention", tmp_path / "a.png", "--example", "1", cwd=home)
+    assert t.returncode == 0 and "PREDICTED:" in t.stdout.decode(), t.stderr.decode()
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_ensembles_sentence_that_names_no_model_is_a_sentence(trained):
+    """Beside --ensemble, only a checkpoint file (.pt) or a folder of them is taken for a
+    model: another file's name, a folder without checkpoints, a sentence too long to be a
+    file name are sentences, translated."""
+    home, _ = trained
+    for sentence in ("corpus/val.en", "corpus", "nine " * 60):
+        t = run_here("translate.py", "--ensemble", "weights,weights", sentence, cwd=home)
+        assert t.returncode == 0 and len(t.stdout.decode().splitlines()) == 1, \
+            t.stderr.decode()
+
+
+def test_the_sampling_settings_edges_are_no_cut_as_their_defaults(trained):
+    """--top_k 0 (all tokens), --top_p 1 (all), --temperature 1 and --seed 0 are accepted, and
+    draw what their defaults draw."""
+    home, _ = trained
+    default = run_here("translate.py", "--sample", "2", "one two three", cwd=home)
+    edges = run_here("translate.py", "--sample", "2", "--top_k", "0", "--top_p", "1",
+                     "--temperature", "1", "--seed", "0", "one two three", cwd=home)
+    assert edges.returncode == 0, edges.stderr.decode()
+    assert edges.stdout == default.stdout and len(edges.stdout.decode().splitlines()) == 2
+
+
+def test_every_sampling_flag_reaches_the_sampler():
+    """--sample N and each of its settings given make the Sampling decoded with; those not
+    given keep Sampling's defaults; no --sample, no Sampling."""
+    import translate
+    from nmt.decoding import Sampling
+
+    def drawn(*flags):
+        return translate.sampling(translate.parse_args([*flags, "hi"])[0])
+    assert drawn("--sample", "3", "--temperature", "0.5", "--top_k", "4", "--top_p", "0.9",
+                 "--seed", "7") == Sampling(n=3, temperature=0.5, top_k=4, top_p=0.9, seed=7)
+    assert drawn("--sample", "2") == Sampling(n=2)
+    assert drawn() is None
+
+
+def test_threads_reach_the_ctranslate2_engine(monkeypatch):
+    """--threads is the engine's thread count under --ctranslate2 (load_translator applies it
+    to this repo's decoder; the engine takes it as an argument)."""
+    import translate
+    from nmt.translator import InputError
+    asked = []
+
+    def load_engine(folder, config, given, threads=0):
+        asked.append((folder, threads))
+        raise InputError("loaded nothing")
+    monkeypatch.setattr(translate, "load_engine", load_engine)
+    t = run_here("translate.py", "--ctranslate2", "exported", "--threads", "3", "hi", cwd=ROOT)
+    assert t.returncode == 2 and asked == [("exported", 3)], t.stderr.decode()
+
+
+def test_alpha_reaches_the_beam_search(trained, monkeypatch):
+    """--alpha is the length penalty the search ranks by (LENGTH_PENALTY without it)."""
+    import nmt.translator
+    home, _ = trained
+    real, alphas = nmt.translator.translate, []
+
+    def spy(model, config, tok_src, tok_tgt, texts, beam, alpha, *args, **kwargs):
+        alphas.append(alpha)
+        return real(model, config, tok_src, tok_tgt, texts, beam, alpha, *args, **kwargs)
+    monkeypatch.setattr(nmt.translator, "translate", spy)
+    for flags in (["--alpha", "1.5"], []):
+        t = run_here("translate.py", "--beam", "2", *flags, "one two", cwd=home)
+        assert t.returncode == 0, t.stderr.decode()
+    assert alphas == [1.5, 0.6]
+
+
+def test_an_nbest_list_is_scored_and_mapped_by_its_best_hypothesis(trained, tmp_path,
+                                                                  monkeypatch):
+    """With --nbest, --reference and --papers_reference score the first (best) hypothesis of
+    each list, the papers' BLEU tokenizing it as the target language; --attention maps the
+    best hypothesis of the sentence as the model read it (cleaned), and says where it wrote."""
+    import translate
+    home, _ = trained
+    scored, real_map, mapped = {}, translate.save_attention_map, []
+    monkeypatch.setattr(translate, "score", lambda best, refs, **kw: scored.update(
+        sacre=list(best)) or {"report": "sacreBLEU"})
+    monkeypatch.setattr(translate, "papers_bleu", lambda best, refs, lang: scored.update(
+        papers=(list(best), lang)) or {"report": "papers"})
+
+    def spy(model, tok_src, tok_tgt, sentence, translation, *args):
+        mapped.append((sentence, translation))
+        return real_map(model, tok_src, tok_tgt, sentence, translation, *args)
+    monkeypatch.setattr(translate, "save_attention_map", spy)
+    t = run_here("translate.py", "--input", "corpus/val.en", "--beam", "2", "--nbest", "2",
+                 "--reference", "corpus/val.it", "--papers_reference", "corpus/val.it",
+                 cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    rows = [line.split("\t") for line in t.stdout.decode().splitlines()]
+    firsts = [text for n, _, text in rows[::2]]
+    assert [int(n) for n, _, _ in rows] == [n for n in range(8) for _ in range(2)]
+    assert firsts != [text for _, _, text in rows[1::2]]  # (the lists' second ones differ)
+    assert scored == {"sacre": firsts, "papers": (firsts, "it")}
+    t = run_here("translate.py", "--attention", tmp_path / "a.png", "--beam", "2", "--nbest",
+                 "2", " one\ttwo three ", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    assert mapped == [("one two three", t.stdout.decode().split("\t")[2].split("\n")[0])]
+    assert f"wrote the decoder cross-attention to {tmp_path / 'a.png'}" in \
+        t.stderr.decode().splitlines()
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_output_dash_is_stdout_and_not_a_file(trained, tmp_path):
+    """--output - writes the translations to stdout, as `-` means for --input: it wrote a file
+    named "-" and printed nothing."""
+    home, _ = trained
+    plain = run_here("translate.py", "--model_folder", home / "weights", "one two.", cwd=tmp_path)
+    t = run_here("translate.py", "--model_folder", home / "weights", "--output", "-", "one two.",
+                 cwd=tmp_path)
+    assert t.returncode == 0 and t.stdout == plain.stdout and t.stdout.strip(), t.stderr.decode()
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("name", ["attmap", "a.txt", "-"])
+def test_an_attention_file_without_a_picture_format_is_refused_before_decoding(trained, tmp_path,
+                                                                             name):
+    """--attention attmap wrote attmap.png and said "wrote ... to attmap"; --attention a.txt
+    ended in matplotlib's traceback after the decoding (and after --output was written);
+    --attention - wrote -.png. Each is refused in one line before any model is loaded."""
+    home, _ = trained
+    t = run_here("translate.py", "--model_folder", "nowhere", "--attention", name, "one two.",
+                 cwd=tmp_path)
+    assert t.returncode == 2 and t.stderr.decode().splitlines()[-1].endswith(
+        f"--attention {name}: end the file name with a picture format (.png, .pdf, .svg or "
+        f"another that matplotlib writes) (see --help)"), t.stderr.decode()
+    assert list(tmp_path.iterdir()) == []
+    t = run_here("translate.py", "--model_folder", home / "weights", "--attention", "a.PDF",
+                 "one two.", cwd=tmp_path)
+    assert t.returncode == 0 and (tmp_path / "a.PDF").read_bytes().startswith(b"%PDF")
+
+
+def test_stdins_dash_is_no_file_the_output_would_overwrite(trained, tmp_path):
+    """--input - reads stdin: a file named "-" in the working folder is not the input, and an
+    --output of that name overwrites none of the files read."""
+    home, _ = trained
+    (tmp_path / "-").write_text("stale\n")
+    t = run_here("translate.py", "--model_folder", home / "weights", "--input", "-",
+                 "--output", "./-", cwd=tmp_path, input=b"one two.\n")
+    assert t.returncode == 0, t.stderr.decode()
+    assert len((tmp_path / "-").read_text().splitlines()) == 1
+    assert (tmp_path / "-").read_text() != "stale\n"
