@@ -1037,3 +1037,521 @@ def test_the_benchmarks_engine_process_that_dies_is_said_and_never_waited_for(tr
     ended = subprocess.run([sys.executable, "-c", left_open], cwd=ROOT, timeout=120,
                            capture_output=True)
     assert ended.returncode == 2, ended.stderr.decode()[-2000:]
+
+
+# ---- from a mutation audit of the benchmarks' printed figures -----------------------------------
+
+def test_the_peak_rates_are_dense_bf16_and_each_gpu_finds_its_own():
+    """MFU's denominator: the dense bf16 rate (not the sparse one, twice it) of the GPU whose
+    name holds the key; an A100's name also holds "A10", and must find the A100's rate."""
+    from dev.timing import PEAK_BF16
+
+    def peak(gpu):
+        return next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+    assert peak("NVIDIA H100 80GB HBM3") == peak("NVIDIA H200") == 989e12
+    assert peak("NVIDIA A100-SXM4-80GB") == 312e12 and peak("NVIDIA A10") == 125e12
+    assert peak("NVIDIA GeForce RTX 4090") == 165e12 and peak("Tesla T4") is None
+
+
+def test_sync_waits_for_a_gpu_and_never_for_the_cpu(monkeypatch):
+    """dev.timing.sync: every figure timed on a GPU stops its clock after the GPU's work, so
+    sync must wait there (a GPU's calls return before their work is done); on the CPU it is
+    nothing. torch.cuda.synchronize faked: no GPU here."""
+    from dev.timing import sync
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    sync(torch.device("cpu"))
+    assert waited == []
+    sync(torch.device("cuda", 0))
+    assert waited == [torch.device("cuda", 0)]
+
+
+def test_the_padding_report_counts_each_side_with_its_special_tokens(capsys):
+    """report_padding's lines: the mean tokens a side with [SOS]/[EOS] (source + 2, labels + 1),
+    the share of sources past 100 in percent, and each side's padding share on its own row,
+    under train.py's batches (by the longer side) and under the order by both sides (target,
+    then source length; batches of up to 2 x max_tokens padded positions)."""
+    from types import SimpleNamespace
+
+    from dev.bench import report_padding
+    src = [[5] * n for n in (2, 2, 2, 2, 6, 6, 99, 2, 30, 1)]  # 4, 4, 4, 4, 8, 8, 101, 4, 32, 3
+    tgt = [[5] * n for n in (1, 1, 7, 7, 1, 1, 7, 7, 25, 40)]  # 2, 2, 8, 8, 2, 2, 8, 8, 26, 41
+    report_padding(SimpleNamespace(train=SimpleNamespace(src_ids=src, tgt_ids=tgt)), 128)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "pairs: 10; tokens a side with [SOS]/[EOS]: mean 17.2 / 10.7, 10.0% of " \
+        "sources past 100"
+    # by the longer side: {0, 1, 2, 3, 4, 5, 7} (8 long), {8, 9} (41), {6} (101): source 172
+    # real of 56 + 64 + 101 positions, target 107 of 56 + 82 + 8
+    assert lines[1] == "padding, token batches (train.py): source 22.2%, target 26.7% (3 " \
+        "batches of <= 128 tokens)", lines
+    # by target, then source: {0, 1, 4, 5, 2, 3, 7}, {6, 8} (2 x (101 + 26) <= 256), {9}:
+    # source 172 of 56 + 202 + 3, target 107 of 56 + 52 + 41
+    assert lines[2] == "padding, by both sides' lengths: source 34.1%, target 28.2% (3 " \
+        "batches of <= 128 tokens)", lines
+
+
+def test_the_order_by_both_sides_is_by_target_then_source_and_each_batch_as_large_as_fits():
+    """batches_by_both_sides, the alternative order whose padding dev.bench prints: pairs in
+    the order of their target, then source length, each batch cut only where the next pair
+    would take its padded positions past 2 x max_tokens (not sooner)."""
+    import numpy as np
+
+    from dev.bench import batches_by_both_sides
+    rng = np.random.default_rng(1)
+    src, tgt = rng.integers(1, 60, 300), rng.integers(1, 60, 300)
+    batches = batches_by_both_sides(src, tgt, 300)
+    order = np.concatenate(batches)
+    assert [(tgt[i], src[i]) for i in order] == sorted(zip(tgt, src))
+    for b, after in zip(batches, batches[1:]):
+        grown = np.append(b, after[0])
+        assert len(grown) * (src[grown].max() + tgt[grown].max()) > 600
+
+
+def test_a_step_counts_real_and_padded_tokens_its_wait_and_its_peak_memory_above_the_weights(
+        monkeypatch):
+    """dev.bench.Step on a fake GPU and clock: a timed step's time runs to the end of the
+    device's work (the wait after the step is timed), its tokens are the batch's real ones and,
+    apart, its padded positions (source and target shapes); throughput is their sum over the
+    steps' summed time; the peak memory is the largest a step takes above what it started with
+    (the weights)."""
+    import types
+
+    import dev.bench
+    from dataset import Collator
+    from dev.bench import Step
+    clock, work, peaks, reset = [0.0], iter([5, 10, 20, 40]), iter([250, 300, 450, 350]), []
+    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(dev.bench, "sync", lambda device: clock.__setitem__(0, clock[0] + 1))
+    monkeypatch.setattr(dev.bench, "train_step",
+                        lambda *a: clock.__setitem__(0, clock[0] + next(work)))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: reset.append(d))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 100)  # the weights
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: next(peaks))
+    step = Step(torch.nn.Linear(2, 2), Config(precision="fp32"), torch.device("cuda"))
+    items = [{"encoder_input": torch.arange(5, 5 + n), "decoder_input": torch.arange(5, 5 + m),
+              "label": torch.arange(5, 5 + m)} for n, m in ((5, 2), (3, 4))]
+    batch = Collator()(items)  # (2, 5) and (2, 4): 8 of 10 source, 6 of 8 target tokens real
+    for record in (False, True, True, True):
+        step(batch, record=record)
+    assert step.times == [11.0, 21.0, 41.0] and len(reset) == 4  # the work and 1 s of wait
+    assert step.tokens == [14] * 3 and step.padded == [18] * 3
+    assert step.tokens_per_s() == 42 / 73 and step.tokens_per_s(padded=True) == 54 / 73
+    assert step.peak_memory == 350  # 450 - 100
+
+
+def _step(times, tokens, padded, peak_memory=0):
+    """A dev.bench.Step's figures, without a model."""
+    from dev.bench import Step
+    step = Step.__new__(Step)
+    step.times, step.tokens, step.padded, step.peak_memory = times, tokens, padded, peak_memory
+    return step
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", None])
+def test_the_report_prints_each_figure_of_its_own_model_on_its_own_row(gpu, monkeypatch, capsys):
+    """dev.bench's report on figures made by hand: each row's real and padded tokens/s and
+    mean s/step; each ratio ours over the other (the loop over the step and the baseline); the
+    FLOP/s of each model on its own time, the real tokens' share in percent; on a GPU (faked)
+    each model's peak memory in GiB and the MFU of ours against that GPU's dense bf16 rate."""
+    from types import SimpleNamespace
+
+    from dev.bench import report
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    ours = _step([1.0, 1.0, 4.0], [600] * 3, [1000] * 3, 3 * 2**30)
+    theirs = _step([4.0] * 3, [600] * 3, [1000] * 3, 2**30)
+    fp32 = _step([6.0, 6.0, 12.0], [600] * 3, [1000] * 3)
+    baseline = _step([1.0] * 3, [100] * 3, [500] * 3)
+    rows = [("this repo (token batches)", ours), ("torch.nn.Transformer (same batches)", theirs),
+            ("this repo, fp32 eager (same batches)", fp32),
+            ("baseline: 8 sentences padded to 350", baseline)]
+    report(rows, 270.0, [989e12] * 3, torch.device("cuda" if gpu else "cpu"),
+           SimpleNamespace(baseline_seq_len=350))
+    lines = capsys.readouterr().out.splitlines()
+    table = {line[:40].strip(): line[40:].split() for line in lines[2:7]}
+    assert table == {"this repo (token batches)": ["300", "500", "2.00"],
+                     "torch.nn.Transformer (same batches)": ["150", "250", "4.00"],
+                     "this repo, fp32 eager (same batches)": ["75", "125", "8.00"],
+                     "baseline: 8 sentences padded to 350": ["100", "500", "1.00"],
+                     "whole train.py loop": ["270"]}, lines
+    ratios = [line.split(":")[1].split()[0] for line in lines[8:13]]
+    assert ratios == ["2.00x", "4.00x", "3.0x", "2.7x", "0.90x"], lines
+    assert lines[8].startswith("ours / nn.Transformer:") and lines[9].startswith(
+        "ours as configured / fp32 eager:") and lines[10].startswith("ours / pad-to-350 baseline")
+    assert lines[11].startswith("train.py loop / baseline:") and lines[12].startswith(
+        "train.py loop / model step:")
+    assert lines[13] == ("model FLOP/s, ours: 494.50 TFLOP/s; nn.Transformer: 247.25 TFLOP/s "
+                         "(same FLOPs per step, padded positions counted; 60% of them are real "
+                         "tokens)")
+    if gpu is None:
+        assert lines[14].startswith("peak resident memory of this process: ") and len(lines) == 15
+        return
+    assert lines[14:16] == [
+        "peak GPU memory of a step above the weights, this repo (token batches): 3.00 GiB",
+        "peak GPU memory of a step above the weights, torch.nn.Transformer (same batches): "
+        "1.00 GiB"], lines
+    if gpu.startswith("NVIDIA H100"):  # 494.5 of 989 TFLOP/s, 60% of it on real tokens
+        assert lines[16] == ("MFU (ours): 50.0% of NVIDIA H100 80GB HBM3's 989 TFLOP/s dense "
+                             "bf16 (30.0% counting the real tokens' share only)")
+    else:
+        assert lines[16].startswith("MFU (ours): 158.5% of NVIDIA A100-SXM4-80GB's 312 TFLOP/s")
+
+
+def _bench_main_on_fake_steps(tmp_path, monkeypatch, *flags):
+    """dev.bench.main on a tiny corpus with every Step a recording fake (no model runs; ours
+    takes 1 s a step, nn.Transformer 2 s, the fp32 one 3 s, the baseline 4 s), the loop and the
+    profiler faked: (the Steps made, in order; the steps' calls, in order; compare's arguments
+    and return; the batches profiled; report's arguments)."""
+    import types
+
+    import dev.bench
+    from conftest import TINY, make_corpus
+    make_corpus(tmp_path / "c", n=120, val=4)
+    made, calls, seen = [], [], {}
+
+    class FakeStep:
+        def __init__(self, model, config, device):
+            self.model, self.seconds = model, float(len(made) + 1)
+            self.loss_fn = types.SimpleNamespace(block_rows=None)
+            self.times, self.tokens, self.padded, self.peak_memory = [], [], [], 0
+            self.records = []
+            made.append(self)
+
+        def __call__(self, batch, record=True):
+            calls.append((self, batch))
+            self.records.append(record)
+            if record:
+                self.times.append(self.seconds)
+    compare = dev.bench.compare
+    monkeypatch.setattr(dev.bench, "Step", FakeStep)
+    monkeypatch.setattr(dev.bench, "compare", lambda *a: seen.setdefault(
+        "compare", (a, compare(*a)))[1])
+    monkeypatch.setattr(dev.bench, "report", lambda *a: seen.setdefault("report", a))
+    monkeypatch.setattr(dev.bench, "time_train_loop",
+                        lambda config, data, steps, host_only=False, **kw: 0.25)
+    monkeypatch.setattr(dev.bench, "profile_split", lambda step, batches, compiled=False: (
+        seen.setdefault("profiled", (step, batches)), ({}, 0.0))[1])
+    dev.bench.main(["--data_dir", str(tmp_path / "c"), "--lang_tgt", "it", *TINY,
+                    "--model_folder", str(tmp_path / "w"), *flags])
+    return made, calls, seen
+
+
+def test_bench_times_each_model_after_the_warm_up_on_the_same_batches_in_turn(tmp_path,
+                                                                            monkeypatch,
+                                                                            capsys):
+    """dev.bench's compare: ours, nn.Transformer and (with --precision bf16) the fp32 model
+    with ours' weights step through the same batches, the first two taking turns at going
+    first; the warm-up steps are untimed and count no FLOPs (the target vocabulary's
+    projection counted); each step's line has each model's time under its own name; the
+    --loss_block_rows setting is ours' loss's."""
+    from dev.timing import model_flops
+    made, calls, seen = _bench_main_on_fake_steps(
+        tmp_path, monkeypatch, "--steps", "3", "--warmup_steps", "2", "--baseline_steps", "0",
+        "--train_steps", "0", "--profile_steps", "0", "--precision", "bf16",
+        "--loss_block_rows", "64")
+    (config, data, _, _), (ours, theirs, fp32, flops, batches) = seen["compare"]
+    assert made == [ours, theirs, fp32] and len(batches) == 5
+    assert [(step, batch) for step, batch in calls] == [
+        (step, batch) for n, batch in enumerate(batches)
+        for step in ((ours, theirs) if n % 2 == 0 else (theirs, ours)) + (fp32,)]
+    for step in made:
+        assert step.records == [False, False, True, True, True] and len(step.times) == 3
+    tgt_vocab = data.tokenizer_tgt.get_vocab_size()
+    assert tgt_vocab != data.tokenizer_src.get_vocab_size()
+    assert flops == [model_flops(config, b, tgt_vocab) for b in batches[2:]]
+    out = capsys.readouterr().out
+    assert "  step 1: warm-up (" in out and "  step 2: ours 1.00s, nn.Transformer 2.00s (" in out
+    assert (ours.loss_fn.block_rows, theirs.loss_fn.block_rows) == (64, None)
+    weights, plain = ours.model.state_dict(), fp32.model.state_dict()
+    assert plain.keys() == weights.keys() and all(torch.equal(plain[k], weights[k])
+                                                  for k in weights)
+
+
+def test_the_baseline_pads_every_side_to_seq_len_and_times_its_steps_after_the_first(
+        tmp_path, monkeypatch):
+    """dev.bench's pad-to-seq_len baseline: batches of --baseline_batch_size sentences, each
+    side (labels too) padded to --baseline_seq_len, a new batch each step, the first one
+    untimed; it is the report's last row."""
+    made, calls, seen = _bench_main_on_fake_steps(
+        tmp_path, monkeypatch, "--steps", "1", "--warmup_steps", "0", "--baseline_steps", "2",
+        "--baseline_seq_len", "30", "--baseline_batch_size", "3", "--train_steps", "0",
+        "--profile_steps", "0", "--precision", "fp32")
+    baseline = made[2]
+    batches = [batch for step, batch in calls if step is baseline]
+    assert baseline.records == [False, True, True] and len(batches) == 3
+    for batch in batches:
+        assert {key: tuple(batch[key].shape) for key in ("encoder_input", "decoder_input",
+                                                         "label")} == dict.fromkeys(
+            ("encoder_input", "decoder_input", "label"), (3, 30))
+    assert not torch.equal(batches[1]["encoder_input"], batches[2]["encoder_input"])
+    rows = seen["report"][0]
+    assert rows[-1] == ("baseline: 3 sentences padded to 30", baseline)
+
+
+def test_bench_profiles_the_last_timed_batches_and_sets_the_host_time_against_ours(
+        tmp_path, monkeypatch, capsys):
+    """dev.bench --profile_steps N profiles ours on the last N timed batches (not the warm-up's);
+    --host_steps sets the loop's host time a step against ours' mean step (1 s here, the
+    loop's 0.25 s: 0.80x the step where the host waits for nothing else)."""
+    made, _, seen = _bench_main_on_fake_steps(
+        tmp_path, monkeypatch, "--steps", "3", "--warmup_steps", "2", "--baseline_steps", "0",
+        "--train_steps", "0", "--profile_steps", "2", "--host_steps", "2", "--precision", "fp32")
+    _, (ours, _, _, _, batches) = seen["compare"]
+    step, profiled = seen["profiled"]
+    assert step is ours and [id(b) for b in profiled] == [id(b) for b in batches[-2:]]
+    assert ("host time of train.py's loop a step, the device's work removed: 250.0 ms, against "
+            "the model's step 1000.0 ms: where the host waits for nothing else, the loop runs at "
+            "0.80x the step") in capsys.readouterr().out
+
+
+def test_the_loop_counts_every_batch_of_an_update_and_its_host_time_the_steps_done(
+        tmp_path, monkeypatch, capsys):
+    """time_train_loop on a fake clock (batch k takes k seconds): under --accum_steps 2 an update's
+    tokens are both its batches'; with host_only, when the epoch ends before the steps asked,
+    the mean is over the steps done; and host_only still copies each batch to the device (what
+    the host pays for it on a GPU)."""
+    import types
+
+    import dev.bench
+    from conftest import TINY, make_corpus
+
+    from config import parse_config
+    from dataset import get_ds
+    from dev.bench import time_train_loop
+    make_corpus(tmp_path / "c", n=120, val=4)
+    config, _ = parse_config(["--data_dir", str(tmp_path / "c"), *TINY, "--accum_steps", "2",
+                              "--model_folder", str(tmp_path / "w")])
+    data = get_ds(config)
+    clock, counts, real = [0.0], [], dev.bench.real_tokens
+
+    def counted(batch):
+        counts.append(real(batch))
+        clock[0] += len(counts)
+        return counts[-1]
+    monkeypatch.setattr(dev.bench, "real_tokens", counted)
+    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def ended(k):  # the clock at the end of batch k
+        return k * (k + 1) / 2
+    figure = time_train_loop(config, data, 1)
+    assert len(counts) == 4  # an untimed update and a timed one, of 2 batches each
+    assert figure == pytest.approx(sum(counts[2:]) / (ended(4) - ended(2)))
+    counts.clear()
+    config = dataclasses.replace(config, accum_steps=1)
+    copied, to = [], torch.Tensor.to
+
+    def copy(tensor, *args, **kwargs):
+        copied.append(kwargs.get("non_blocking"))
+        return to(tensor, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "to", copy)
+    figure = time_train_loop(config, data, 1000, host_only=True)
+    n = len(counts)
+    assert 2 < n < 1001 and figure == pytest.approx((ended(n) - ended(1)) / (n - 1))
+    assert copied.count(True) >= 4 * n  # each batch's four tensors
+    assert f"its epoch ended after {n} steps" in capsys.readouterr().out
+
+
+def test_the_decoding_report_prints_medians_tokens_with_eos_and_each_ratio_ours_over_theirs(
+        monkeypatch, capsys):
+    """dev.bench_decode's report on outputs and times made by hand: each row's seconds the
+    median of its passes, its tokens/s counting each output's [EOS], its agreement with this
+    repo's greedy; each ratio the median of the passes' ratios of the engine's time over ours
+    (ours' sentences/s over the engine's), greedy held to 1.0 and beam search to 1.3."""
+    import dev.bench_decode as bench
+    monkeypatch.setattr(bench, "detokenize", lambda tok, ids: " ".join(map(str, ids)))
+    monkeypatch.setattr(bench, "score", lambda hypotheses, references, **kw: {
+        "bleu": 1.0, "chrf": 2.0, "report": "BLEU = 1.0 (nrefs:1|version:2)"})
+    greedy = {0: [5, 6], 1: [5], 2: [7, 7, 7]}  # 6 tokens, 9 with the [EOS]
+    outputs = {"this repo, greedy": greedy, "this repo, beam 4": {**greedy, 2: [7]},
+               "CTranslate2 float32, greedy": {**greedy, 1: [6]},
+               "CTranslate2 float32, beam 4": {**greedy, 2: [7]}}
+    times = {"this repo, greedy": [0.010, 0.015, 0.035], "this repo, beam 4": [0.1] * 3,
+             "CTranslate2 float32, greedy": [0.02] * 3, "CTranslate2 float32, beam 4": [0.13] * 3}
+    runs = [(name, None, range(3)) for name in outputs]
+    bench.report(runs, outputs, times, ["r0", "r1", "r2"], None)
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line[:48].strip(): line[48:].split() for line in lines if "/3" in line}
+    assert rows["this repo, greedy"] == ["0.01", "600", "1.00", "2.00", "3/3"], lines
+    assert rows["this repo, beam 4"][1:] == ["70", "1.00", "2.00", "2/3"]
+    assert rows["CTranslate2 float32, greedy"][1:] == ["450", "1.00", "2.00", "2/3"]
+    assert ("this repo, greedy / CTranslate2 float32, greedy, sentences/s: 1.33x, the median of "
+            "the 3 passes' ratios (0.57, 1.33, 2.00); target >= 1.0") in lines
+    assert ("this repo, beam 4 / CTranslate2 float32, beam 4, sentences/s: 1.30x, the median of "
+            "the 3 passes' ratios (1.30, 1.30, 1.30); target >= 1.3") in lines
+
+
+def test_the_decoders_pass_time_is_every_batch_of_it_and_the_longest_go_first(monkeypatch):
+    """decode_in_turn on a fake clock (a call takes a second a sentence): a decoder's time in a
+    pass is the sum of all its batches' (not the last one's); the untimed call and the first
+    timed batch are the longest sentences (as the decoders batch them)."""
+    import types
+
+    import dev.bench_decode as bench
+    clock, parts = [0.0], []
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def run(part):
+        parts.append(sorted(len(i) for i in part))
+        clock[0] += len(part)
+        return [[4]] * len(part)
+    ids = [[5] * n for n in (4, 1, 8, 6, 2, 10, 3, 9, 5, 7)]
+    _, times = bench.decode_in_turn([("this repo, greedy", run, range(10))], ids, batch=3,
+                                    repeats=2)
+    assert times == {"this repo, greedy": [10.0, 10.0]}
+    assert parts[:3] == [[8, 9, 10], [8, 9, 10], [5, 6, 7]] and parts[4] == [1]
+
+
+def test_the_decoding_profile_times_each_search_after_its_warm_up_and_prints_its_shares(
+        monkeypatch, capsys):
+    """profile_searches on a fake clock: each search run 3 times untimed, then its unprofiled
+    time the median of 5 runs, a step's time that over the decoding steps, each part's share
+    of the split in percent; profile() takes the batch of middle-length sentences."""
+    import itertools
+    import types
+    from contextlib import nullcontext
+
+    import dev.bench_decode as bench
+    clock, given = [0.0], []
+    seconds = itertools.cycle([9, 9, 9, 1, 2, 3, 4, 50, 7])  # 3 untimed, 5 timed, profiled
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(bench, "decoding_model", lambda model, rows, fast=True: object())
+    monkeypatch.setattr(bench, "translate_ids", lambda *a, **k: clock.__setitem__(
+        0, clock[0] + next(seconds)))
+
+    def split(events, wall, profiled):
+        given.append((wall, profiled))
+        return 100, {"matrix products": 2e6, "Python and dispatch": 1e6}
+    monkeypatch.setattr(bench, "profile_split", split)
+
+    def profiler():
+        return nullcontext(types.SimpleNamespace(events=lambda: []))
+    bench.profile_searches(None, [[5]] * 4, {}, 3, 4, profiler)
+    assert given == [(3e6, 7e6)] * 4
+    out = capsys.readouterr().out
+    assert "greedy, 4 sentences (object): 3000.0 ms unprofiled, 100 decoding steps, 30000 us a " \
+        "step" in out
+    assert out.count(f"  {'matrix products':28} {2000.0:8.1f} ms {20000:8.0f} us a step "
+                     f"{66.7:5.1f}%") == 4
+    middle = []
+    monkeypatch.setattr(bench, "profile_searches", lambda model, m, *a: middle.extend(m))
+    bench.profile(types.SimpleNamespace(encode=None), [[5] * n for n in range(1, 11)],
+                  {"batch_size": 4}, 3)
+    assert [len(i) for i in middle] == [4, 5, 6, 7]
+
+
+def test_bench_loss_prints_each_median_after_an_untimed_call_and_its_ratio_to_torchs(
+        monkeypatch, capsys):
+    """dev/bench_loss.py's measure on a fake clock: each loss's first call untimed, its median
+    over the calls in ms, and its ratio to torch's median (below 1: faster); bf16 autocast only
+    under --precision bf16."""
+    import types
+
+    import dev.bench_loss as bench
+    clock, autocast = [0.0], []
+    seconds = {None: iter([0.1, 0.002, 0.004, 0.009]), 0: iter([0.1, 0.001, 0.002, 0.006]),
+               8: iter([0.1, 0.008, 0.012, 0.030])}  # torch's, blockwise default and 8 rows
+
+    def called(key, x):
+        autocast.append(torch.is_autocast_enabled("cpu"))
+        clock[0] += next(seconds[key])
+        return x.sum()
+
+    class Blockwise:
+        def __init__(self, smoothing, ignore_index, block_rows):
+            self.rows = block_rows
+
+        def __call__(self, x, projection, label):
+            return called(self.rows, x)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(bench, "torch_loss", lambda x, *a: called(None, x))
+    monkeypatch.setattr(bench, "BlockwiseLabelSmoothedCrossEntropy", Blockwise)
+    bench.measure(4, 10, 6, [0, 8], "fp32", 3, torch.device("cpu"))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-6:] for line in lines[1:]] == [
+        ["logits", "4.0", "ms", "1.00x", "torch's", "time"],
+        ["(default)", "2.0", "ms", "0.50x", "torch's", "time"],
+        ["rows", "12.0", "ms", "3.00x", "torch's", "time"]], lines
+    assert autocast == [False] * 12
+    seconds = {key: iter([0.001] * 2) for key in seconds}
+    autocast.clear()
+    bench.measure(4, 10, 6, [0, 8], "bf16", 1, torch.device("cpu"))
+    assert autocast == [True] * 6
+
+
+def test_bench_validation_times_each_part_beside_its_reference_and_prints_medians(
+        monkeypatch, capsys):
+    """dev/bench_validation.py on a fake clock: parts() puts the fast loss and error rates in
+    the first column, their references (two projections, the edit distance's table) in the
+    second; main prints each part's median over the calls, the reference over this repo's
+    time, and the whole with the parts without a reference counted on both sides."""
+    import types
+
+    import dev.bench_validation as bench
+    import train
+    from nmt import metrics
+    clock = [0.0]
+
+    def takes(seconds, value=None):
+        clock[0] += seconds
+        return value
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(bench, "validation_loss", lambda run: takes(
+        1.0 if run.loss_fn.loss_and_nll == "one pass" else 5.0))
+    monkeypatch.setattr(bench, "validation_translations", lambda run, progress, n: takes(
+        10.0, [[5, 6]]))
+    monkeypatch.setattr(bench, "detokenize", lambda tok, ids: "a b")
+    monkeypatch.setattr(metrics, "score", lambda *a, **k: takes(3.0))
+    table = metrics.table_edit_distance
+    monkeypatch.setattr(bench, "error_rates", lambda p, r: takes(
+        7.0 if metrics.edit_distance is table else 2.0))
+    monkeypatch.setattr(bench, "log_attention", lambda *a: takes(0.5))
+    run = types.SimpleNamespace(
+        data=types.SimpleNamespace(validation=types.SimpleNamespace(tgt_texts=["a b"],
+                                                                    src_ids=[[5]]),
+                                   tokenizer_tgt=None),
+        model=torch.nn.Linear(1, 1), loss_fn=types.SimpleNamespace(loss_and_nll="one pass"))
+    assert bench.parts(run, types.SimpleNamespace(step=3), 1) == [
+        ("loss and nll", 1.0, 5.0), ("greedy decoding", 10.0, None),
+        ("BLEU, chrF, lowercased BLEU", 3.0, None), ("CER and WER", 2.0, 7.0),
+        ("the attention picture", 0.5, None)]
+    calls = iter([[("loss and nll", this, ref), ("greedy decoding", greedy, None),
+                   ("CER and WER", 0.5, cer)] for this, ref, greedy, cer in
+                  ((9.0, 9.0, 9.0, 9.0), (1.0, 3.0, 10.0, 2.0), (2.0, 4.0, 11.0, 2.5),
+                   (6.0, 5.0, 30.0, 1.5))])  # the first untimed
+    closed = types.SimpleNamespace(close=lambda: None, release=lambda: None)
+    monkeypatch.setattr(train, "set_up", lambda config, given: (
+        types.SimpleNamespace(writer=closed, lock=closed), None))
+    monkeypatch.setattr(bench, "validated_sentences", lambda run: 8)
+    monkeypatch.setattr(bench, "parts", lambda run, progress, n: next(calls))
+    bench.main(["--calls", "3"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line[:32].strip(): line[32:].split() for line in lines[2:6]}
+    assert rows == {"loss and nll": ["2.000", "4.000", "2.00x"], "greedy decoding": ["11.000"],
+                    "CER and WER": ["0.500", "2.000", "4.00x"],
+                    "in all": ["13.500", "17.000", "1.26x"]}, lines
+
+
+def test_the_split_of_a_step_is_in_percent_of_its_wall_time_and_never_below_zero(monkeypatch):
+    """profile_split on a fake clock (a step takes 100 us) and a split made by hand: each part's
+    share in percent of the steps' wall time, the wall time not covered the rest; where the
+    parts add up to more than the wall time (the profiler's own cost), none is uncovered."""
+    import types
+
+    import dev.bench
+    from dev.bench import LOSS, profile_split
+    clock, split = [0.0], {}
+    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(dev.bench, "split_events", lambda events, cuda: split)
+
+    class Step:
+        device = torch.device("cpu")
+
+        def __call__(self, batch, record=True):
+            clock[0] += 1e-4
+    split.update({("matrix products", "aten::mm"): 60.0, ("attention", "aten::bmm"): 50.0,
+                  (LOSS, "aten::addmm"): 30.0, ("matrix products", "aten::addmm"): 20.0})
+    shares, uncovered = profile_split(Step(), [None, None])  # 200 us
+    assert shares == pytest.approx({"matrix products": 40.0, "attention": 25.0, LOSS: 15.0,
+                                    "optimizer": 0.0, "elementwise and other": 0.0})
+    assert uncovered == pytest.approx(20.0)
+    split[("optimizer", "aten::_fused_adam_")] = 100.0
+    assert profile_split(Step(), [None, None])[1] == 0.0
