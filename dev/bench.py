@@ -43,7 +43,7 @@ import model
 from config import Config, UserError, add_config_arguments, config_from_args
 from dataset import Collator, get_ds, real_tokens
 from nmt.batching import TokenBatchSampler
-from dev.timing import PEAK_BF16, model_flops, sync
+from dev.timing import counted_shape, model_flops, peak_bf16, sync
 from kernels import ProjectedCrossEntropy
 from model import PositionalEncoding
 from nmt.cli import ArgumentParser, run_main
@@ -164,7 +164,7 @@ class Step:
         self.optimizer = make_optimizer(model, 1e-4)  # the same optimizer for every model
         self.loss_fn = make_loss(config)
         self.amp = autocast(device, autocast_dtype(config, device))
-        self.times, self.tokens, self.padded = [], [], []
+        self.times, self.tokens, self.padded, self.counted = [], [], [], []
         self.peak_memory = 0
 
     def __call__(self, batch, record=True):
@@ -182,6 +182,8 @@ class Step:
             self.times.append(time.perf_counter() - started)
             self.tokens.append(real_tokens(batch))
             self.padded.append(batch["encoder_input"].numel() + batch["label"].numel())
+            b, src, tgt = counted_shape(batch)  # the positions model_flops counts
+            self.counted.append(b * (src + tgt))
         if d.type == "cuda":  # activations, gradients and temporaries of this model's step
             self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(d) - before)
 
@@ -632,8 +634,9 @@ def report(rows, loop, flops, device, args):
     if loop is not None:
         print(f"train.py loop / model step:         {loop / step_ours.tokens_per_s():.2f}x   "
               f"(target >= 0.95)")
-    total = sum(flops)  # padded positions counted; `real`: the real tokens' share of them
-    achieved, real = total / sum(step_ours.times), sum(step_ours.tokens) / sum(step_ours.padded)
+    total = sum(flops)  # padded positions counted (not a fixed shape's filler); `real`: the
+    # real tokens' share of those positions
+    achieved, real = total / sum(step_ours.times), sum(step_ours.tokens) / sum(step_ours.counted)
     print(f"model FLOP/s, ours: {achieved / 1e12:.2f} TFLOP/s; nn.Transformer: "
           f"{total / sum(step_theirs.times) / 1e12:.2f} TFLOP/s (same FLOPs per step, padded "
           f"positions counted; {100 * real:.0f}% of them are real tokens)")
@@ -642,7 +645,7 @@ def report(rows, loop, flops, device, args):
             print(f"peak GPU memory of a step above the weights, {name}: "
                   f"{step.peak_memory / 2**30:.2f} GiB")
         gpu = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+        peak = peak_bf16(gpu)
         if peak:
             print(f"MFU (ours): {100 * achieved / peak:.1f}% of {gpu}'s {peak / 1e12:.0f} "
                   f"TFLOP/s dense bf16 ({100 * achieved * real / peak:.1f}% counting the real "

@@ -1043,14 +1043,14 @@ def test_the_benchmarks_engine_process_that_dies_is_said_and_never_waited_for(tr
 
 def test_the_peak_rates_are_dense_bf16_and_each_gpu_finds_its_own():
     """MFU's denominator: the dense bf16 rate (not the sparse one, twice it) of the GPU whose
-    name holds the key; an A100's name also holds "A10", and must find the A100's rate."""
-    from dev.timing import PEAK_BF16
-
-    def peak(gpu):
-        return next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+    name holds the key's words; an A100's name also holds "A10", an L40S's "L4" (it read the
+    L4's 121 TFLOP/s: MFU three times too high), and an H100 PCIe is slower than the SXM one."""
+    from dev.timing import peak_bf16 as peak
     assert peak("NVIDIA H100 80GB HBM3") == peak("NVIDIA H200") == 989e12
     assert peak("NVIDIA A100-SXM4-80GB") == 312e12 and peak("NVIDIA A10") == 125e12
     assert peak("NVIDIA GeForce RTX 4090") == 165e12 and peak("Tesla T4") is None
+    assert peak("NVIDIA L40S") == 362e12 and peak("NVIDIA L4") == 121e12
+    assert peak("NVIDIA H100 PCIe") == 756e12 and peak("NVIDIA L40") is None
 
 
 def test_sync_waits_for_a_gpu_and_never_for_the_cpu(monkeypatch):
@@ -1139,12 +1139,35 @@ def test_a_step_counts_real_and_padded_tokens_its_wait_and_its_peak_memory_above
     assert step.peak_memory == 350  # 450 - 100
 
 
-def _step(times, tokens, padded, peak_memory=0):
-    """A dev.bench.Step's figures, without a model."""
+def _step(times, tokens, padded, peak_memory=0, counted=None):
+    """A dev.bench.Step's figures, without a model (`counted`: padded's, without filler)."""
     from dev.bench import Step
     step = Step.__new__(Step)
     step.times, step.tokens, step.padded, step.peak_memory = times, tokens, padded, peak_memory
+    step.counted = padded if counted is None else counted
     return step
+
+
+def test_the_real_share_is_of_the_positions_the_flops_count(capsys):
+    """With fixed shapes, model_flops leaves out a shape's filler (rows without a target token,
+    columns past the longest pair); the real tokens' share (and the MFU on real tokens) divided
+    by the whole tensor, filler too, so counted the filler out twice. It is now of the positions
+    the FLOPs count: rows with a target x (longest source + longest target)."""
+    from types import SimpleNamespace
+
+    from dev.bench import report
+    from dev.timing import counted_shape
+    from tokenizer import PAD
+    src = torch.full((5, 16), PAD)
+    src[:3, :6] = 7  # 3 pairs of 6 source tokens
+    label = torch.full((5, 16), PAD)
+    label[:3, :4] = 9  # and 4 target tokens; rows 3-4 and columns past them: filler
+    assert counted_shape({"encoder_input": src, "label": label}) == (3, 6, 4)
+    ours = _step([1.0], [30], [160], counted=[3 * (6 + 4)])
+    theirs = _step([1.0], [30], [160])
+    report([("this repo (token batches)", ours), ("torch.nn.Transformer (same batches)", theirs)],
+           None, [1e12], torch.device("cpu"), SimpleNamespace(baseline_seq_len=350))
+    assert "100% of them are real tokens" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", None])
