@@ -264,8 +264,9 @@ class Config:
                      "accum_steps", "log_every", "max_bad_steps"]:
             if getattr(self, name) <= 0:
                 return f"--{name} must be positive (got {getattr(self, name)})"
-        if self.negative():
-            return self.negative()
+        negative = self.negative()
+        if negative:
+            return negative
         if self.seq_len < 3:
             return f"--seq_len must be at least 3 ([SOS], one token, [EOS]), got {self.seq_len}"
         if self.min_len > self.seq_len - 2:

@@ -177,8 +177,9 @@ def check_inputs(parser, args):
             parser.error(f"--{flag} {path}: no folder {os.path.dirname(path)} to write it in")
         if os.path.isdir(path):
             parser.error(f"--{flag} {path} is a folder: give a file in it")
-    if args.attention and picture_problem(args.attention):  # (matplotlib would add .png)
-        parser.error(picture_problem(args.attention))
+    problem = args.attention and picture_problem(args.attention)  # (matplotlib adds .png)
+    if problem:
+        parser.error(problem)
 
 
 def same_file(a: str, b: str) -> bool:

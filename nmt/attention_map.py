@@ -185,9 +185,8 @@ def picture_problem(path: str):
     plt = pyplot()
     if plt is None:
         return "drawing attention needs matplotlib (pip install matplotlib)"
-    formats = plt.gcf().canvas.get_supported_filetypes()
-    plt.close()
-    if Path(path).suffix[1:].lower() not in formats:
+    from matplotlib.backend_bases import FigureCanvasBase  # (its formats: no figure made)
+    if Path(path).suffix[1:].lower() not in FigureCanvasBase.get_supported_filetypes():
         return (f"--attention {path}: end the file name with a picture format (.png, .pdf, "
                 f".svg or another that matplotlib writes)")
     return None
