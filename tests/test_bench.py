@@ -567,14 +567,29 @@ def test_the_loops_timing_runs_train_py_s_own_epoch(tmp_path, monkeypatch):
     assert len(waits) == 2
 
 
+def fake_clock(monkeypatch):
+    """dev.bench's clock faked: the k-th batch whose real tokens it counts takes k seconds.
+    Returns (the counts, ended(k): the clock at the end of batch k)."""
+    import types
+
+    import dev.bench
+    clock, counts, real = [0.0], [], dev.bench.real_tokens
+
+    def counted(batch):
+        counts.append(real(batch))
+        clock[0] += len(counts)
+        return counts[-1]
+    monkeypatch.setattr(dev.bench, "real_tokens", counted)
+    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    return counts, lambda k: k * (k + 1) / 2
+
+
 def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, monkeypatch,
                                                                      capsys):
     """The loop's figure on a fake clock on which step k takes k seconds: the real tokens of the
     timed steps (2 to steps + 1) over the time from the end of step 1 to the end of the last;
     with host_only, those steps' mean seconds; when the epoch ends first, up to its end."""
-    import types
 
-    import dev.bench
     from conftest import TINY, make_corpus
 
     from config import UserError, parse_config
@@ -584,17 +599,7 @@ def test_the_loops_figure_is_the_timed_steps_tokens_over_their_time(tmp_path, mo
     config, _ = parse_config(["--data_dir", str(tmp_path / "c"), *TINY,
                               "--model_folder", str(tmp_path / "w")])
     data = get_ds(config)
-    clock, counts, real = [0.0], [], dev.bench.real_tokens
-
-    def counted(batch):  # one batch a step: step k's clock moves k seconds
-        counts.append(real(batch))
-        clock[0] += len(counts)
-        return counts[-1]
-    monkeypatch.setattr(dev.bench, "real_tokens", counted)
-    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-
-    def ended(k):  # the clock at the end of step k
-        return k * (k + 1) / 2
+    counts, ended = fake_clock(monkeypatch)  # one batch a step: step k takes k seconds
     for host_only in (False, True):
         counts.clear()
         figure = time_train_loop(config, data, 3, host_only=host_only)
@@ -620,9 +625,7 @@ def test_the_loop_trains_the_batches_it_is_given_after_its_untimed_steps(tmp_pat
     shapes the step did and no other) after as many untimed steps as the step's warm-up: it
     trains exactly the batches given, in their order, and times from the end of the untimed
     ones (step k takes k seconds on a fake clock), host_only too."""
-    import types
 
-    import dev.bench
     from conftest import TINY, make_corpus
 
     from config import parse_config
@@ -637,14 +640,7 @@ def test_the_loop_trains_the_batches_it_is_given_after_its_untimed_steps(tmp_pat
     given = [epoch[2], epoch[0], epoch[2], epoch[1]]
     expected = [real_tokens(Collator(PAD)([data.train[i] for i in b])) for b in given]
     assert len(set(expected)) > 1  # (the order is seen)
-    clock, counts = [0.0], []
-
-    def counted(batch):
-        counts.append(real_tokens(batch))
-        clock[0] += len(counts)
-        return counts[-1]
-    monkeypatch.setattr(dev.bench, "real_tokens", counted)
-    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    counts, ended = fake_clock(monkeypatch)
     import train
     logged, log = [], train.log_progress  # the given batches are the epoch: its end logs
     monkeypatch.setattr(train, "log_progress", lambda run, progress, *a: (
@@ -654,7 +650,7 @@ def test_the_loop_trains_the_batches_it_is_given_after_its_untimed_steps(tmp_pat
         counts.clear(), logged.clear()
         figure = time_train_loop(config, data, 2, host_only=host_only, batches=given, untimed=2)
         assert counts == expected and logged == [1, 4]
-        timed = 10 - 3  # from the end of step 2 to the end of step 4
+        timed = ended(4) - ended(2)  # from the end of step 2 to the end of step 4
         assert figure == pytest.approx(timed / 2 if host_only else sum(expected[2:]) / timed)
 
 
@@ -1332,9 +1328,7 @@ def test_the_loop_counts_every_batch_of_an_update_and_its_host_time_the_steps_do
     tokens are both its batches'; with host_only, when the epoch ends before the steps asked,
     the mean is over the steps done; and host_only still copies each batch to the device (what
     the host pays for it on a GPU)."""
-    import types
 
-    import dev.bench
     from conftest import TINY, make_corpus
 
     from config import parse_config
@@ -1344,17 +1338,7 @@ def test_the_loop_counts_every_batch_of_an_update_and_its_host_time_the_steps_do
     config, _ = parse_config(["--data_dir", str(tmp_path / "c"), *TINY, "--accum_steps", "2",
                               "--model_folder", str(tmp_path / "w")])
     data = get_ds(config)
-    clock, counts, real = [0.0], [], dev.bench.real_tokens
-
-    def counted(batch):
-        counts.append(real(batch))
-        clock[0] += len(counts)
-        return counts[-1]
-    monkeypatch.setattr(dev.bench, "real_tokens", counted)
-    monkeypatch.setattr(dev.bench, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-
-    def ended(k):  # the clock at the end of batch k
-        return k * (k + 1) / 2
+    counts, ended = fake_clock(monkeypatch)
     figure = time_train_loop(config, data, 1)
     assert len(counts) == 4  # an untimed update and a timed one, of 2 batches each
     assert figure == pytest.approx(sum(counts[2:]) / (ended(4) - ended(2)))
