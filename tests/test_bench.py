@@ -654,6 +654,18 @@ def test_the_loop_trains_the_batches_it_is_given_after_its_untimed_steps(tmp_pat
         assert figure == pytest.approx(timed / 2 if host_only else sum(expected[2:]) / timed)
 
 
+def recorded_loop(monkeypatch) -> list:
+    """dev.bench.main with no model run: its comparison and report faked, and each call of
+    time_train_loop recorded in the list returned, as (steps, keyword arguments)."""
+    import dev.bench
+    calls = []
+    monkeypatch.setattr(dev.bench, "compare", lambda *a: (mock.Mock(), mock.Mock(), None, [], []))
+    monkeypatch.setattr(dev.bench, "report", lambda *a: None)
+    monkeypatch.setattr(dev.bench, "time_train_loop",
+                        lambda config, data, steps, **kw: calls.append((steps, kw)) or 1.0)
+    return calls
+
+
 def test_bench_times_the_compiled_loop_on_the_steps_batches(tmp_path, monkeypatch):
     """dev.bench --compile --train_steps: the loop is given the step's batches (with
     --shapes_timed, those of the most frequent shapes only, going round) and the step's warm-up;
@@ -664,11 +676,7 @@ def test_bench_times_the_compiled_loop_on_the_steps_batches(tmp_path, monkeypatc
     from dataset import get_ds
     from nmt.compiling import choose_shapes
     make_corpus(tmp_path / "c", n=400, val=4)
-    calls = []
-    monkeypatch.setattr(dev.bench, "compare", lambda *a: (mock.Mock(), mock.Mock(), None, [], []))
-    monkeypatch.setattr(dev.bench, "report", lambda *a: None)
-    monkeypatch.setattr(dev.bench, "time_train_loop",
-                        lambda config, data, steps, **kw: calls.append((steps, kw)) or 1.0)
+    calls = recorded_loop(monkeypatch)
     common = ["--data_dir", str(tmp_path / "c"), "--lang_tgt", "it", *TINY,
               "--model_folder", str(tmp_path / "w"), "--baseline_steps", "0",
               "--profile_steps", "0", "--train_steps", "7", "--warmup_steps", "3", "--steps", "2"]
@@ -740,11 +748,7 @@ def test_bench_without_warm_up_still_gives_the_compiled_loop_an_untimed_step(tmp
     import dev.bench
     from conftest import TINY, make_corpus
     make_corpus(tmp_path / "c", n=120, val=4)
-    calls = []
-    monkeypatch.setattr(dev.bench, "compare", lambda *a: (mock.Mock(), mock.Mock(), None, [], []))
-    monkeypatch.setattr(dev.bench, "report", lambda *a: None)
-    monkeypatch.setattr(dev.bench, "time_train_loop",
-                        lambda config, data, steps, **kw: calls.append((steps, kw)) or 1.0)
+    calls = recorded_loop(monkeypatch)
     dev.bench.main(["--data_dir", str(tmp_path / "c"), "--lang_tgt", "it", *TINY,
                     "--model_folder", str(tmp_path / "w"), "--baseline_steps", "0",
                     "--profile_steps", "0", "--train_steps", "4", "--warmup_steps", "0",
