@@ -40,7 +40,8 @@ def main(argv=None):
         config, given, args.checkpoint, args.average)
     model.float()
     output = export(model, config, tokenizer_src, tokenizer_tgt, args.output, args.quantization,
-                    source=getattr(model, "loaded_from", None))
+                    source=getattr(model, "loaded_from", None),
+                    corpus=getattr(model, "trained_on", None))
     print(f"wrote the CTranslate2 model ({args.quantization}) to {output}; translate with: "
           f"python translate.py --ctranslate2 {output} \"...\"", file=sys.stderr)
 

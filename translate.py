@@ -26,7 +26,8 @@ from pathlib import Path
 
 from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where)
-from corpus import DataError, column, decode_lines, load_corpus, own_corpus, text_file_name
+from corpus import (CORPUS_FINGERPRINT, DataError, column, decode_lines, load_corpus, own_corpus,
+                    text_file_name)
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, picture_problem, save_attention_map
@@ -49,16 +50,40 @@ def read_lines(path_or_stdin):
 
 
 def validation_example(config: Config, tokenizer_src, tokenizer_tgt, index: int):
-    """(source, reference) of example `index` of the validation split training validated on:
-    the corpus's own, or the one held out of train with the checkpoint's --seed and
-    --val_fraction, less the pairs longer than seq_len (as training dropped them). Never the
-    teachers' translations of a distilled run, nor extra pairs: validation is the corpus's."""
-    val = load_corpus(own_corpus(config), wanted=("train", "validation"))["validation"]
-    val = to_bilingual(column(val, "src"), column(val, "tgt"), tokenizer_src, tokenizer_tgt,
-                       config.seq_len, "validation")
+    """(source, reference, the corpus's fingerprint) of example `index` of the validation split
+    training validated on: the corpus's own, or the one held out of train with the checkpoint's
+    --seed and --val_fraction, less the pairs longer than seq_len (as training dropped them).
+    Never the teachers' translations of a distilled run, nor extra pairs: validation is the
+    corpus's."""
+    splits = load_corpus(own_corpus(config), wanted=("train", "validation"))
+    val = to_bilingual(column(splits["validation"], "src"), column(splits["validation"], "tgt"),
+                       tokenizer_src, tokenizer_tgt, config.seq_len, "validation")
     if not 0 <= index < len(val):
         raise InputError(f"validation example {index} does not exist (0 to {len(val) - 1})")
-    return val.src_texts[index], val.tgt_texts[index]
+    return val.src_texts[index], val.tgt_texts[index], splits["text"]
+
+
+def trained_on(model):
+    """The corpus record ({"source", "text", "version", ...}) of the checkpoint `model` was
+    loaded from (an ensemble's: its first model's; an exported model's: its export's), or
+    None where none was recorded."""
+    first = model.members[0] if hasattr(model, "members") else model
+    return getattr(first, "trained_on", None)
+
+
+def check_example_corpus(config: Config, recorded, fingerprint: str, index: int):
+    """A warning where the corpus --example read is not the one the model was trained on (its
+    texts differ from those the checkpoint recorded): the example is then of another
+    validation split than training's. Silent where the checkpoint recorded no comparable
+    fingerprint (an older version's)."""
+    if not recorded or recorded.get("version") != CORPUS_FINGERPRINT or \
+            recorded.get("text", fingerprint) == fingerprint:
+        return
+    where = f"--data_dir {config.data_dir}" if config.data_dir else \
+        f"--datasource {config.datasource}"
+    print(f"warning: {where} is not the corpus the model was trained on ({recorded['source']}"
+          f"; their texts differ): example {index} is of its validation split, not of the "
+          f"one training validated on", file=sys.stderr)
 
 
 def parse_args(argv):
@@ -303,22 +328,24 @@ def sampling(args):
     return Sampling(n=args.sample, **{k: v for k, v in given.items() if v is not None})
 
 
-def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt):
+def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt, recorded=None):
     """(sentences, reference of the one sentence or None, references of --input or None,
     tokenized references of --input or None): the sentence argument, a validation example
     (--example) with its reference, or the lines of --input / stdin (with --reference and
-    --papers_reference, their lines, checked to match before any decoding)."""
+    --papers_reference, their lines, checked to match before any decoding). `recorded`: the
+    corpus the model was trained on (trained_on), which --example's is checked against."""
     if args.example is not None:
         if args.data_dir is None and config.data_dir and not Path(config.data_dir).is_dir():
             raise DataError(f"the corpus the model was trained on, --data_dir {config.data_dir}"
                             f", is not there (moved?): give its place with --data_dir")
         try:
-            sentence, reference = validation_example(config, tokenizer_src, tokenizer_tgt,
-                                                     args.example)
+            sentence, reference, fingerprint = validation_example(
+                config, tokenizer_src, tokenizer_tgt, args.example)
         except DataError as e:  # (the languages are the model's, not flags to check)
             raise DataError(str(e).replace(
                 "check --lang_src and --lang_tgt", f"the model translates {config.lang_src}->"
                 f"{config.lang_tgt}: give --data_dir the corpus it was trained on")) from None
+        check_example_corpus(config, recorded, fingerprint, args.example)
         return [sentence], reference, None, None
     if args.sentence is not None:
         return [check_sentence(args.sentence)], None, None, None
@@ -443,8 +470,8 @@ def main(argv=None):
         return translate_as_typed(args, translator)
     tokenizer_src, tokenizer_tgt = translator.tokenizer_src, translator.tokenizer_tgt
     first_src = tokenizer_src[0] if args.ensemble else tokenizer_src  # for --example
-    sentences, reference, refs, tokenized = read_sources(args, translator.config, first_src,
-                                                         tokenizer_tgt)
+    sentences, reference, refs, tokenized = read_sources(
+        args, translator.config, first_src, tokenizer_tgt, trained_on(translator.model))
     outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
                                    args.batch_size, sampling=sampling(args))
     write_outputs(args, sentences, outputs, reference)

@@ -149,9 +149,10 @@ def check_output(output) -> Path:
 
 
 def export(model, config, tokenizer_src, tokenizer_tgt, output, quantization="float32",
-           source=None):
+           source=None, corpus=None):
     """Writes the CTranslate2 model of `model` into the new folder `output`, with the
-    tokenizer files and export.json beside it. `source`: where the weights came from."""
+    tokenizer files and export.json beside it. `source`: where the weights came from;
+    `corpus`: the corpus record of their checkpoint (translate.py --example checks by it)."""
     output = check_output(output)
     spec = build_spec(model, config, tokenizer_src, tokenizer_tgt)
     spec.validate()
@@ -168,7 +169,7 @@ def export(model, config, tokenizer_src, tokenizer_tgt, output, quantization="fl
         raise ExportError(f"cannot write {output}: {e.strerror}") from None
     note = {"config": {**config.to_dict(), "model_folder": str(output.resolve()),
                        "tokenizer_file": "tokenizer_{0}.json"},
-            "source": source, "quantization": quantization,
+            "source": source, "corpus": corpus, "quantization": quantization,
             "decoding": {"max_len_a": config.max_len_a, "max_len_b": config.max_len_b,
                          "min_len": config.min_len, "seq_len": config.seq_len,
                          "length_penalty": "CTranslate2 divides a beam hypothesis' log "
@@ -265,6 +266,7 @@ def load_engine(folder, config: Config, given=frozenset(), threads: int = 0):
     config.model_folder = str(folder)
     config, tokenizer_src, tokenizer_tgt = with_tokenizers(config)
     engine = Engine(folder, tokenizer_src, tokenizer_tgt, config.device, threads)
+    engine.trained_on = note.get("corpus")  # (an export of an earlier version: None)
     print(f"loaded the CTranslate2 model {folder} ({note['quantization']}, from "
           f"{note.get('source')})", file=sys.stderr)
     return engine, config, tokenizer_src, tokenizer_tgt

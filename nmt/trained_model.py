@@ -94,6 +94,7 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
     model = build_model(config, tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     load_model_weights(model, state, path)
     model.loaded_from = loaded  # said by export.py
+    model.trained_on = state.get("corpus")  # what translate.py --example checks its corpus by
     return model.to(device).eval(), config, tokenizer_src, tokenizer_tgt
 
 

@@ -259,8 +259,13 @@ def test_export_average_exports_the_averaged_weights(trained, tmp_path, monkeypa
         torch.testing.assert_close(exported[k], v.float(), msg=k)
     key = "projection_layer.proj.weight"
     assert not torch.allclose(exported[key], last[key].float())
-    record = json.dumps(json.loads((tmp_path / "avg" / "export.json").read_text()))
-    assert "tmodel_00.pt" in record and "tmodel_01.pt" in record
+    note = json.loads((tmp_path / "avg" / "export.json").read_text())
+    assert "tmodel_00.pt" in note["source"] and "tmodel_01.pt" in note["source"]
+    # the corpus the weights were trained on, which translate.py --example checks its own by
+    from translate import trained_on
+    corpus = load_checkpoint(weights / "tmodel_01.pt")["corpus"]
+    assert note["corpus"] == corpus and corpus["text"]
+    assert trained_on(load_engine(tmp_path / "avg", Config(), threads=1)[0]) == corpus
     files = ["--input", "corpus/val.en"]
     ours = run_here("translate.py", "--average", "2", *files, cwd=home).stdout.decode()
     theirs = run_here("translate.py", "--ctranslate2", tmp_path / "avg", "--threads", "1",

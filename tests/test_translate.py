@@ -2,6 +2,7 @@
 and its one-line refusals."""
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -726,11 +727,60 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
         f"\ntranslate.py: error: the corpus the model was trained on, --data_dir {tmp_path / 'c'}, "
         f"is not there (moved?): give its place with --data_dir\n")
     translate.main(["--example", "2", "--data_dir", "moved"])
-    assert f"SOURCE: {val.src_texts[2]}\n" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert f"SOURCE: {val.src_texts[2]}\n" in out and "warning" not in err  # (the same texts)
+    # another corpus (one line of train changed: another held-out split) is said to be another
+    shutil.copytree(tmp_path / "moved", tmp_path / "other")
+    lines = (tmp_path / "other" / "train.en").read_text().splitlines(keepends=True)
+    (tmp_path / "other" / "train.en").write_text("".join(["a new line .\n"] + lines[1:]))
+    translate.main(["--example", "2", "--data_dir", "other"])
+    out, err = capsys.readouterr()
+    assert "PREDICTED:" in out and err.count("warning") == 1 and (
+        f"warning: --data_dir other is not the corpus the model was trained on ({tmp_path / 'c'}"
+        f"; their texts differ): example 2 is of its validation split, not of the one training "
+        f"validated on\n") in err
     with pytest.raises(SystemExit) as e:  # a --data_dir typed wrong is the user's, as it was
         run_main("translate.py", lambda: translate.main(["--example", "2", "--data_dir", "mov"]))
     assert e.value.code == 2 and capsys.readouterr().err.endswith(
         "translate.py: error: --data_dir mov: no such folder\n")
+
+
+def test_the_corpus_a_model_was_trained_on_is_its_checkpoints(trained):
+    """translate.py --example checks its corpus against the one the checkpoint recorded: a
+    model's, an ensemble's first model's, and none for a model without a record."""
+    from translate import trained_on
+
+    from config import Config
+    from nmt.decoding import Ensemble
+    from nmt.trained_model import load_translator
+    home, _ = trained
+    config = Config(model_folder=str(home / "weights"))
+    model = load_translator(config, {"model_folder"})[0]
+    recorded = load_checkpoint(home / "weights" / "tmodel_best.pt")["corpus"]
+    assert trained_on(model) == recorded and recorded["text"]
+    other = torch.nn.Linear(1, 1)
+    assert trained_on(Ensemble([model, other])) == recorded
+    assert trained_on(Ensemble([other, model])) is None and trained_on(other) is None
+
+
+def test_an_example_of_another_corpus_is_said_to_be(capsys):
+    """--example warns where its corpus's texts are not the ones the checkpoint recorded, and
+    only then: not for the same texts, nor where no comparable record was kept (a checkpoint
+    of an earlier fingerprint version, or none)."""
+    from translate import check_example_corpus
+
+    from config import Config
+    from corpus import CORPUS_FINGERPRINT
+    hub = Config(data_dir="", datasource="org/books")
+    record = {"source": "org/books", "text": "abc", "version": CORPUS_FINGERPRINT}
+    for recorded in (None, {}, record, {**record, "text": "xyz", "version": 1}):
+        check_example_corpus(hub, recorded, "abc" if recorded is record else "def", 3)
+        assert capsys.readouterr().err == ""
+    check_example_corpus(hub, record, "def", 3)
+    assert capsys.readouterr().err == (
+        "warning: --datasource org/books is not the corpus the model was trained on (org/books; "
+        "their texts differ): example 3 is of its validation split, not of the one training "
+        "validated on\n")
 
 
 def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
