@@ -743,6 +743,14 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
         run_main("translate.py", lambda: translate.main(["--example", "2", "--data_dir", "mov"]))
     assert e.value.code == 2 and capsys.readouterr().err.endswith(
         "translate.py: error: --data_dir mov: no such folder\n")
+    # a corpus of other languages: what to do said as translating (the languages are the
+    # model's, not flags to check)
+    write_aligned(tmp_path / "de-fr", "train", pairs, src="de", tgt="fr")
+    with pytest.raises(SystemExit) as e:
+        run_main("translate.py", lambda: translate.main(["--example", "2", "--data_dir", "de-fr"]))
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(
+        "translate.py: error: --data_dir de-fr has no train.en (training files there: train.de, "
+        "train.fr); the model translates en->it: give --data_dir the corpus it was trained on\n")
 
 
 def test_the_corpus_a_model_was_trained_on_is_its_checkpoints(trained):
