@@ -413,14 +413,24 @@ def init_source(config: Config) -> Path:
         raise CheckpointError(f"--init_from {source}: no such model folder or checkpoint file")
     names = basenames(source, [config.model_basename])  # the source's own (--model_basename
     # names the new run's files)
-    found = dataclasses.replace(config, model_folder=str(source), preload="latest", **(
+    found = dataclasses.replace(config, model_folder=str(source), **(
         {"model_basename": names[0]} if len(names) == 1 else {}))
-    path = best_checkpoint_path(found) if best_checkpoint_path(found).exists() else \
-        resolve_preload(found)
+    if len(names) > 1 and config.model_basename not in names:  # (not "no checkpoint in it")
+        found.model_basename = names[0]
+        raise CheckpointError(f"--init_from {source} holds the checkpoints of {len(names)} runs "
+                              f"({', '.join(names)}): give one checkpoint file, such as "
+                              f"{best_or_latest(found)}")
+    path = best_or_latest(found)
     if path is None:
         raise CheckpointError(f"--init_from {source}: no checkpoint in it"
                               f"{elsewhere(source, '--init_from')}")
     return path
+
+
+def best_or_latest(config: Config):
+    """The best checkpoint of config's folder and basename, else its newest (None: none)."""
+    best = best_checkpoint_path(config)
+    return best if best.exists() else latest_checkpoint_path(config)
 
 
 def with_architecture(config: Config, saved: Config) -> Config:

@@ -596,6 +596,24 @@ def test_a_resume_restores_the_gradient_scalers_scale(tmp_path):
     assert scaler.get_scale() == 1024.0
 
 
+def test_init_from_a_folder_of_two_runs_names_them(tmp_path):
+    """--init_from a folder holding two runs' checkpoints (neither of --model_basename) said
+    "no checkpoint in it (give a trained model's folder or file)": it names the runs and a
+    file to give; the run of --model_basename, where it is one of them, is taken."""
+    from nmt.resume import init_source
+    (tmp_path / "src").mkdir()
+    for name in ("a_00.pt", "a_01.pt", "b_00.pt", "b_best.pt"):
+        save_checkpoint(tiny_state(0), tmp_path / "src" / name)
+    with pytest.raises(CheckpointError) as e:
+        init_source(Config(model_folder="new", init_from=str(tmp_path / "src")))
+    assert str(e.value) == (f"--init_from {tmp_path / 'src'} holds the checkpoints of 2 runs "
+                            f"(a_, b_): give one checkpoint file, such as "
+                            f"{tmp_path / 'src' / 'a_01.pt'}")
+    for basename, taken in (("a_", "a_01.pt"), ("b_", "b_best.pt")):
+        assert init_source(Config(model_folder="new", init_from=str(tmp_path / "src"),
+                                  model_basename=basename)) == tmp_path / "src" / taken
+
+
 def test_init_from_a_folder_starts_from_its_best_recorded_wherever_the_run_is_resumed(
         tmp_path, monkeypatch):
     """--init_from a run's folder takes its best checkpoint, not its newest, and records it
