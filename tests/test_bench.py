@@ -790,6 +790,7 @@ def test_bench_attention_times_the_validations_picture():
     out = t.stdout.decode()
     assert out.startswith("the attention picture a validation (2 decoder layers, d_model 32, 5 "
                           "source and 6 generated tokens") and "median" in out
+    assert f"tokens, {torch.get_num_threads()} thread(s)): " in out  # (torch's, not --threads 0)
 
 
 def test_the_decoding_profile_takes_the_profilers_cost_out_of_each_operator():
@@ -1566,3 +1567,305 @@ def test_the_split_of_a_step_is_in_percent_of_its_wall_time_and_never_below_zero
     assert uncovered == pytest.approx(20.0)
     split[("optimizer", "aten::_fused_adam_")] = 100.0
     assert profile_split(Step(), [None, None])[1] == 0.0
+
+
+def test_bench_data_makes_aligned_pairs_and_prints_each_runs_figures(tmp_path, monkeypatch):
+    """dev/bench_data.py's corpus and table, its three train.py runs stood in for: each line
+    joins --join source pairs, the same on both sides; a corpus of another size is made again;
+    the runs' steps and workers as documented, and each run's seconds and memory printed in
+    their columns (the worker's USS in the training row only)."""
+    from dev import bench_data
+    source = tmp_path / "source"
+    source.mkdir()
+    for language in ("en", "de"):  # sentence i: 10 words that name it
+        (source / f"train.{language}").write_text("".join(
+            " ".join(f"{language}{i}w{k}" for k in range(10)) + "\n" for i in range(20)))
+    figures = {"first start": (12.5, 300.0, 0.0), "second start": (3.5, 410.0, 0.0),
+               "training": (20.0, 520.0, 64.0)}
+    flags = {}
+
+    def run_train(args, given, label):
+        flags[label] = given
+        prepared = tmp_path / "m" / "prepared"
+        prepared.mkdir(parents=True, exist_ok=True)
+        with open(prepared / "data.bin", "wb") as f:
+            f.truncate(3 * 2**20)
+        return (*figures[label], "log")
+    monkeypatch.setattr(bench_data, "run_train", run_train)
+    common = ["--source", source, "--out", tmp_path / "out", "--model_folder", tmp_path / "m",
+              "--train_steps", "5", "--num_workers", "3"]
+    t = run_here("dev/bench_data.py", *common, "--pairs", "30", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()
+    en, de = ((tmp_path / "out" / f"train.{lang}").read_text().splitlines()
+              for lang in ("en", "de"))
+    assert len(en) == len(de) == 30
+    assert len((tmp_path / "out/val.en").read_text().splitlines()) == 3000
+    for english, german in zip(en, de):
+        picks = [w.split("w")[0][2:] for w in english.split()[::10]]
+        assert len(picks) == 3 and [w.split("w")[0][2:] for w in german.split()[::10]] == picks
+    out = t.stdout.decode()
+    size = sum(f.stat().st_size for f in (tmp_path / "out").glob("train.*")) / 2**30
+    assert f"corpus: 30 pairs, {size:.2f} GiB of text, about 30 words per English" in out
+    rows = {line[:46].strip(): line[46:].split() for line in out.splitlines()
+            if line.startswith(("first start", "second start", "5 steps, 3 workers"))}
+    assert rows == {"first start: tokenizers, preparation, 1 step": ["12.5", "300", "MB"],
+                    "second start, to its first step": ["3.5", "410", "MB"],
+                    "5 steps, 3 workers": ["20.0", "520", "MB", "64", "MB"]}, out
+    steps = {label: (f[f.index("--max_steps") + 1], "--num_workers" in f and
+                     f[f.index("--num_workers") + 1]) for label, f in flags.items()}
+    assert steps == {"first start": ("1", False), "second start": ("2", False),
+                     "training": ("7", "3")}
+    assert "prepared data: 3 MiB in" in out
+    t = run_here("dev/bench_data.py", *common, "--pairs", "30", cwd=tmp_path)
+    assert "made 30 pairs" not in t.stdout.decode()  # the corpus there has the size asked
+    t = run_here("dev/bench_data.py", *common, "--pairs", "4", cwd=tmp_path)
+    assert "made 4 pairs" in t.stdout.decode()
+    assert len((tmp_path / "out/train.de").read_text().splitlines()) == 4
+
+
+def test_bench_data_reads_a_processes_memory_from_proc(tmp_path, monkeypatch):
+    """memory_mb: PSS in MiB from smaps_rollup, or USS (private clean and dirty pages) for a
+    worker; 0 where the file cannot be read. children: the pids /proc lists."""
+    from dev import bench_data
+    (tmp_path / "smaps_rollup").write_text(
+        "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 5120 kB\nPss: 3072 kB\n"
+        "Pss_Anon: 1024 kB\nShared_Clean: 512 kB\nPrivate_Clean: 1024 kB\n"
+        "Private_Dirty: 512 kB\n")
+    (tmp_path / "children").write_text("7 12 ")
+    monkeypatch.setattr(bench_data, "Path", lambda path: tmp_path / path.split("/")[-1]
+                        if path.startswith("/proc/5/") else tmp_path / "missing")
+    assert bench_data.memory_mb(5) == 3.0 and bench_data.memory_mb(5, private=True) == 1.5
+    assert bench_data.memory_mb(6) == 0.0
+    assert bench_data.children(5) == [7, 12] and bench_data.children(6) == []
+
+
+def test_bench_data_keeps_the_peak_of_a_runs_memory(monkeypatch):
+    """run_train samples the main process's PSS and each child's USS while train.py runs and
+    keeps the highest of each, not the last sample; a failed run stops with its exit status."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from dev import bench_data
+    samples = {(1, False): [100.0, 300.0, 200.0], (7, True): [50.0, 80.0, 60.0]}
+    done = threading.Event()
+
+    class Proc:
+        pid, returncode, polls = 1, 0, 0
+
+        def __init__(self, command, **kw):
+            self.command = command
+
+        def poll(self):
+            self.polls += 1
+            if self.polls > 3:
+                done.set()
+                return self.returncode
+            return None
+
+        def communicate(self):
+            done.wait(10)
+            return "the log", None
+    monkeypatch.setattr(bench_data.subprocess, "Popen", Proc)
+    monkeypatch.setattr(bench_data, "memory_mb",
+                        lambda pid, private=False: samples.get((pid, private), [999.0]).pop(0))
+    monkeypatch.setattr(bench_data, "children", lambda pid: [7])
+    monkeypatch.setattr(bench_data, "time", SimpleNamespace(time=time.time,
+                                                           sleep=lambda s: None))
+    seconds, main, worker, log = bench_data.run_train(None, ["--max_steps", "1"], "training")
+    assert (main, worker, log) == (300.0, 80.0, "the log") and seconds >= 0
+    Proc.returncode, Proc.polls = 3, 0
+    done.clear()
+    samples.update({(1, False): [1.0] * 3, (7, True): [1.0] * 3})
+    with pytest.raises(SystemExit) as stop:
+        bench_data.run_train(None, [], "first start")
+    assert str(stop.value.code).startswith("python -m dev.bench_data: first start failed (exit 3)")
+
+
+def test_bench_attention_prints_the_median_of_the_calls_after_the_first(monkeypatch):
+    """dev/bench_attention.py on a stood-in clock: each call's time includes the picture's
+    writing (the writer flushed inside the timing); the median leaves the first call out, which
+    is printed apart; the decoder's depth and the threads are those of the run."""
+    from types import SimpleNamespace
+
+    import dev.bench_attention as bench
+    events, durations = [], iter([9.0, 1.0, 5.0, 2.0])
+    clock = [0.0]
+
+    def perf_counter():
+        events.append("clock")
+        if events.count("clock") % 2 == 0:
+            clock[0] += next(durations)
+        return clock[0]
+
+    class Writer:
+        def __init__(self, folder):
+            pass
+
+        def flush(self):
+            events.append("flush")
+
+        def close(self):
+            events.append("close")
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(bench, "SummaryWriter", Writer)
+    monkeypatch.setattr(bench, "log_attention", lambda run, src, tgt, step: events.append("draw"))
+    t = run_here("dev/bench_attention.py", "--d_model", "32", "--N", "3", "--N_dec", "1", "--h",
+                 "2", "--d_ff", "64", "--seq_len", "40", "--calls", "3", "--threads", "2",
+                 cwd=ROOT)
+    assert t.returncode == 0, t.stderr.decode()
+    assert events == ["clock", "draw", "flush", "clock"] * 4 + ["close"]
+    assert t.stdout.decode().strip() == (
+        "the attention picture a validation (1 decoder layers, d_model 32, 14 source and 15 "
+        "generated tokens, 2 thread(s)): median 2.000 s of 3 calls (first call 9.000 s)")
+
+
+def test_bench_bpe_dropout_refuses_a_config_train_py_would_refuse():
+    """bench_bpe_dropout's parse: the config's own checks refuse in one line (exit 2); the flag
+    given is kept, and with none (0) 0.1 is timed."""
+    from dev.bench_bpe_dropout import parse
+    with pytest.raises(SystemExit) as stop:
+        parse(["--d_model", "30", "--h", "4"])
+    assert stop.value.code == 2
+    assert parse(["--bpe_dropout", "0.3"])[1].bpe_dropout == 0.3
+    assert parse(["--bpe_dropout", "0"])[1].bpe_dropout == 0.1
+
+
+def test_bench_bpe_dropout_prices_each_epoch_from_its_own_making_and_steps(trained,
+                                                                          monkeypatch):
+    """bench_bpe_dropout's table and ratios on a stood-in clock (each batch made in 1 s, or a
+    pool in 1 s shared by its batches) and steps of no time: each kind's make time, padding
+    shares and epoch time, and the ratios with and without the flag the right way up (the
+    pooled epoch over the plain one; each batch alone over the plain one); warm-up steps
+    untimed."""
+    import re
+    from types import SimpleNamespace
+
+    import dev.bench_bpe_dropout as bench
+    from tokenizer import PAD
+    home, _ = trained
+    clock, made, steps = [0.0], {}, []
+
+    def perf_counter():
+        clock[0] += 1.0  # (two reads a making: 1 s)
+        return clock[0]
+
+    class Step:
+        def __init__(self, model, config, device):
+            self.times, self.padded, self.records = [], [], []
+            steps.append(self)
+
+        def __call__(self, batch, record=True):
+            self.records.append(record)
+            if record:
+                self.times.append(0.0)
+                self.padded.append(batch["encoder_input"].numel() + batch["label"].numel())
+    real_epoch = bench.epoch_batches
+
+    def epoch_batches(data, sampler, dropout, pool):
+        made[pool] = real_epoch(data, sampler, dropout, pool)
+        return made[pool]
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(bench, "Step", Step)
+    monkeypatch.setattr(bench, "epoch_batches", epoch_batches)
+    t = run_here("dev/bench_bpe_dropout.py", "--data_dir", "corpus", "--lang_tgt", "it",
+                 "--d_model", "32", "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
+                 "--max_tokens", "24", "--seq_len", "24", "--model_folder", "bench_w",
+                 "--steps", "3", "--warmup_steps", "2", "--threads", "1", cwd=home)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert [s.records for s in steps] == [[False] * 2 + [True] * 3] * 3
+    rows = {line[:34].strip(): line[34:] for line in out.splitlines()
+            if line.startswith(("plain", "dropout"))}
+    for (name, row), pool in zip(rows.items(), (0, 16, 1)):
+        batches = made[pool][0]
+        n, pools = len(batches), -(-len(batches) // max(pool, 1))
+        padding = [100 * (1 - sum(int((b[k] != PAD).sum()) for b in batches) /
+                          sum(b[k].numel() for b in batches)) for k in ("encoder_input", "label")]
+        share = re.search(r"([\d.]+)% /\s*([\d.]+)%", row).groups()
+        assert share == tuple(f"{p:.1f}" for p in padding), (name, row)
+        make_ms, _, epoch = row.split()[-3:]  # a pool's second shared by its batches
+        assert (make_ms, epoch) == (f"{1000 * pools / n:.1f}", f"{pools:.0f}"), (name, row)
+    plain, pooled = len(made[0][0]), -(-len(made[16][0]) // 16)
+    ratio = f"epoch with --bpe_dropout 0.1 / without: {pooled / plain:.2f}x (each batch " \
+            f"segmented alone: {len(made[1][0]) / plain:.2f}x)"
+    assert ratio in out and pooled < plain, out
+
+
+def test_the_picture_counts_a_pause_of_exactly_gap_minutes(tmp_path):
+    """plot_runs.curve: a pause of exactly --gap minutes is counted (only one of more is left
+    out), and a validation's time counts from the event before it, a validation or not."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from dev.plot_runs import curve
+    writer = SummaryWriter(str(tmp_path))
+    for step, (tag, value, minute) in enumerate([
+            ("train/loss", 5.0, 0), ("validation/bleu", 10.0, 4), ("validation/bleu", 12.0, 14),
+            ("train/loss", 3.0, 40), ("validation/bleu", 20.0, 41)]):
+        writer.add_scalar(tag, value, step, walltime=1_000_000.0 + 60 * minute)
+    writer.close()
+    assert curve(tmp_path, gap_minutes=10) == [(4.0, 10.0), (14.0, 12.0), (15.0, 20.0)]
+
+
+def test_plot_runs_draws_each_run_with_its_label_and_axes(tmp_path):
+    """`python -m dev.plot_runs`: one curve a run with its label, the axes of --metric and --x,
+    the picture written where --output says (its folder made); a label count that is not the
+    runs' and a metric the logs lack are refused in one line."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from nmt.plotting import pyplot
+    for run, loss in (("a", 4.0), ("b", 3.0)):
+        writer = SummaryWriter(str(tmp_path / run))
+        for i, (step, minute) in enumerate(((1, 0), (100, 30), (200, 31))):
+            writer.add_scalar("train/loss", 9.0, step, walltime=1_000_000.0 + 60 * minute)
+            writer.add_scalar("validation/loss", loss + i / 2, step,
+                              walltime=1_000_000.0 + 60 * minute + 1)
+        writer.close()
+    plt = pyplot()
+    runs = [tmp_path / "a", tmp_path / "b"]
+    try:
+        t = run_here("dev/plot_runs.py", *runs, "--labels", "fp32", "bf16", "--metric", "loss",
+                     "--x", "steps", "--output", tmp_path / "new/loss.png", cwd=tmp_path)
+        assert t.returncode == 0, t.stderr.decode()
+        assert (tmp_path / "new/loss.png").stat().st_size > 0
+        ax = plt.gcf().axes[0]
+        assert (ax.get_xlabel(), ax.get_ylabel()) == ("optimizer steps", "validation loss")
+        assert [(line.get_label(), line.get_xydata().tolist()) for line in ax.lines] == [
+            ("fp32", [[1, 4.0], [100, 4.5], [200, 5.0]]),
+            ("bf16", [[1, 3.0], [100, 3.5], [200, 4.0]])]
+        t = run_here("dev/plot_runs.py", *runs, "--metric", "loss", "--output",
+                     tmp_path / "minutes.png", cwd=tmp_path)  # an hour's pause left out
+        assert plt.gcf().axes[0].get_xlabel() == "training minutes (validation included)"
+        assert plt.gcf().axes[0].lines[0].get_xydata().ravel().tolist() == pytest.approx([
+            1 / 60, 4.0, 2 / 60, 4.5, 62 / 60, 5.0])  # (each validation 1 s after)
+        t = run_here("dev/plot_runs.py", *runs, "--output", tmp_path / "bleu.png", cwd=tmp_path)
+        assert t.returncode == 2 and "no validation/bleu" in t.stderr.decode()
+        t = run_here("dev/plot_runs.py", *runs, "--labels", "fp32", "--output",
+                     tmp_path / "x.png", cwd=tmp_path)
+        assert t.returncode == 2 and "give one label a run" in t.stderr.decode()
+        assert not (tmp_path / "x.png").exists()
+    finally:
+        plt.close("all")
+
+
+def test_set_repo_refuses_a_name_or_files_it_cannot_set(tmp_path):
+    """dev/set_repo.py: repositories() reads (the badge's, the notebook's) in that order; a name
+    that is not owner/name is refused, and so is a notebook without its REPO setting, before
+    either file is written."""
+    from config import UserError
+    from dev.set_repo import repositories, set_repository
+    readme = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+              "(https://colab.research.google.com/github/one/badge/blob/main/notebooks/"
+              "colab.ipynb)\n")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "README.md").write_text(readme)
+    notebook = tmp_path / "notebooks/colab.ipynb"
+    notebook.write_text('{"cells": [{"source": ["REPO = \\"https://github.com/two/setting\\"\\n"]}]}')
+    assert repositories(tmp_path) == ("one/badge", "two/setting")
+    for name in ("someone", "someone/transformer/extra", "some one/transformer"):
+        with pytest.raises(UserError):
+            set_repository(name, tmp_path)
+    notebook.write_text('{"cells": [{"source": ["REPO = None\\n"]}]}')
+    with pytest.raises(UserError, match="is not where this tool looks"):
+        set_repository("someone/transformer", tmp_path)
+    assert (tmp_path / "README.md").read_text() == readme

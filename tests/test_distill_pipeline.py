@@ -25,7 +25,7 @@ def pipeline(tmp_path, monkeypatch):
         (data / "test_2016_flickr.de").read_text().replace(".", " ."))
     best = {"teacher_s1": "avg3.b5", "teacher_s2": "best.b4", "ensemble2": "avg5.b4",
             "student_distilled_s1": "best.b5", "student_both_s1": "avg3.b4",
-            "student_both_s2": "avg5.b5"}
+            "student_both_s2": "avg5.b5", "teacher_s3": "avg5.b5", "ensemble3": "best.b5"}
     calls, found = [], []
 
     def run(self, script, *args):
@@ -130,3 +130,174 @@ def test_ctrl_c_stops_the_pipeline_in_one_line(pipeline, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("python -m dev.distill_pipeline: stopped; run the same command again "
                        "to go on where it stopped") and "Traceback" not in "".join(err)
+
+
+def test_a_scripts_command_is_logged_and_a_failure_stops_with_its_exit_status(
+        tmp_path, monkeypatch, capsys):
+    """Pipeline.run: each command is written to eval/commands.sh and printed before it runs
+    (this Python, a script of the checkout, run from the checkout), its seconds are returned,
+    and a failed script stops the pipeline with the script's own exit status and a line that
+    says the same command goes on."""
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from dev import distill_pipeline as module
+    clock, seen = [1000.0], []
+
+    def call(command, cwd=None):
+        seen.append((command, cwd))
+        clock[0] += 90.0
+        return [0, 3][len(seen) - 1]
+    monkeypatch.setattr(module.subprocess, "call", call)
+    monkeypatch.setattr(module, "time", SimpleNamespace(time=lambda: clock[0],
+                                                        strftime=time.strftime))
+    pipeline = module.Pipeline(SimpleNamespace(runs=tmp_path / "runs", data_dir=tmp_path,
+                                               threads=1))
+    assert pipeline.run("translate.py", "--beam", 4) == 90.0
+    assert seen == [([sys.executable, str(module.ROOT / "translate.py"), "--beam", "4"],
+                     module.ROOT)]
+    with pytest.raises(SystemExit) as stop:
+        pipeline.run("train.py", "--seed", 1)
+    assert stop.value.code == 3
+    logged = (tmp_path / "runs/eval/commands.sh").read_text().splitlines()
+    assert len(logged) == 2 and logged[0].endswith(f"{module.ROOT / 'translate.py'} --beam 4")
+    assert logged[1].endswith(f"{module.ROOT / 'train.py'} --seed 1")
+    out = capsys.readouterr().out
+    assert f"{module.ROOT / 'train.py'} --seed 1" in out
+    assert "stopped: train.py exited 3; the same command goes on" in out
+
+
+@pytest.mark.parametrize("flags, bf16", [("avx512f avx512_bf16", True), ("amx_bf16 avx2", True),
+                                         ("avx2 avx512f", False), (None, False)])
+def test_bf16_is_chosen_where_the_cpu_computes_it(tmp_path, monkeypatch, flags, bf16):
+    """The teachers train in bf16 where /proc/cpuinfo names either bf16 instruction set, else
+    (or with no /proc/cpuinfo) in fp32."""
+    from dev import distill_pipeline as module
+    if flags is not None:
+        (tmp_path / "cpuinfo").write_text(f"processor : 0\nflags : sse {flags}\n")
+    monkeypatch.setattr(module, "Path", lambda path: tmp_path / "cpuinfo")
+    assert module.cpu_has_bf16() is bf16
+
+
+def test_a_training_stopped_midway_resumes_with_its_own_flags(pipeline):
+    """A training stage whose folder holds a checkpoint is resumed with the folder's flags only
+    (train.py resumes with those it was trained with), a fresh one gets the whole command."""
+    module, args, calls, stop_at, runs, _ = pipeline
+    (runs / "teacher_s1").mkdir(parents=True)
+    torch.save(tiny_state(provenance={"seconds": 60.0}), runs / "teacher_s1/tmodel_03.pt")
+    stop_at[0] = 3
+    with pytest.raises(SystemExit):
+        module.main(args)
+    resumed, fresh = (a for s, a in calls[:2])
+    assert resumed == ["--model_folder", f"{runs}/teacher_s1", "--experiment_name",
+                       f"{runs}/tb/teacher_s1", "--threads", "1"]
+    assert fresh[:2] == ["--data_dir", args[args.index("--data_dir") + 1]]
+    assert fresh[fresh.index("--seed") + 1] == "2" and "--model_folder" in fresh
+
+
+def test_three_teachers_two_ensembles_and_a_students_best_checkpoint_distillation(
+        pipeline, monkeypatch):
+    """With three teachers: the ensembles of the first 2 and of all 3, the students distilled
+    from the ensemble of all 3 (here its best checkpoints: no averaging), each paired test
+    against its baseline, the threads, precision and minutes of each command as given, and the
+    papers' BLEU on the tokenized, lowercased references."""
+    import time
+    from types import SimpleNamespace
+
+    from nmt.metrics import papers_bleu, score
+    module, args, calls, _, runs, _ = pipeline
+    data = runs.parent / "data"
+    cased = data / "test_2016_flickr.de"  # (tok/ keeps the lowercased references)
+    cased.write_text(cased.read_text().title())
+    clock = iter(range(0, 10_000, 90))  # the teachers' decodings: 90 s
+    monkeypatch.setattr(module, "time", SimpleNamespace(time=lambda: next(clock),
+                                                        strftime=time.strftime))
+    args = args[:args.index("--teacher_seeds")] + ["--teacher_seeds", "1", "2", "3"] + \
+        args[args.index("--student_seeds"):-1] + ["3"]  # --threads 3
+    paired = []
+    monkeypatch.setattr(module.Pipeline, "paired_tests",
+                        lambda self, name, baseline, others: paired.append((name, baseline,
+                                                                           others)))
+    monkeypatch.setattr(module, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(module, "load_checkpoint",
+                        lambda path, mmap: {"provenance": {"seconds": 150.0}})
+    module.main(args)
+    ensembles = {a[a.index("--output") + 1].split("/")[-1].split(".")[0]:
+                 a[a.index("--ensemble") + 1] for s, a in calls if "--ensemble" in a}
+    teachers = [f"{runs}/teacher_s{s}" for s in (1, 2, 3)]
+    assert ensembles == {"ensemble2": ",".join(teachers[:2]), "ensemble3": ",".join(teachers)}
+    students = ["student_both_s1", "student_both_s2"]
+    assert paired == [("teachers", "teacher_s1", ["ensemble2", "ensemble3"]),
+                      ("students_vs_hour", "teacher_s1", students),
+                      ("students_vs_ensemble", "ensemble3", students)]
+    trained = [a for s, a in calls if s == "train.py"]
+    assert all(a[a.index("--precision") + 1] == "bf16" for a in trained[:3])
+    assert all(a[a.index("--threads") + 1] == "3" for s, a in calls)
+    distilled = trained[3]  # ensemble3 chose its best checkpoints, beam 5
+    assert distilled[distilled.index("--distill_from") + 1] == ",".join(
+        f"{t}/tmodel_best.pt" for t in teachers)
+    assert "--distill_average" not in distilled
+    assert distilled[distilled.index("--distill_beam") + 1] == "5"
+    for args_given in (a for s, a in calls if s == "translate.py"):  # as its file name says
+        decoding, beam, split = args_given[args_given.index("--output") + 1].split(".")[1:4]
+        assert args_given[args_given.index("--beam") + 1] == beam[1:]
+        assert " ".join(module.DECODINGS[decoding]) in " ".join(args_given)
+        assert args_given[args_given.index("--input") + 1] == str(data / f"{split}.en")
+    stage = json.loads((runs / "stages/teacher_s2.json").read_text())  # (150 s)
+    assert stage["minutes"] == 2.5 and stage["command"].startswith("python train.py")
+    assert "--num_epochs 42 --seed 2 --model_folder" in stage["command"]
+    assert json.loads((runs / "stages/teachers.json").read_text())["minutes"] == 1.5
+    scores = json.loads((runs / "eval/scores.json").read_text())
+    assert scores["teacher_s1"]["test"]["papers_bleu"] == 100.0  # (its references)
+    student = scores["student_distilled_s1"]  # (its test translation is not the reference)
+    hyp = (runs / "eval" / student["test_file"]).read_text().splitlines()
+    found = score(hyp, (data / "test_2016_flickr.de").read_text().splitlines(), False)
+    tok = (data / "tok/test_2016_flickr.lc.norm.tok.de").read_text().splitlines()
+    assert student["test"] == {"bleu": round(found["bleu"], 2), "chrf": round(found["chrf"], 2),
+                               "papers_bleu": round(papers_bleu(hyp, tok, "de")["bleu"], 2)}
+
+
+def test_the_paired_tests_put_the_baseline_first_and_run_once(tmp_path, monkeypatch):
+    """paired_tests: compare.py on the baseline's test translation first, then the others', once
+    against the cased references (sacreBLEU) and once against the tokenized ones (the papers'
+    BLEU); a table already written is not computed again."""
+    from types import SimpleNamespace
+
+    from dev import distill_pipeline as module
+    runs, data = tmp_path / "runs", tmp_path / "data"
+    pipeline = module.Pipeline(SimpleNamespace(runs=runs, data_dir=data, threads=1))
+    pipeline.scores = {name: {"test_file": f"{name}.hyp"} for name in ("a", "b", "c")}
+    argvs = []
+
+    def compare(argv):
+        argvs.append(argv)
+        print("the papers' table" if "--papers_bleu" in argv else "sacreBLEU's table")
+    monkeypatch.setattr(module.compare, "main", compare)
+    pipeline.paired_tests("x", "b", ["a", "c"])
+    files = [str(runs / "eval" / f"{name}.hyp") for name in "bac"]
+    assert sorted(argvs, key=len) == [
+        files + ["--reference", str(data / "test_2016_flickr.de")],
+        files + ["--reference", str(data / "tok/test_2016_flickr.lc.norm.tok.de"),
+                 "--papers_bleu", "de"]]
+    assert (runs / "eval/x.compare").read_text() == "sacreBLEU's table\n"
+    assert (runs / "eval/x.papers.compare").read_text() == "the papers' table\n"
+    (runs / "eval/x.papers.compare").unlink()
+    pipeline.paired_tests("x", "b", ["a", "c"])  # (stopped before the papers' table)
+    assert len(argvs) == 3 and argvs[2][-1] == "de"
+    assert (runs / "eval/x.papers.compare").read_text() == "the papers' table\n"
+
+
+def test_status_prints_the_stages_done_and_the_scores_and_runs_nothing(pipeline, capsys):
+    """--status: each stage done with its record, each scored system with its chosen decoding
+    and test scores, read from the runs folder; nothing is run."""
+    module, args, calls, _, runs, _ = pipeline
+    (runs / "stages").mkdir(parents=True)
+    (runs / "eval").mkdir()
+    (runs / "stages/teacher_s1.json").write_text(json.dumps({"minutes": 2.0}, indent=1))
+    (runs / "eval/scores.json").write_text(json.dumps({"teacher_s1": {
+        "chosen": "avg3.b5", "test": {"bleu": 40.5}}}))
+    module.main(args + ["--status"])
+    assert calls == []
+    assert capsys.readouterr().out.splitlines() == [
+        'teacher_s1 {  "minutes": 2.0 }', "teacher_s1 avg3.b5 {'bleu': 40.5}"]
