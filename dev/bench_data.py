@@ -3,12 +3,12 @@
     python -m dev.bench_data                         # 4.5M pairs made from data/multi30k
     python -m dev.bench_data --pairs 300000          # a quicker look
 
-Builds a synthetic corpus of WMT14 en-de's size and shape (--pairs pairs of about 30 words a
-side, each made by joining --join random aligned Multi30k sentence pairs) in --out, then runs
-train.py on it three times with a tiny model (batches of 1,024 tokens, so that memory is the
-data's, not activations'), each run a separate process, its memory sampled from /proc: PSS
-for the main process (pages shared with other processes split between them), USS for a
-DataLoader worker (the pages only it holds: what it adds):
+Builds a synthetic corpus of WMT14 en-de's size and shape (--pairs pairs of about 30 words a side,
+each made by joining --join random aligned Multi30k sentence pairs) in --out (kept for the next run
+with the same --source, --pairs and --join), then runs train.py on it three times with a tiny model
+(batches of 1,024 tokens, so that memory is the data's, not activations'), each run a separate
+process, its memory sampled from /proc: PSS for the main process (pages shared with other processes
+split between them), USS for a DataLoader worker (the pages only it holds: what it adds):
 
 1. the first start: tokenizer training on a sample, encoding, writing the prepared data, and
    one training step;
@@ -18,6 +18,7 @@ DataLoader worker (the pages only it holds: what it adds):
 """
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -108,10 +109,14 @@ def main(argv=None):
     if not (source / "train.en").exists():
         parser.error(f"--source {source}: no train.en there (the README's quick start says where "
                      f"Multi30k comes from)")
-    lines = sum(1 for _ in open(out / "train.en", "rb")) if (out / "train.en").exists() else 0
-    if lines != args.pairs:
+    recipe = {"source": str(source.resolve()), "pairs": args.pairs, "join": args.join}
+    made = out / "made_by_bench_data"  # its recipe, JSON (written once the corpus is whole;
+    # no suffix, so that no reader of corpora takes it for a split)
+    if not made.exists() or json.loads(made.read_text()) != recipe:
+        made.unlink(missing_ok=True)
         started = time.time()
         make_corpus(source, out, args.pairs, args.join)
+        made.write_text(json.dumps(recipe))
         print(f"made {args.pairs:,} pairs in {out} ({time.time() - started:.0f}s)")
     size = sum(f.stat().st_size for f in out.glob("train.*")) / 2**30
     with open(out / "train.en", encoding="utf-8") as f:

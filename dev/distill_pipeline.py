@@ -30,6 +30,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -88,8 +89,10 @@ class Pipeline:
         """Runs a script of the repo with this Python; its seconds. A failure stops the
         pipeline with the script's exit status (a stop resumes where it was)."""
         command = [sys.executable, str(ROOT / script), *map(str, args)]
-        with open(self.eval / "commands.sh", "a") as log:
-            log.write(" ".join(command[1:]) + "\n")
+        logged = self.eval / "commands.sh"  # (a shell script: `sh commands.sh` runs them again)
+        with open(logged, "a") as log:
+            log.write(("" if logged.stat().st_size else f"cd {shlex.quote(str(ROOT))}\n")
+                      + shlex.join(command) + "\n")
         print(f"[pipeline] {time.strftime('%H:%M')} {' '.join(command[1:])}", flush=True)
         started = time.time()
         code = subprocess.call(command, cwd=ROOT)
@@ -242,6 +245,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--status", action="store_true", help="print what is done, and stop")
     args = parser.parse_args(argv)
+    if len(set(args.teacher_seeds)) < 2 or len(set(args.teacher_seeds)) < len(args.teacher_seeds):
+        parser.error("--teacher_seeds: two seeds or more, each once (the teachers' ensembles)")
     pipeline = Pipeline(args)
     pipeline.status() if args.status else pipeline.stages()
 

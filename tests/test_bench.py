@@ -1621,6 +1621,14 @@ def test_bench_data_makes_aligned_pairs_and_prints_each_runs_figures(tmp_path, m
     t = run_here("dev/bench_data.py", *common, "--pairs", "4", cwd=tmp_path)
     assert "made 4 pairs" in t.stdout.decode()
     assert len((tmp_path / "out/train.de").read_text().splitlines()) == 4
+    # nor is a corpus of the same size made with another --join (it was kept), or half-made
+    t = run_here("dev/bench_data.py", *common, "--pairs", "4", "--join", "1", cwd=tmp_path)
+    assert "made 4 pairs" in t.stdout.decode()
+    assert [len(line.split()) for line in (tmp_path / "out/train.en").read_text().splitlines()] \
+        == [10] * 4
+    (tmp_path / "out/made_by_bench_data").unlink()  # (stopped while it was written)
+    t = run_here("dev/bench_data.py", *common, "--pairs", "4", "--join", "1", cwd=tmp_path)
+    assert "made 4 pairs" in t.stdout.decode()
 
 
 def test_bench_data_reads_a_processes_memory_from_proc(tmp_path, monkeypatch):

@@ -138,6 +138,7 @@ def test_a_scripts_command_is_logged_and_a_failure_stops_with_its_exit_status(
     (this Python, a script of the checkout, run from the checkout), its seconds are returned,
     and a failed script stops the pipeline with the script's own exit status and a line that
     says the same command goes on."""
+    import shlex
     import sys
     import time
     from types import SimpleNamespace
@@ -160,9 +161,12 @@ def test_a_scripts_command_is_logged_and_a_failure_stops_with_its_exit_status(
     with pytest.raises(SystemExit) as stop:
         pipeline.run("train.py", "--seed", 1)
     assert stop.value.code == 3
+    # a shell script that runs them again as run: from the checkout, with this Python
     logged = (tmp_path / "runs/eval/commands.sh").read_text().splitlines()
-    assert len(logged) == 2 and logged[0].endswith(f"{module.ROOT / 'translate.py'} --beam 4")
-    assert logged[1].endswith(f"{module.ROOT / 'train.py'} --seed 1")
+    assert [shlex.split(line) for line in logged] == [
+        ["cd", str(module.ROOT)],
+        [sys.executable, str(module.ROOT / "translate.py"), "--beam", "4"],
+        [sys.executable, str(module.ROOT / "train.py"), "--seed", "1"]]
     out = capsys.readouterr().out
     assert f"{module.ROOT / 'train.py'} --seed 1" in out
     assert "stopped: train.py exited 3; the same command goes on" in out
@@ -286,6 +290,19 @@ def test_the_paired_tests_put_the_baseline_first_and_run_once(tmp_path, monkeypa
     pipeline.paired_tests("x", "b", ["a", "c"])  # (stopped before the papers' table)
     assert len(argvs) == 3 and argvs[2][-1] == "de"
     assert (runs / "eval/x.papers.compare").read_text() == "the papers' table\n"
+
+
+@pytest.mark.parametrize("seeds", [["1"], ["1", "1"], ["1", "2", "1"]])
+def test_one_teacher_seed_or_a_repeated_one_is_refused(pipeline, capsys, seeds):
+    """--teacher_seeds 1 made "ensembles" of one model and paired-tested it against itself; a
+    repeated seed trained one teacher into both places: each is refused before any stage."""
+    module, args, calls, _, runs, _ = pipeline
+    at = args.index("--teacher_seeds")
+    with pytest.raises(SystemExit) as e:
+        module.main(args[:at + 1] + seeds + args[at + 3:])
+    assert e.value.code == 2 and calls == [] and not runs.exists()
+    assert capsys.readouterr().err.endswith("error: --teacher_seeds: two seeds or more, each "
+                                            "once (the teachers' ensembles)\n")
 
 
 def test_status_prints_the_stages_done_and_the_scores_and_runs_nothing(pipeline, capsys):
