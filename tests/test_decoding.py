@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from conftest import small, tiny_model
 
 from model import build_transformer, causal_mask
-from nmt.decoding import (beam_search, clean, decoded, greedy_decode, output_limits,
-                          translate_ids)
+from nmt.decoding import (Sampling, beam_search, clean, decoded, greedy_decode,
+                          output_limits, translate_ids)
 from tokenizer import EOS, PAD, SOS, UNK
 
 
@@ -398,6 +398,51 @@ def test_a_beam_wider_than_the_live_tokens_returns_only_real_hypotheses():
     assert len(set(map(tuple, outs))) == 6 and all(s > float("-inf") for _, s in hyps), hyps
 
 
+@torch.no_grad()
+def reference_beam(model, ids, k, limit, alpha, nbest, min_len, early_stop):
+    """beam_search's docstring, one sentence, every prefix re-decoded: the 2k best candidates
+    each step; an [EOS] among the k best finishes a hypothesis, scored log P / length penalty;
+    the k best others go on. Stops past the limit, with k finished, or (early_stop) when the
+    best candidate is [EOS] and nbest are finished."""
+    from nmt.decoding import length_penalty
+    beams, finished = [([], 0.0)], []
+    for step in range(1, limit + 2):
+        candidates = []
+        for prefix, score in beams:
+            logp = step_log_probs([model], [ids], prefix)
+            if step <= min_len:
+                logp[EOS] = float("-inf")
+            if step > limit:  # [EOS] the only choice
+                logp[torch.arange(logp.numel()) != EOS] = float("-inf")
+            candidates += [(score + v, prefix, t) for t, v in enumerate(logp.tolist())
+                           if v > float("-inf")]
+        top = sorted(candidates, key=lambda c: -c[0])[:2 * k]
+        finished += [(p, s / length_penalty(step, alpha)) for rank, (s, p, t) in enumerate(top)
+                     if t == EOS and rank < k]
+        beams = [(p + [t], s) for s, p, t in top if t != EOS][:k]
+        if step > limit or len(finished) >= k or (
+                early_stop and top[0][2] == EOS and len(finished) >= nbest):
+            break
+    return sorted(finished, key=lambda h: -h[1])[:nbest]
+
+
+def test_beam_search_stops_by_its_rules_as_a_reference_search_does():
+    """A beam of 3 short of every prefix, outputs of several lengths: each sentence's n-best
+    (tokens and scores) are those of the search its docstring tells, re-decoding every prefix:
+    without the early stop it ends once k hypotheses are finished (fairseq's rule; a search
+    that went on to the limit found other, longer ones at alpha 2)."""
+    model = tiny_model(vocab=20, seed=0)
+    with torch.no_grad():
+        model.projection_layer.proj.weight.mul_(3)  # peakier: the outputs' lengths differ
+    for alpha, early_stop in ((0.6, True), (2.0, False)):
+        out = translate_ids(model, SOURCES, SOS, EOS, PAD, 32, beam=3, nbest=2, alpha=alpha,
+                            max_len_a=0, max_len_b=5, early_stop=early_stop)
+        for src, hyps in zip(SOURCES, out):
+            expected = reference_beam(model, src, 3, 5, alpha, 2, 1, early_stop)
+            assert [h for h, _ in hyps] == [h for h, _ in expected], (alpha, src)
+            assert [s for _, s in hyps] == pytest.approx([s for _, s in expected], abs=1e-4)
+
+
 # ---- ensembles and sampling (issue 42) ----------------------------------------------------------
 
 @torch.no_grad()
@@ -541,6 +586,81 @@ def test_a_seed_gives_the_same_samples_in_a_batch_and_one_by_one():
     assert [[t for t, _ in s] for s in other] != [[t for t, _ in s] for s in batched]
 
 
+def test_nbest_alone_gives_scored_hypotheses():
+    """translate_ids with nbest > 1 lists (ids, score) per sentence whatever the beam: beam 1
+    (nbest given alone) searched with beam search, not greedy's bare ids; its best is greedy's
+    output."""
+    model = tiny_model(vocab=20, seed=2)
+    greedy = translate_ids(model, SOURCES, SOS, EOS, PAD, seq_len=32)
+    listed = translate_ids(model, SOURCES, SOS, EOS, PAD, seq_len=32, nbest=2)
+    for hyps, best in zip(listed, greedy):
+        assert hyps and all(isinstance(ids, list) and s < 0 for ids, s in hyps), hyps
+        assert hyps[0][0] == best
+
+
+def fixed_distribution_model(probs):
+    """A model whose next token, after any source and prefix, is 4, 5, 6... with these
+    probabilities (every other token, [EOS] too, 1e-43 times less likely)."""
+    model = tiny_model(vocab=20, seed=0)
+    with torch.no_grad():
+        model.projection_layer.proj.weight.zero_()
+        model.projection_layer.proj.bias.fill_(-100.0)
+        model.projection_layer.proj.bias[4:4 + len(probs)] = torch.tensor(probs).log()
+    return model
+
+
+def test_samples_are_drawn_from_the_models_distribution():
+    """Issue 42: ancestral sampling draws each token with the model's probability (after the
+    temperature): 2000 one-token samples of a distribution of 0.4 and six of 0.1 come out that
+    often (a Gumbel noise of the wrong sign drew the first 57% of the time), and at
+    temperature 2 as the square roots of those, normalized."""
+    model = fixed_distribution_model([0.4] + [0.1] * 6)
+    for temperature, expected in ((1.0, [0.4] + [0.1] * 6), (2.0, [0.25] + [0.125] * 6)):
+        [samples] = translate_ids(model, [[5, 6]], SOS, EOS, PAD, seq_len=32, max_len_a=0,
+                                  max_len_b=1, sampling=Sampling(n=2000, seed=1,
+                                                                 temperature=temperature))
+        counts = torch.bincount(torch.tensor([ids[0] for ids, _ in samples]), minlength=11)
+        assert (counts[4:11] / 2000).tolist() == pytest.approx(expected, abs=0.04), counts
+
+
+def test_each_sentence_draws_its_own_samples():
+    """Two sentences the model treats alike (its distribution ignores the source) are sampled
+    with draws of their own, not the same draws twice: their samples differ."""
+    model = fixed_distribution_model([0.4, 0.3, 0.3])
+    first, second = sampled(model, [[4, 5], [6, 7]], n=4, seed=0)
+    assert [ids for ids, _ in first] != [ids for ids, _ in second]
+
+
+def test_a_top_k_of_the_vocabulary_or_more_cuts_nothing():
+    """top_k at or above the vocabulary's size keeps every token: the samples of no cut (a
+    top_k above it raised from torch.topk)."""
+    model = tiny_model(vocab=20, seed=2)
+    uncut = sampled(model, SOURCES, n=3, seed=4)
+    for top_k in (20, 50):
+        assert sampled(model, SOURCES, n=3, seed=4, top_k=top_k) == uncut
+
+
+def test_the_nucleus_is_the_fewest_tokens_that_reach_top_p():
+    """Four equally likely tokens and top_p 0.5: two of them reach it, so the third is cut
+    (its more likely tokens' mass, exactly 0.5, already reaches top_p)."""
+    from nmt.decoding import filter_logits
+    kept = filter_logits(torch.zeros(1, 4), 0, 0.5).isfinite()
+    assert kept.sum().item() == 2
+
+
+def test_an_ensemble_of_one_model_samples_as_that_model():
+    """Issue 42: an ensemble of a model with itself draws the model's samples for the same seed
+    (each sentence's draws keyed by its first model's tokens)."""
+    from nmt.decoding import Ensemble
+    model = tiny_model(vocab=20, seed=2)
+    alone = sampled(model, SOURCES, n=3, seed=5, top_p=0.9)
+    together = sampled(Ensemble([model, model]), [[s, s] for s in SOURCES], n=3, seed=5,
+                       top_p=0.9)
+    assert [[ids for ids, _ in s] for s in together] == [[ids for ids, _ in s] for s in alone]
+    assert [p for s in together for _, p in s] == pytest.approx([p for s in alone for _, p in s],
+                                                                abs=1e-4)
+
+
 def test_a_sentence_longer_than_seq_len_is_named_by_its_number_in_the_file(capsys):
     """The warning about a sentence cut to seq_len names it by its number in the file: under
     torchrun a rank translating every world_size-th test sentence named them by their place in
@@ -564,6 +684,71 @@ def test_a_sentence_longer_than_seq_len_is_named_by_its_number_in_the_file(capsy
         translate(model, Config(seq_len=8), tok, tok, [long])  # warning is not on its line
     lines = re.split(r"[\r\n]", capsys.readouterr().err)
     assert any(line.startswith("warning: sentence 1 has 10 tokens") for line in lines), lines
+
+
+def test_a_sentence_that_fills_seq_len_is_not_warned_of(capsys):
+    """seq_len 8 holds [SOS], [EOS] and 6 tokens: a sentence of 6 is translated whole, without
+    the warning; an ensemble warns where any model's tokenizer cuts a sentence into more (its
+    models each take their own tokens), though its first model's holds it."""
+    from config import Config
+    from nmt.decoding import Ensemble, translate
+    from tokenizer import build_tokenizer
+    text = "one two three four five six"
+    words = build_tokenizer("word", 30, [text] * 2)  # 6 tokens
+    chars = build_tokenizer("bpe", 270, [text])  # bytes: more than 6
+    model = tiny_model(vocab=words.get_vocab_size(), seq_len=8)
+    translate(model, Config(seq_len=8), words, words, [text])
+    assert "warning" not in capsys.readouterr().err
+    torch.manual_seed(1)
+    other = build_transformer(chars.get_vocab_size(), words.get_vocab_size(), 8, 8, d_model=16,
+                              N=1, h=2, d_ff=32).eval()
+    translate(Ensemble([model, other]), Config(seq_len=8), [words, chars], words, [text])
+    assert f"warning: sentence 1 has {len(chars.encode(text).ids)} tokens" in \
+        capsys.readouterr().err
+
+
+class Echo:
+    """A stand-in for an exported engine (anything with translate_ids): each sentence's output
+    is its own source ids; it records what it was asked."""
+
+    def __init__(self):
+        self.asked = []
+
+    def translate_ids(self, src_ids, *args, **options):
+        self.asked.append((src_ids, options))
+        return [list(ids) for ids in src_ids]
+
+
+def test_translate_hands_an_engine_the_cleaned_sentences_and_the_configs_rules():
+    """translate() decodes with a model's own translate_ids where it has one (translate.py
+    --ctranslate2's engine), given the sentences as training text is (a tab or a bell between
+    words is a space, not part of a word: [UNK]), the config's length rules, and [UNK] to bar;
+    an empty sentence is not sent, and comes back empty."""
+    from config import Config
+    from nmt.decoding import translate
+    from tokenizer import build_tokenizer
+    tok = build_tokenizer("word", 30, ["one two three"] * 2)
+    engine = Echo()
+    config = Config(seq_len=16, max_len_a=0.5, max_len_b=3, min_len=2)
+    assert translate(engine, config, tok, tok, ["one\ttwo\x07three ", "", "two"]) == \
+        ["one two three", "", "two"]
+    [(ids, options)] = engine.asked
+    assert ids == [tok.encode("one two three").ids, tok.encode("two").ids]
+    assert (options["max_len_a"], options["max_len_b"], options["min_len"]) == (0.5, 3, 2)
+    assert options["unk_id"] == UNK
+
+
+def test_an_empty_sentence_has_as_many_empty_samples_as_the_others():
+    """With n samples a sentence, an empty sentence has n empty ones (score 0), so that
+    translate.py's n lines an input line stay in step with the input."""
+    from config import Config
+    from nmt.decoding import translate
+    from tokenizer import build_tokenizer
+    tok = build_tokenizer("word", 30, ["one two three"] * 2)
+    model = tiny_model(vocab=tok.get_vocab_size(), seq_len=16)
+    out = translate(model, Config(seq_len=16), tok, tok, ["one two", ""],
+                    sampling=Sampling(n=3, seed=1))
+    assert len(out[0]) == 3 and out[1] == [("", 0.0)] * 3
 
 
 def test_every_beam_search_takes_config_length_penalty_by_default():

@@ -261,6 +261,21 @@ def test_n_dec_sets_the_decoders_depth_alone_and_the_checkpoint_config_rebuilds_
     assert Config.from_dict({"N": 5}).decoder_layers() == 5  # a checkpoint from before N_dec
 
 
+def test_a_configs_dropout_rates_each_reach_their_place_in_the_model_it_rebuilds():
+    """build_model (train.py's model, and a checkpoint's rebuilt): --dropout, --attention_dropout
+    and --activation_dropout each reach their own Dropouts, as build_transformer places them."""
+    from nmt.trained_model import build_model
+    model = build_model(Config(d_model=16, N=1, h=2, d_ff=32, seq_len=16, dropout=0.1,
+                               attention_dropout=0.2, activation_dropout=0.3), 24, 24)
+    rates = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Dropout):
+            owner = type(model.get_submodule(name.rpartition(".")[0]))
+            rates.setdefault(owner, set()).add(module.p)
+    assert rates.pop(MultiHeadAttentionBlock) == {0.2} and rates.pop(FeedForwardBlock) == {0.3}
+    assert set.union(*rates.values()) == {0.1}
+
+
 def test_tie_all_shares_one_tensor_among_three_modules():
     model = small(shared_vocab=True, tie_embeddings="all")
     tensors = {model.src_embed.embedding.weight.data_ptr(),

@@ -1,6 +1,6 @@
 """nmt/translator.py: the Translator library class (loaded once, translating as translate.py's
 command line does, with its one-line errors as config.UserError) and the checks it shares with
-the command line."""
+the command line; nmt/trained_model.py's loading of a model, or of several as an ensemble."""
 
 import pytest
 from conftest import run_here, tiny_model
@@ -179,3 +179,101 @@ def test_nbest_alone_searches_that_wide_and_the_defaults_are_translate_pys(train
         translator.translate(sentences, beam=2, nbest=2)
     assert inspect.signature(Translator).parameters["device"].default == Config().device
     assert inspect.signature(Translator.translate).parameters["alpha"].default == LENGTH_PENALTY
+
+
+# ---- nmt/trained_model.py ----------------------------------------------------------------------
+
+def test_weights_that_do_not_fit_the_architecture_are_one_short_line():
+    """A checkpoint whose weights do not fit the model its config rebuilds (another width, fewer
+    or more layers) is one CheckpointError line naming the first misfit, cut short where torch
+    lists every missing key, never torch's RuntimeError."""
+    import dataclasses
+
+    from config import Config
+    from nmt.checkpoint import CheckpointError
+    from nmt.trained_model import build_model, load_model_weights
+    config = Config(d_model=16, N=2, h=2, d_ff=32, seq_len=16)
+    model = build_model(config, 20, 20)
+    for change, detail in (({"d_ff": 64}, "size mismatch for encoder.layers.0.feed_forward_block"),
+                           ({"N": 1}, "Missing key(s) in state_dict: \"encoder.layers.1."),
+                           ({"N": 3}, "Unexpected key(s) in state_dict: \"encoder.layers.2.")):
+        other = build_model(dataclasses.replace(config, **change), 20, 20)
+        with pytest.raises(CheckpointError) as error:
+            load_model_weights(model, {"model_state_dict": other.state_dict()}, "w/tmodel_03.pt")
+        message = str(error.value)
+        assert message.startswith("checkpoint w/tmodel_03.pt does not fit this architecture: "
+                                  + detail), message
+        assert "\n" not in message and len(message) <= 370, message
+
+
+def test_an_ensembles_models_translate_between_the_same_two_languages():
+    """Issue 56, 2: members that share the source language but not the target (en->de beside
+    en->it, one joint vocabulary) are refused as opposite directions are."""
+    from config import Config
+    from nmt.checkpoint import CheckpointError
+    from nmt.trained_model import check_languages
+    en_it, en_de = Config(lang_src="en", lang_tgt="it"), Config(lang_src="en", lang_tgt="de")
+    check_languages("b", en_it, "a", Config(lang_src="en", lang_tgt="it"), "why")
+    for other in (en_de, Config(lang_src="de", lang_tgt="it")):
+        with pytest.raises(CheckpointError, match=f"^b translates {other.lang_src}->"
+                                                  f"{other.lang_tgt}, a en->it: why$"):
+            check_languages("b", other, "a", en_it, "why")
+
+
+def test_an_ensembles_config_is_its_first_models_with_the_shortest_seq_len(tmp_path,
+                                                                           monkeypatch):
+    """load_ensemble: the config is its first model's (not the last loaded's) with the shortest
+    seq_len of its models (none is given more positions than it has); the caller's config is
+    left as it was."""
+    import dataclasses
+
+    import torch
+
+    from config import Config
+    from nmt import trained_model
+    from tokenizer import build_tokenizer
+    tok = build_tokenizer("word", 30, ["one two"] * 2)
+    configs = {"a": Config(seq_len=32, d_model=16), "b": Config(seq_len=12, d_model=24),
+               "c": Config(seq_len=20, d_model=8)}
+
+    def load(config, given, checkpoint=None, average=1):  # each folder's model, as saved
+        saved = dataclasses.replace(configs[config.model_folder.rpartition("/")[2]])
+        return torch.nn.Linear(1, 1), saved, tok, tok
+    monkeypatch.setattr(trained_model, "load_translator", load)
+    for name in configs:
+        (tmp_path / name).mkdir()
+    caller = Config()
+    _, config, sources, _ = trained_model.load_ensemble(caller, set(),
+                                                        [str(tmp_path / n) for n in "abc"])
+    assert (config.d_model, config.seq_len) == (16, 12) and len(sources) == 3
+    assert caller == Config()
+
+
+def test_an_ensemble_finds_each_models_tokenizers_where_it_lies(trained, tmp_path, monkeypatch):
+    """--ensemble A,B/tmodel_00.pt from a folder without the default --model_folder: a model
+    folder's tokenizers are in it, a checkpoint file's beside it (the folder named first did not
+    become the file's); the caller's set of flags given is left as it was."""
+    import shutil
+
+    from config import Config
+    from nmt.trained_model import load_ensemble
+    home, _ = trained
+    for name in ("a", "b"):
+        shutil.copytree(home / "weights", tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    given = set()
+    ensemble, config, sources, target = load_ensemble(Config(), given, ["a", "b/tmodel_00.pt"])
+    assert len(ensemble.members) == 2 and given == set()
+
+
+def test_only_rank_0_says_which_checkpoint_it_loaded(trained, monkeypatch, capsys):
+    """Under torchrun each process loads its model (distillation's teachers): rank 0 alone says
+    so on stderr, not once per process."""
+    from config import Config
+    from nmt.trained_model import load_translator
+    home, _ = trained
+    monkeypatch.chdir(home)
+    for rank, said in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        load_translator(Config(), set())
+        assert ("loaded weights/tmodel_best.pt" in capsys.readouterr().err) == said, rank
