@@ -466,9 +466,12 @@ def translate_ids(model: Transformer, src_ids, sos_id: int, eos_id: int, pad_id:
     than seq_len allows are cut (translate.py warns first). `batch_size`: sentences decoded at
     once (None: config.decode_batch_size's default for the search). `progress`: called with the
     number of sentences of each batch done (a progress bar; it may raise to stop). Returns per
-    sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score), or
-    with `sampling` its n samples as (ids, log P). fast_step=False: model.py's decoder step
-    instead of the FastDecoder's (the reference; dev/bench_decode.py times both)."""
+    sentence the output ids (beam 1: greedy), or with nbest > 1 a list of (ids, score) (beam
+    search, its beam at least nbest wide), or with `sampling` its n samples as (ids, log P).
+    fast_step=False: model.py's decoder step instead of the FastDecoder's (the reference;
+    dev/bench_decode.py times both)."""
+    if not sampling:
+        beam = max(beam, nbest)  # (nbest alone: a beam of that width, as translate.py --nbest)
     device = next(model.parameters()).device
     banned = [pad_id, sos_id] + ([unk_id] if unk_id is not None else [])
     ensemble = isinstance(model, Ensemble)

@@ -213,6 +213,7 @@ class Engine:
         prefixes of longer ones: the same tokens; one call for all sentences would decode every
         one that never ends to the longest limit of all). Beam search is not prefix-consistent:
         sentences go in groups of equal limits."""
+        beam = max(beam, nbest)  # (nbest alone: a beam of that width)
         batch_size = batch_size or decode_batch_size(beam, nbest)
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]
         limits = output_limits(torch.tensor([len(s) for s in sources]), max_len_a, max_len_b,

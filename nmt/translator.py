@@ -98,7 +98,6 @@ class Translator:
         one = isinstance(sentences, str)
         texts = [check_sentence(sentences)] if one else list(sentences)
         outputs = translate(self.model, self.config, self.tokenizer_src, self.tokenizer_tgt,
-                            texts, max(beam, 1 if sampling else nbest), alpha,
-                            1 if sampling else nbest, batch_size, sampling=sampling,
-                            numbers=numbers)
+                            texts, beam, alpha, 1 if sampling else nbest, batch_size,
+                            sampling=sampling, numbers=numbers)
         return outputs[0] if one else outputs

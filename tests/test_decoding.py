@@ -587,15 +587,15 @@ def test_a_seed_gives_the_same_samples_in_a_batch_and_one_by_one():
 
 
 def test_nbest_alone_gives_scored_hypotheses():
-    """translate_ids with nbest > 1 lists (ids, score) per sentence whatever the beam: beam 1
-    (nbest given alone) searched with beam search, not greedy's bare ids; its best is greedy's
-    output."""
+    """translate_ids with nbest > 1 lists (ids, score) per sentence whatever the beam, not
+    greedy's bare ids; nbest given alone (beam 1) searches with a beam of that width, as
+    translate.py --nbest does (it gave one hypothesis a sentence, a beam of 1's)."""
     model = tiny_model(vocab=20, seed=2)
-    greedy = translate_ids(model, SOURCES, SOS, EOS, PAD, seq_len=32)
-    listed = translate_ids(model, SOURCES, SOS, EOS, PAD, seq_len=32, nbest=2)
-    for hyps, best in zip(listed, greedy):
-        assert hyps and all(isinstance(ids, list) and s < 0 for ids, s in hyps), hyps
-        assert hyps[0][0] == best
+    wide = translate_ids(model, SOURCES, SOS, EOS, PAD, seq_len=32, beam=3, nbest=3)
+    listed = translate_ids(model, SOURCES, SOS, EOS, PAD, seq_len=32, nbest=3)
+    assert listed == wide and all(len(hyps) == 3 for hyps in listed)
+    for hyps in listed:
+        assert all(isinstance(ids, list) and s < 0 for ids, s in hyps), hyps
 
 
 def fixed_distribution_model(probs):

@@ -78,6 +78,10 @@ def test_quantized_exports_and_refusals(corpus, tmp_path, monkeypatch):
     engines = {q: load_engine(tmp_path / q, Config())[0] for q in ("float32", "int8")}
     theirs = engines["int8"].translate_ids(sources, SOS, EOS, PAD, 40, unk_id=UNK)
     assert len(theirs) == len(ours) and all(theirs)  # it loads and translates
+    # nbest alone searches with a beam of that width, as this repo's translate_ids does
+    alone, wide = (engines["float32"].translate_ids(sources[:6], SOS, EOS, PAD, 40, beam=b,
+                                                    nbest=3) for b in (1, 3))
+    assert alone == wide and all(len(hyps) == 3 for hyps in alone)
     # A random model's next-token distribution is nearly flat, so int8's rounding may change
     # any argmax (it does on CPUs without AVX-512): compare the log-probabilities the two give
     # our outputs instead, token by token.
