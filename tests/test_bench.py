@@ -411,15 +411,19 @@ def test_bench_data_prepares_resumes_and_trains_its_synthetic_corpus(tmp_path):
     assert "prepared data: " in out
 
 
+# dev/bench_bpe_dropout.py on the `trained` fixture's corpus, a tiny model on one thread
+BPE_DROPOUT_TINY = ["--data_dir", "corpus", "--lang_tgt", "it", "--d_model", "32", "--N", "1",
+                    "--h", "2", "--d_ff", "64", "--vocab_size", "300", "--max_tokens", "24",
+                    "--seq_len", "24", "--model_folder", "bench_w", "--threads", "1"]
+
+
 def test_bench_bpe_dropout_prices_an_epoch_three_ways(trained):
     """Issue 43: bench_bpe_dropout.py makes one epoch plain, in train.py's pools and batch by
     batch, as many batches each, and prints the epoch's cost with the flag as a ratio to the
     plain epoch's, measured in the same run."""
     home, _ = trained
-    t = run_here("dev/bench_bpe_dropout.py", "--data_dir", "corpus", "--lang_tgt", "it",
-                 "--d_model", "32", "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
-                 "--max_tokens", "24", "--seq_len", "24", "--model_folder", "bench_w",
-                 "--steps", "2", "--warmup_steps", "1", "--threads", "1", cwd=home)
+    t = run_here("dev/bench_bpe_dropout.py", *BPE_DROPOUT_TINY, "--steps", "2",
+                 "--warmup_steps", "1", cwd=home)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     rows = {line[:34].strip(): line[34:].split() for line in out.splitlines()
@@ -1776,10 +1780,8 @@ def test_bench_bpe_dropout_prices_each_epoch_from_its_own_making_and_steps(train
     monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=perf_counter))
     monkeypatch.setattr(bench, "Step", Step)
     monkeypatch.setattr(bench, "epoch_batches", epoch_batches)
-    t = run_here("dev/bench_bpe_dropout.py", "--data_dir", "corpus", "--lang_tgt", "it",
-                 "--d_model", "32", "--N", "1", "--h", "2", "--d_ff", "64", "--vocab_size", "300",
-                 "--max_tokens", "24", "--seq_len", "24", "--model_folder", "bench_w",
-                 "--steps", "3", "--warmup_steps", "2", "--threads", "1", cwd=home)
+    t = run_here("dev/bench_bpe_dropout.py", *BPE_DROPOUT_TINY, "--steps", "3",
+                 "--warmup_steps", "2", cwd=home)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert [s.records for s in steps] == [[False] * 2 + [True] * 3] * 3
