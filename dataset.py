@@ -397,6 +397,8 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
         # its checksums were just taken
         prepared = load_prepared(folder, prepared_key(parts), verify=False)
     train, val_texts, meta = prepared
+    # the validation split's pairs (before seq_len's cut): translate.py --example checks by it
+    corpus = {**corpus, "validation": digest([val_texts["src"], val_texts["tgt"]])}
     dropped_note("train", meta["pairs"] - meta["kept"], meta["pairs"], config.seq_len)
     validation = to_bilingual(val_texts["src"], val_texts["tgt"], tokenizer_src, tokenizer_tgt,
                               config.seq_len, "validation")

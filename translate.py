@@ -26,7 +26,7 @@ from pathlib import Path
 
 from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where)
-from corpus import (CORPUS_FINGERPRINT, DataError, column, decode_lines, load_corpus, own_corpus,
+from corpus import (DataError, column, decode_lines, digest, load_corpus, own_corpus,
                     text_file_name)
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
@@ -50,17 +50,17 @@ def read_lines(path_or_stdin):
 
 
 def validation_example(config: Config, tokenizer_src, tokenizer_tgt, index: int):
-    """(source, reference, the corpus's fingerprint) of example `index` of the validation split
+    """(source, reference, what identifies the split) of example `index` of the validation split
     training validated on: the corpus's own, or the one held out of train with the checkpoint's
     --seed and --val_fraction, less the pairs longer than seq_len (as training dropped them).
     Never the teachers' translations of a distilled run, nor extra pairs: validation is the
     corpus's."""
-    splits = load_corpus(own_corpus(config), wanted=("train", "validation"))
-    val = to_bilingual(column(splits["validation"], "src"), column(splits["validation"], "tgt"),
-                       tokenizer_src, tokenizer_tgt, config.seq_len, "validation")
-    if not 0 <= index < len(val):
-        raise InputError(f"validation example {index} does not exist (0 to {len(val) - 1})")
-    return val.src_texts[index], val.tgt_texts[index], splits["text"]
+    val = load_corpus(own_corpus(config), wanted=("train", "validation"))["validation"]
+    src, tgt = column(val, "src"), column(val, "tgt")
+    pairs = to_bilingual(src, tgt, tokenizer_src, tokenizer_tgt, config.seq_len, "validation")
+    if not 0 <= index < len(pairs):
+        raise InputError(f"validation example {index} does not exist (0 to {len(pairs) - 1})")
+    return pairs.src_texts[index], pairs.tgt_texts[index], digest([src, tgt])
 
 
 def trained_on(model):
@@ -71,19 +71,17 @@ def trained_on(model):
     return getattr(first, "trained_on", None)
 
 
-def check_example_corpus(config: Config, recorded, fingerprint: str, index: int):
-    """A warning where the corpus --example read is not the one the model was trained on (its
-    texts differ from those the checkpoint recorded): the example is then of another
-    validation split than training's. Silent where the checkpoint recorded no comparable
-    fingerprint (an older version's)."""
-    if not recorded or recorded.get("version") != CORPUS_FINGERPRINT or \
-            recorded.get("text", fingerprint) == fingerprint:
+def check_example_corpus(config: Config, recorded, split: str, index: int):
+    """A warning where the validation split --example read (`split`: its digest) is not the one
+    the model's checkpoint recorded: the example is then not of the split training validated
+    on (another corpus, or its files edited since). Silent where the checkpoint recorded none
+    (an earlier version's)."""
+    if not recorded or recorded.get("validation", split) == split:
         return
     where = f"--data_dir {config.data_dir}" if config.data_dir else \
         f"--datasource {config.datasource}"
-    print(f"warning: {where} is not the corpus the model was trained on ({recorded['source']}"
-          f"; their texts differ): example {index} is of its validation split, not of the "
-          f"one training validated on", file=sys.stderr)
+    print(f"warning: the validation split of {where} is not the one training validated on (of "
+          f"{recorded['source']}): example {index} is of another split", file=sys.stderr)
 
 
 def parse_args(argv):
@@ -339,13 +337,13 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt, recorded=No
             raise DataError(f"the corpus the model was trained on, --data_dir {config.data_dir}"
                             f", is not there (moved?): give its place with --data_dir")
         try:
-            sentence, reference, fingerprint = validation_example(
+            sentence, reference, split = validation_example(
                 config, tokenizer_src, tokenizer_tgt, args.example)
         except DataError as e:  # (the languages are the model's, not flags to check)
             raise DataError(str(e).replace(
                 "check --lang_src and --lang_tgt", f"the model translates {config.lang_src}->"
                 f"{config.lang_tgt}: give --data_dir the corpus it was trained on")) from None
-        check_example_corpus(config, recorded, fingerprint, args.example)
+        check_example_corpus(config, recorded, split, args.example)
         return [sentence], reference, None, None
     if args.sentence is not None:
         return [check_sentence(args.sentence)], None, None, None

@@ -15,8 +15,9 @@ plain values (loaded with weights_only=True):
   corpus                {"source": --data_dir (absolute) or --datasource, "fingerprint": the
                         corpus files' names and contents (version 2; their names, sizes and
                         times before), or the hub dataset's fingerprints, with the teachers' and
-                        extra pairs' where there are; "text": the corpus's alone (translate.py
-                        --example checks its corpus by it); "version"}
+                        extra pairs' where there are; "text": the corpus's alone; "validation": a
+                        digest of the validation split's pairs (translate.py --example checks
+                        by it); "version"}
   tokenizers            [source, target]: the tokenizers' fingerprints (their vocabulary and
                         merges; absent in earlier versions): checked wherever the checkpoint
                         meets tokenizer files

@@ -268,7 +268,7 @@ def test_export_average_exports_the_averaged_weights(trained, tmp_path, monkeypa
     # the corpus the weights were trained on, which translate.py --example checks its own by
     from translate import trained_on
     corpus = load_checkpoint(weights / "tmodel_01.pt")["corpus"]
-    assert note["corpus"] == corpus and corpus["text"]
+    assert note["corpus"] == corpus and corpus["validation"]
     assert trained_on(load_engine(tmp_path / "avg", Config(), threads=1)[0]) == corpus
     files = ["--input", "corpus/val.en"]
     ours = run_here("translate.py", "--average", "2", *files, cwd=home).stdout.decode()

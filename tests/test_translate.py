@@ -726,19 +726,19 @@ def test_example_n_is_the_pair_training_validated_on(tmp_path, monkeypatch, caps
     assert e.value.code == 2 and capsys.readouterr().err.endswith(
         f"\ntranslate.py: error: the corpus the model was trained on, --data_dir {tmp_path / 'c'}, "
         f"is not there (moved?): give its place with --data_dir\n")
-    translate.main(["--example", "2", "--data_dir", "moved"])
+    write_aligned(tmp_path / "moved", "test_2017", pairs[:3])  # (a test set added: the same
+    translate.main(["--example", "2", "--data_dir", "moved"])  # validation split)
     out, err = capsys.readouterr()
-    assert f"SOURCE: {val.src_texts[2]}\n" in out and "warning" not in err  # (the same texts)
-    # another corpus (one line of train changed: another held-out split) is said to be another
+    assert f"SOURCE: {val.src_texts[2]}\n" in out and "warning" not in err
+    # another corpus (each training line changed: another held-out split) is said to be another
     shutil.copytree(tmp_path / "moved", tmp_path / "other")
-    lines = (tmp_path / "other" / "train.en").read_text().splitlines(keepends=True)
-    (tmp_path / "other" / "train.en").write_text("".join(["a new line .\n"] + lines[1:]))
+    lines = (tmp_path / "other" / "train.en").read_text().splitlines()
+    (tmp_path / "other" / "train.en").write_text("".join(f"{line} one\n" for line in lines))
     translate.main(["--example", "2", "--data_dir", "other"])
     out, err = capsys.readouterr()
     assert "PREDICTED:" in out and err.count("warning") == 1 and (
-        f"warning: --data_dir other is not the corpus the model was trained on ({tmp_path / 'c'}"
-        f"; their texts differ): example 2 is of its validation split, not of the one training "
-        f"validated on\n") in err
+        f"warning: the validation split of --data_dir other is not the one training validated "
+        f"on (of {tmp_path / 'c'}): example 2 is of another split\n") in err
     with pytest.raises(SystemExit) as e:  # a --data_dir typed wrong is the user's, as it was
         run_main("translate.py", lambda: translate.main(["--example", "2", "--data_dir", "mov"]))
     assert e.value.code == 2 and capsys.readouterr().err.endswith(
@@ -765,30 +765,28 @@ def test_the_corpus_a_model_was_trained_on_is_its_checkpoints(trained):
     config = Config(model_folder=str(home / "weights"))
     model = load_translator(config, {"model_folder"})[0]
     recorded = load_checkpoint(home / "weights" / "tmodel_best.pt")["corpus"]
-    assert trained_on(model) == recorded and recorded["text"]
+    assert trained_on(model) == recorded and recorded["validation"]
     other = torch.nn.Linear(1, 1)
     assert trained_on(Ensemble([model, other])) == recorded
     assert trained_on(Ensemble([other, model])) is None and trained_on(other) is None
 
 
 def test_an_example_of_another_corpus_is_said_to_be(capsys):
-    """--example warns where its corpus's texts are not the ones the checkpoint recorded, and
-    only then: not for the same texts, nor where no comparable record was kept (a checkpoint
-    of an earlier fingerprint version, or none)."""
+    """--example warns where the validation split it read is not the one the checkpoint
+    recorded, and only then: not for the same split, nor where none was recorded (a
+    checkpoint of an earlier version)."""
     from translate import check_example_corpus
 
     from config import Config
-    from corpus import CORPUS_FINGERPRINT
     hub = Config(data_dir="", datasource="org/books")
-    record = {"source": "org/books", "text": "abc", "version": CORPUS_FINGERPRINT}
-    for recorded in (None, {}, record, {**record, "text": "xyz", "version": 1}):
-        check_example_corpus(hub, recorded, "abc" if recorded is record else "def", 3)
+    record = {"source": "org/books", "text": "t", "validation": "abc"}
+    for recorded in (None, {}, {"source": "org/books", "text": "t"}, record):
+        check_example_corpus(hub, recorded, "abc", 3)
         assert capsys.readouterr().err == ""
     check_example_corpus(hub, record, "def", 3)
     assert capsys.readouterr().err == (
-        "warning: --datasource org/books is not the corpus the model was trained on (org/books; "
-        "their texts differ): example 3 is of its validation split, not of the one training "
-        "validated on\n")
+        "warning: the validation split of --datasource org/books is not the one training "
+        "validated on (of org/books): example 3 is of another split\n")
 
 
 def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
