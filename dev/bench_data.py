@@ -109,14 +109,15 @@ def main(argv=None):
     if not (source / "train.en").exists():
         parser.error(f"--source {source}: no train.en there (the README's quick start says where "
                      f"Multi30k comes from)")
-    recipe = {"source": str(source.resolve()), "pairs": args.pairs, "join": args.join}
+    recipe = json.dumps({"source": str(source.resolve()), "pairs": args.pairs, "join": args.join})
     made = out / "made_by_bench_data"  # its recipe, JSON (written once the corpus is whole;
     # no suffix, so that no reader of corpora takes it for a split)
-    if not made.exists() or json.loads(made.read_text()) != recipe:
+    if not made.exists() or made.read_text() != recipe:  # (as written: one cut short by a
+        # stop as it was written is another, not a JSON error)
         made.unlink(missing_ok=True)
         started = time.time()
         make_corpus(source, out, args.pairs, args.join)
-        made.write_text(json.dumps(recipe))
+        made.write_text(recipe)
         print(f"made {args.pairs:,} pairs in {out} ({time.time() - started:.0f}s)")
     size = sum(f.stat().st_size for f in out.glob("train.*")) / 2**30
     with open(out / "train.en", encoding="utf-8") as f:

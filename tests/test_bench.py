@@ -1635,6 +1635,58 @@ def test_bench_data_makes_aligned_pairs_and_prints_each_runs_figures(tmp_path, m
     assert "made 4 pairs" in t.stdout.decode()
 
 
+def test_bench_data_makes_its_corpus_again_for_another_source_or_after_a_failed_make(
+        tmp_path, monkeypatch):
+    """bench_data's corpus is kept only for the same --source folder (another folder, or the
+    same relative name from another directory, is made again), and a make that fails leaves no
+    recipe behind: the recipe of the corpus it was overwriting would keep a half-made one; a
+    recipe cut short is another's, not a JSON error."""
+    from dev import bench_data
+    made, failing = [], [False]
+
+    def make_corpus(source, out, pairs, join):
+        made.append(source.resolve())
+        if failing[0]:
+            (out / "train.en").write_text("half\n")
+            raise KeyboardInterrupt
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("train.en", "train.de"):
+            (out / name).write_text("a b\n" * pairs)
+
+    class Stop(Exception):
+        pass
+
+    def run_train(args, flags, label):
+        raise Stop
+    monkeypatch.setattr(bench_data, "make_corpus", make_corpus)
+    monkeypatch.setattr(bench_data, "run_train", run_train)
+    for folder in ("one/src", "two/src"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "train.en").write_text("x\n")
+
+    def bench(cwd, source, pairs="4"):
+        monkeypatch.chdir(tmp_path / cwd)
+        with pytest.raises(Stop):
+            bench_data.main(["--source", str(source), "--out", str(tmp_path / "out"),
+                             "--pairs", pairs, "--model_folder", str(tmp_path / "m")])
+    bench(".", tmp_path / "one/src")
+    bench(".", tmp_path / "one/src")
+    bench(".", tmp_path / "two/src")
+    bench("one", "src")
+    bench("two", "src")
+    assert made == [tmp_path / f for f in ("one/src", "two/src", "one/src", "two/src")]
+    failing[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        bench("two", "src", "5")
+    assert not (tmp_path / "out/made_by_bench_data").exists()
+    failing[0] = False
+    bench("two", "src")
+    assert len(made) == 6 and (tmp_path / "out/train.en").read_text() == "a b\n" * 4
+    (tmp_path / "out/made_by_bench_data").write_text('{"sou')  # (a stop as it was written)
+    bench("two", "src")  # (review fix: it was a JSONDecodeError)
+    assert len(made) == 7
+
+
 def test_bench_data_reads_a_processes_memory_from_proc(tmp_path, monkeypatch):
     """memory_mb: PSS in MiB from smaps_rollup, or USS (private clean and dirty pages) for a
     worker; 0 where the file cannot be read. children: the pids /proc lists."""

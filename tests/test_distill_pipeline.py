@@ -318,3 +318,28 @@ def test_status_prints_the_stages_done_and_the_scores_and_runs_nothing(pipeline,
     assert calls == []
     assert capsys.readouterr().out.splitlines() == [
         'teacher_s1 {  "minutes": 2.0 }', "teacher_s1 avg3.b5 {'bleu': 40.5}"]
+
+
+def test_commands_sh_runs_them_again_with_spaces_and_quotes(tmp_path, monkeypatch):
+    """eval/commands.sh is a shell script that runs each command again as it was run: from the
+    checkout (a path with a space in it) with arguments holding spaces and quotes, each one
+    argument (they were joined with spaces, and the checkout's path unquoted)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from dev import distill_pipeline as module
+    root = tmp_path / "my checkout"
+    root.mkdir()
+    (root / "show.py").write_text("import json, os, sys\n"
+                                  "open('shown', 'a').write(json.dumps([os.getcwd(), "
+                                  "*sys.argv[1:]]) + '\\n')\n")
+    monkeypatch.setattr(module, "ROOT", root)
+    monkeypatch.setattr(module.subprocess, "call", lambda command, cwd=None: 0)
+    pipeline = module.Pipeline(SimpleNamespace(runs=tmp_path / "runs", data_dir=tmp_path,
+                                               threads=1))
+    pipeline.run("show.py", "--title", "a b", "it's $HOME")
+    pipeline.run("show.py", 2)
+    monkeypatch.chdir(tmp_path)
+    assert subprocess.run(["sh", str(tmp_path / "runs/eval/commands.sh")]).returncode == 0
+    shown = [json.loads(line) for line in (root / "shown").read_text().splitlines()]
+    assert shown == [[str(root), "--title", "a b", "it's $HOME"], [str(root), "2"]]

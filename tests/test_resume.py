@@ -614,6 +614,20 @@ def test_init_from_a_folder_of_two_runs_names_them(tmp_path):
                                   model_basename=basename)) == tmp_path / "src" / taken
 
 
+def test_init_from_a_folder_of_one_run_of_another_basename_takes_its_checkpoints(tmp_path):
+    """--init_from a folder holding one run's checkpoints under another basename than the new
+    run's --model_basename takes that run's (its best, else its newest), not "holds the
+    checkpoints of 1 runs" nor "no checkpoint in it"."""
+    from nmt.resume import init_source
+    (tmp_path / "src").mkdir()
+    for name in ("run_00.pt", "run_01.pt"):
+        save_checkpoint(tiny_state(0), tmp_path / "src" / name)
+    config = Config(model_folder="new", init_from=str(tmp_path / "src"))
+    assert init_source(config) == tmp_path / "src" / "run_01.pt"
+    save_checkpoint(tiny_state(0), tmp_path / "src" / "run_best.pt")
+    assert init_source(config) == tmp_path / "src" / "run_best.pt"
+
+
 def test_init_from_a_folder_starts_from_its_best_recorded_wherever_the_run_is_resumed(
         tmp_path, monkeypatch):
     """--init_from a run's folder takes its best checkpoint, not its newest, and records it
