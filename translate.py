@@ -26,8 +26,8 @@ from pathlib import Path
 
 from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where)
-from corpus import (DataError, column, decode_lines, digest, load_corpus, own_corpus,
-                    text_file_name)
+from corpus import (DataError, column, corpus_source, decode_lines, digest, load_corpus,
+                    own_corpus, text_file_name)
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, picture_problem, save_attention_map
@@ -80,8 +80,11 @@ def check_example_corpus(config: Config, recorded, split: str, index: int):
         return
     where = f"--data_dir {config.data_dir}" if config.data_dir else \
         f"--datasource {config.datasource}"
-    print(f"warning: the validation split of {where} is not the one training validated on (of "
-          f"{recorded['source']}): example {index} is of another split", file=sys.stderr)
+    since = "has changed since training validated on it" \
+        if recorded["source"] == corpus_source(config) else \
+        f"is not the one training validated on (of {recorded['source']})"
+    print(f"warning: the validation split of {where} {since}: example {index} is of another "
+          f"split", file=sys.stderr)
 
 
 def parse_args(argv):

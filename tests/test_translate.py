@@ -771,6 +771,36 @@ def test_the_corpus_a_model_was_trained_on_is_its_checkpoints(trained):
     assert trained_on(Ensemble([other, model])) is None and trained_on(other) is None
 
 
+def test_an_example_is_checked_by_its_validation_split_alone(trained, tmp_path):
+    """A corpus with a validation split of its own: its training or test files edited since
+    (or a copy so edited) leave the example the pair training validated on, without a word; its
+    validation files edited in place are said to have changed."""
+    home, _ = trained
+    folder = tmp_path / "copy"
+    shutil.copytree(home / "corpus", folder)
+    for language, line in (("en", "one more ."), ("it", "uno di più .")):
+        with open(folder / f"train.{language}", "a") as f:
+            f.write(line + "\n")
+        (folder / f"test_2017.{language}").write_text(line + "\n")  # (a test set added)
+    t = run_here("translate.py", "--model_folder", home / "weights", "--example", "1",
+                 "--data_dir", folder, cwd=home)
+    assert t.returncode == 0 and "PREDICTED:" in t.stdout.decode(), t.stderr.decode()
+    assert "warning" not in t.stderr.decode()
+    val = {language: home / "corpus" / f"val.{language}" for language in ("en", "it")}
+    kept = {language: path.read_text() for language, path in val.items()}
+    try:  # (the fixture's own corpus, put back after)
+        for language, line in (("en", "one two ."), ("it", "uno due .")):  # a pair put first
+            val[language].write_text(line + "\n" + kept[language])
+        t = run_here("translate.py", "--model_folder", home / "weights", "--example", "1",
+                     cwd=home)
+    finally:
+        for language, text in kept.items():
+            val[language].write_text(text)
+    assert t.returncode == 0 and t.stderr.decode().splitlines()[-1] == (
+        f"warning: the validation split of --data_dir {home / 'corpus'} has changed since "
+        f"training validated on it: example 1 is of another split")
+
+
 def test_an_example_of_another_corpus_is_said_to_be(capsys):
     """--example warns where the validation split it read is not the one the checkpoint
     recorded, and only then: not for the same split, nor where none was recorded (a
@@ -783,10 +813,14 @@ def test_an_example_of_another_corpus_is_said_to_be(capsys):
     for recorded in (None, {}, {"source": "org/books", "text": "t"}, record):
         check_example_corpus(hub, recorded, "abc", 3)
         assert capsys.readouterr().err == ""
-    check_example_corpus(hub, record, "def", 3)
+    check_example_corpus(hub, record, "def", 3)  # (the same source: changed since)
+    assert capsys.readouterr().err == (
+        "warning: the validation split of --datasource org/books has changed since training "
+        "validated on it: example 3 is of another split\n")
+    check_example_corpus(hub, {**record, "source": "org/novels"}, "def", 3)
     assert capsys.readouterr().err == (
         "warning: the validation split of --datasource org/books is not the one training "
-        "validated on (of org/books): example 3 is of another split\n")
+        "validated on (of org/novels): example 3 is of another split\n")
 
 
 def test_translate_takes_a_longer_seq_len_without_training_flags(trained):
