@@ -574,6 +574,12 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def pairs_digest(src: list, tgt: list) -> str:
+    """What identifies a split's pairs, in order (a checkpoint records its validation split's:
+    translate.py --example checks by it)."""
+    return digest([list(src), list(tgt)])
+
+
 def lines_digest(ds, name: str) -> str:
     """The SHA-256 of a column of text, a line each, read in batches (no list of a whole
     WMT-size column is held)."""

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from config import Config, is_main
 from corpus import (CORPUS_FINGERPRINT, DataError, column, corpus_source, digest, load_corpus, note,
-                    quiet_datasets)
+                    pairs_digest, quiet_datasets)
 from tokenizer import (EOS, PAD, SOS, coverage, get_tokenizers, recipe_path, tokenizer_fingerprint,
                        tokenizer_keys, tokenizer_path)
 
@@ -398,7 +398,7 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
         prepared = load_prepared(folder, prepared_key(parts), verify=False)
     train, val_texts, meta = prepared
     # the validation split's pairs (before seq_len's cut): translate.py --example checks by it
-    corpus = {**corpus, "validation": digest([val_texts["src"], val_texts["tgt"]])}
+    corpus = {**corpus, "validation": pairs_digest(val_texts["src"], val_texts["tgt"])}
     dropped_note("train", meta["pairs"] - meta["kept"], meta["pairs"], config.seq_len)
     validation = to_bilingual(val_texts["src"], val_texts["tgt"], tokenizer_src, tokenizer_tgt,
                               config.seq_len, "validation")

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where)
-from corpus import (DataError, column, corpus_source, decode_lines, digest, load_corpus,
-                    own_corpus, text_file_name)
+from corpus import (DataError, column, corpus_source, decode_lines, load_corpus, own_corpus,
+                    pairs_digest, text_file_name)
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, picture_problem, save_attention_map
@@ -60,13 +60,13 @@ def validation_example(config: Config, tokenizer_src, tokenizer_tgt, index: int)
     pairs = to_bilingual(src, tgt, tokenizer_src, tokenizer_tgt, config.seq_len, "validation")
     if not 0 <= index < len(pairs):
         raise InputError(f"validation example {index} does not exist (0 to {len(pairs) - 1})")
-    return pairs.src_texts[index], pairs.tgt_texts[index], digest([src, tgt])
+    return pairs.src_texts[index], pairs.tgt_texts[index], pairs_digest(src, tgt)
 
 
 def trained_on(model):
-    """The corpus record ({"source", "text", "version", ...}) of the checkpoint `model` was
-    loaded from (an ensemble's: its first model's; an exported model's: its export's), or
-    None where none was recorded."""
+    """The corpus record ({"source", "validation", ...}: nmt/checkpoint.py) of the checkpoint
+    `model` was loaded from (an ensemble's: its first model's; an exported model's: its
+    export's), or None where none was recorded."""
     first = model.members[0] if hasattr(model, "members") else model
     return getattr(first, "trained_on", None)
 
