@@ -16,6 +16,8 @@ sentences like these. Test once, on the split the systems were not chosen on.
 
 tests the papers' BLEU instead (as the Multi30k papers report it: lowercased, Moses-tokenized,
 against the dataset's tokenized references; nmt/metrics.papers_bleu), never mixed with sacreBLEU's.
+`--tokenized_bleu de --compound_split` tests the paper's WMT14 English->German BLEU instead
+(cased, both sides Moses-tokenized, compounds split; nmt/metrics.tokenized_bleu).
 """
 
 import argparse
@@ -24,7 +26,8 @@ from pathlib import Path
 from config import UserError
 from corpus import read_lines
 from nmt.cli import ArgumentParser, run_main
-from nmt.metrics import BOOTSTRAP_SAMPLES, PAPERS_BLEU, RANDOMIZATION_SAMPLES, compare
+from nmt.metrics import (BOOTSTRAP_SAMPLES, PAPERS_BLEU, RANDOMIZATION_SAMPLES, compare,
+                         tokenized_bleu_name)
 
 
 def read_systems(paths, reference):
@@ -77,14 +80,28 @@ def main(argv=None):
     parser.add_argument("--papers_bleu", metavar="LANG", help="test the papers' BLEU instead: "
                         "--reference is tokenized as Moses does (Multi30k's tok/*.lc.norm.tok.*), "
                         "the translations are lowercased and Moses-tokenized for LANG")
+    parser.add_argument("--tokenized_bleu", metavar="LANG", help="test the paper's tokenized "
+                        "BLEU instead: translations and --reference (raw) Moses-tokenized for "
+                        "LANG, cased, as the paper's WMT14 figures")
+    parser.add_argument("--compound_split", action="store_true", help="--tokenized_bleu with "
+                        "hyphenated compounds split (##AT##-##AT##), as the paper's "
+                        "English->German figures")
     args = parser.parse_args(argv)
     if len(args.hypotheses) < 2:
         parser.error("give two or more translation files: the baseline first, then the "
                      "systems to test against it")
+    if args.papers_bleu and args.tokenized_bleu:
+        parser.error("give one of --papers_bleu (Multi30k's papers) and --tokenized_bleu (the "
+                     "paper's WMT14 figure)")
+    if args.compound_split and not args.tokenized_bleu:
+        parser.error("--compound_split goes with --tokenized_bleu LANG")
     references, systems = read_systems(args.hypotheses, args.reference)
-    found = compare(systems, references, papers_lang=args.papers_bleu)
+    found = compare(systems, references, papers_lang=args.papers_bleu,
+                    tokenized_lang=args.tokenized_bleu, compound_split=args.compound_split)
     if args.papers_bleu:
         print(f"{PAPERS_BLEU}; not sacreBLEU's BLEU")
+    if args.tokenized_bleu:
+        print(tokenized_bleu_name(args.compound_split))
     print(table(found))
     print(f"\n{len(references)} sentences; paired bootstrap resampling ({BOOTSTRAP_SAMPLES} "
           f"resamples) and approximate randomization ({RANDOMIZATION_SAMPLES} trials) against "

@@ -4,6 +4,7 @@
     python translate.py --beam 4 "I am not a very good student."
     python translate.py --example 42                           # validation example + reference
     python translate.py --input test.en --output test.hyp --reference test.de   # + sacreBLEU
+    python translate.py --input test.en --reference test.de --tokenized_bleu   # + the paper's BLEU
     cat sentences.txt | python translate.py                    # one output line per input line
     python translate.py --ensemble weights/a,weights/b --beam 4 "..."   # models as one
     python translate.py --sample 5 --top_p 0.9 --input mono.de      # 5 samples a line
@@ -34,7 +35,7 @@ from nmt.attention_map import VIEWS, picture_problem, save_attention_map
 from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import Sampling, clean
 from nmt.engine import load_engine
-from nmt.metrics import papers_bleu, score
+from nmt.metrics import papers_bleu, score, tokenized_bleu
 from nmt.trained_model import load_ensemble, load_translator
 from nmt.translator import InputError, Translator, check_attention, check_sentence, check_settings
 
@@ -122,6 +123,12 @@ def add_input_arguments(parser):
                         "--input, as Multi30k's tok/*.lc.norm.tok.* files: also print BLEU as "
                         "the papers on that corpus compute it (lowercased, Moses-tokenized; not "
                         "sacreBLEU's)")
+    parser.add_argument("--tokenized_bleu", action="store_true", help="with --reference: also "
+                        "print BLEU as the paper reports it on WMT14 (cased, both sides "
+                        "Moses-tokenized; multi-bleu.perl's figure; not sacreBLEU's)")
+    parser.add_argument("--compound_split", action="store_true", help="--tokenized_bleu with "
+                        "hyphenated compounds split (##AT##-##AT##), as the paper's "
+                        "English->German figures (tensor2tensor's get_ende_bleu.sh)")
 
 
 def add_search_arguments(parser):
@@ -176,6 +183,10 @@ def check_inputs(parser, args):
     for flag in ("reference", "papers_reference"):
         if getattr(args, flag) and (args.sentence is not None or args.example is not None):
             parser.error(f"--{flag} goes with --input or stdin")
+    if args.compound_split and not args.tokenized_bleu:
+        parser.error("--compound_split goes with --tokenized_bleu")
+    if args.tokenized_bleu and not args.reference:
+        parser.error("--tokenized_bleu scores the translations against --reference: give it")
     drawn = {"attention_view": args.attention_view != "cross", "attention_layer":
              args.attention_layer != 0, "attention_head": args.attention_head != "all"}
     if not args.attention and any(drawn.values()):
@@ -488,6 +499,9 @@ def main(argv=None):
     if tokenized is not None:
         print(papers_bleu(best, tokenized, translator.config.lang_tgt)["report"],
               file=sys.stderr)
+    if args.tokenized_bleu:
+        print(tokenized_bleu(best, refs, translator.config.lang_tgt, args.compound_split)[
+            "report"], file=sys.stderr)
 
 
 if __name__ == "__main__":

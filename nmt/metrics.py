@@ -3,7 +3,11 @@ signatures a paper should quote and 95% confidence intervals by bootstrap resamp
 lowercased BLEU, character and word error rates; and the paired significance tests between
 systems (sacreBLEU's paired bootstrap resampling and approximate randomization); and BLEU as
 the papers on Multi30k compute it (`papers_bleu`: lowercased, Moses-normalized and -tokenized,
-against the dataset's tokenized references), named apart from sacreBLEU's figures."""
+against the dataset's tokenized references) and as the paper reports it on WMT14
+(`tokenized_bleu`: cased, Moses-tokenized, compounds split), each named apart from sacreBLEU's
+figures."""
+
+import re
 
 # sacreBLEU's own defaults for its --confidence, --paired-bs and --paired-ar (its seed: 12345,
 # or the environment's SACREBLEU_SEED), so that the figures repeat from one run to the next.
@@ -153,6 +157,53 @@ def papers_bleu(hypotheses, tokenized_references, lang: str) -> dict:
     return {"bleu": result.score, "report": f"{PAPERS_BLEU}: {result}  ({metric.get_signature()})"}
 
 
+def split_compounds(line: str) -> str:
+    r"""A hyphen between two non-blank characters set apart as `##AT##-##AT##` ("rich-text" ->
+    "rich ##AT##-##AT## text"), so that a hyphenated compound's parts match apart, as the
+    WMT14 English->German papers score (the Stanford NMT group's convention, in
+    tensor2tensor's get_ende_bleu.sh). Left to right, no match overlapping the last: "a-b-c"
+    -> "a ##AT##-##AT## b-c", as that script's Perl `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`;
+    blanks are ASCII ones, as Perl's on bytes (a no-break space is no blank there)."""
+    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line, flags=re.ASCII)
+
+
+def tokenized_bleu_name(compound_split: bool) -> str:
+    """What `tokenized_bleu` is called where it is printed."""
+    return (f"tokenized BLEU (cased, Moses-tokenized{', compounds split' if compound_split else ''}"
+            f"; not sacreBLEU's)")
+
+
+def moses_cased(lines, lang: str, compound_split: bool = False, translations: bool = True):
+    """Lines as the paper's BLEU reads them (tensor2tensor's get_ende_bleu.sh, then
+    multi-bleu.perl): translations' Unicode punctuation replaced first
+    (replace-unicode-punctuation.perl: " for curly double quotes, ... for an ellipsis...),
+    then Moses-tokenized for `lang`, cased, escaped as tokenizer.perl does (&quot; ...), and
+    with `compound_split`, their compounds split (`split_compounds`). References
+    (translations=False) get no punctuation replacement: the script tokenized them raw, and a
+    figure comparable to the paper's keeps that asymmetry."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    found = []
+    for line in lines:
+        line = normalizer.replace_unicode_punct(line) if translations else line
+        line = tokenizer.tokenize(line, escape=True, return_str=True)
+        found.append(split_compounds(line) if compound_split else line)
+    return found
+
+
+def tokenized_bleu(hypotheses, references, lang: str, compound_split: bool = False) -> dict:
+    """BLEU as the paper reports it on WMT14 (27.3 for the base model, English->German, with
+    `compound_split`): multi-bleu.perl's figure on cased, Moses-tokenized text
+    (`moses_cased`), against raw references. Not sacreBLEU's BLEU, and not comparable with
+    it: never set beside it as if the same measure. Returns {"bleu", "report"} (report: the
+    figure, named, with sacreBLEU's signature)."""
+    metric = papers_metric()
+    result = metric.corpus_score(moses_cased(hypotheses, lang, compound_split),
+                                 [moses_cased(references, lang, compound_split, False)])
+    return {"bleu": result.score, "report": f"{tokenized_bleu_name(compound_split)}: {result}  "
+                                            f"({metric.get_signature()})"}
+
+
 def at_least_as_extreme(stats, observed: float) -> float:
     """The p-value of a paired test: the share of its resamples or permutations whose statistic
     is at least as extreme as the observed difference, counting the observed one ((c + 1) /
@@ -166,7 +217,8 @@ def at_least_as_extreme(stats, observed: float) -> float:
 
 
 def compare(systems, references, n_bootstrap: int = BOOTSTRAP_SAMPLES,
-            n_randomization: int = RANDOMIZATION_SAMPLES, papers_lang: str = None) -> dict:
+            n_randomization: int = RANDOMIZATION_SAMPLES, papers_lang: str = None,
+            tokenized_lang: str = None, compound_split: bool = False) -> dict:
     """Paired significance tests of systems against the first (the baseline), on the same
     sentences: `systems` is a list of (name, hypotheses). For BLEU and chrF each system gets
     its score, the 95% confidence interval's half-width and, after the first, the p-values of
@@ -175,7 +227,9 @@ def compare(systems, references, n_bootstrap: int = BOOTSTRAP_SAMPLES,
     p-value counted by `at_least_as_extreme`. Returns {"systems": names, "bleu"/"chrf":
     [{"score", "ci", "p_bs", "p_ar"}, ...] (p None for the baseline), "signatures": {metric:
     signature of each test}}. `papers_lang`: the papers' BLEU alone (`papers_bleu`), the
-    references already tokenized and each system's lines tokenized for that language."""
+    references already tokenized and each system's lines tokenized for that language.
+    `tokenized_lang`: the paper's tokenized BLEU alone (`tokenized_bleu`), both sides
+    tokenized for that language (and their compounds split with `compound_split`)."""
     from unittest import mock
 
     from sacrebleu import significance
@@ -183,6 +237,11 @@ def compare(systems, references, n_bootstrap: int = BOOTSTRAP_SAMPLES,
     if papers_lang:
         chosen = {"bleu": papers_metric()}
         systems = [(name, moses_tokenized(lines, papers_lang)) for name, lines in systems]
+    elif tokenized_lang:
+        chosen = {"bleu": papers_metric()}
+        systems = [(name, moses_cased(lines, tokenized_lang, compound_split))
+                   for name, lines in systems]
+        references = moses_cased(references, tokenized_lang, compound_split, translations=False)
     found = {"systems": [name for name, _ in systems], "signatures": {}}
     for test, samples in (("bs", n_bootstrap), ("ar", n_randomization)):
         with mock.patch.object(significance, "_compute_p_value", at_least_as_extreme):

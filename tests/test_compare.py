@@ -90,6 +90,32 @@ def test_compare_papers_bleu_from_the_command_line(tmp_path):
     assert "chrF" not in out[1] and out[3].split()[:2] == ["b.hyp", "100.00"]
 
 
+def test_compare_tokenized_bleu_from_the_command_line(tmp_path):
+    """--tokenized_bleu LANG [--compound_split] prints the paper's tokenized BLEU, named, with
+    no chrF column; with --papers_bleu, or --compound_split alone, one line and exit 2."""
+    refs = write(tmp_path / "ref.de", [f"Ein Hund Nummer {i} läuft ins Rich-Text-Gras." for i in
+                                       range(20)])
+    write(tmp_path / "a.hyp", [f"Ein Hund Nummer {i} rennt." for i in range(20)])
+    write(tmp_path / "b.hyp", [f"Ein Hund Nummer {i} läuft ins Rich-Text Gras." for i in range(20)])
+    rows = {}
+    for split in ([], ["--compound_split"]):
+        t = run_here("compare.py", "a.hyp", "b.hyp", "--reference", refs, "--tokenized_bleu",
+                     "de", *split, cwd=tmp_path)
+        assert t.returncode == 0, t.stderr.decode()
+        out = t.stdout.decode().splitlines()
+        assert out[0] == ("tokenized BLEU (cased, Moses-tokenized" +
+                          (", compounds split" if split else "") + "; not sacreBLEU's)")
+        assert "chrF" not in out[1] and out[3].split()[0] == "b.hyp"
+        rows[bool(split)] = float(out[3].split()[1])
+    assert rows[True] > rows[False] + 10, rows  # split, the compound's parts match
+    for flags, message in ((["--tokenized_bleu", "de", "--papers_bleu", "de"], "give one of "
+                            "--papers_bleu (Multi30k's papers) and --tokenized_bleu"),
+                           (["--compound_split"], "--compound_split goes with --tokenized_bleu")):
+        t = run_here("compare.py", "a.hyp", "b.hyp", "--reference", refs, *flags, cwd=tmp_path)
+        err = t.stderr.decode()
+        assert t.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
 def test_the_docstrings_command_keeps_its_continuation_line():
     """compare.py's docstring shows a command over two lines with a shell `\\` continuation;
     in a plain (not raw) string the `\\` and the line break vanished, the two lines run

@@ -157,6 +157,77 @@ def test_papers_bleu_scores_tokenized_lowercased_text_and_says_so():
     assert found["report"].startswith(PAPERS_BLEU) and "tok:none" in found["report"]
 
 
+@pytest.mark.parametrize("line, split", [
+    ("Rich-Text-Format", "Rich ##AT##-##AT## Text ##AT##-##AT## Format"),
+    ("a-b-c", "a ##AT##-##AT## b-c"),  # left to right, no overlap: as Perl's s{}{}g
+    ("x - y -z z- 3-4", "x - y -z z- 3 ##AT##-##AT## 4"),  # a blank on either side: no compound
+    ("x\xa0-y", "x\xa0 ##AT##-##AT## y"),  # a no-break space is no blank to Perl on bytes
+    ("x\t-y", "x\t-y"),
+])
+def test_split_compounds_is_the_perl_rule_of_get_ende_bleu(line, split):
+    r"""The WMT14 English->German papers' compound splitting, `perl -ple 's{(\S)-(\S)}{$1
+    ##AT##-##AT## $2}g'` (these outputs are that command's, and the module's output matched it
+    byte for byte on Multi30k's 31,014 tokenized German lines)."""
+    from nmt.metrics import split_compounds
+    assert split_compounds(line) == split
+
+
+def test_moses_cased_replaces_the_translations_punctuation_and_not_the_references():
+    """Cased, Moses-tokenized, escaped; a translation's curly quotes and ellipsis replaced
+    first (replace-unicode-punctuation.perl), a reference's kept as tokenized raw, as
+    get_ende_bleu.sh did; compounds split on request."""
+    from nmt.metrics import moses_cased
+    line = "Er sagt: \u201eDas E-Mail-Programm\u201c\u2026 ist \u201cgut\u201d."
+    assert moses_cased([line], "de") == [
+        "Er sagt : \u201e Das E-Mail-Programm &quot; ... ist &quot; gut &quot; ."]
+    assert moses_cased([line], "de", translations=False) == [
+        "Er sagt : \u201e Das E-Mail-Programm \u201c \u2026 ist \u201c gut \u201d ."]
+    assert moses_cased([line], "de", compound_split=True) == [
+        "Er sagt : \u201e Das E ##AT##-##AT## Mail ##AT##-##AT## Programm &quot; ... ist "
+        "&quot; gut &quot; ."]
+    assert moses_cased(["l'uomo"], "it") == ["l&apos; uomo"]  # the language's own rules
+    assert moses_cased(["l'uomo"], "en") == ["l &apos;uomo"]
+
+
+def test_tokenized_bleu_is_multi_bleu_on_the_tokenized_lines_and_says_so():
+    """The paper's figure: sacreBLEU with no tokenization of its own on both sides tokenized
+    (cased), named apart from sacreBLEU's; split compounds let a compound's parts match."""
+    import sacrebleu
+
+    from nmt.metrics import moses_cased, tokenized_bleu
+    hyps = ["Ein Rich-Text Format, sagt er.", "Zwei Hunde laufen"]
+    refs = ["ein Rich-Text-Format, sagt er.", "Zwei Hunde laufen schnell."]
+    for split in (False, True):
+        found = tokenized_bleu(hyps, refs, "de", split)
+        assert found["bleu"] == pytest.approx(sacrebleu.corpus_bleu(
+            moses_cased(hyps, "de", split), [moses_cased(refs, "de", split, False)],
+            tokenize="none").score)
+        assert found["report"].startswith("tokenized BLEU (cased, Moses-tokenized" +
+                                          (", compounds split" if split else ";"))
+        assert "tok:none" in found["report"] and "case:mixed" in found["report"]
+    assert tokenized_bleu(hyps, refs, "de", True)["bleu"] > tokenized_bleu(hyps, refs, "de")["bleu"]
+    assert tokenized_bleu(refs, refs, "de", True)["bleu"] == pytest.approx(100)
+    assert tokenized_bleu(["ein Hund"], ["Ein Hund"], "de")["bleu"] < 100  # cased
+
+
+def test_compare_tests_the_tokenized_bleu(tmp_path):
+    """compare(tokenized_lang=...): both sides tokenized (the reference raw), compounds split
+    on request; the p-values of that BLEU alone."""
+    refs = [f"Ein Hund Nummer {i} läuft durch das Rich-Text-Gras." for i in range(30)]
+    base = [f"Ein Hund Nummer {i} läuft auf dem Gras." for i in range(30)]
+    split = [f"Ein Hund Nummer {i} läuft durch das Rich-Text Gras." for i in range(30)]
+    scored = {}
+    for compound_split in (False, True):
+        found = compare([("base", base), ("split", split), ("good", refs)], refs,
+                        n_bootstrap=100, n_randomization=100, tokenized_lang="de",
+                        compound_split=compound_split)
+        assert set(found) == {"systems", "signatures", "bleu"}
+        assert found["bleu"][2]["score"] == pytest.approx(100) and found["bleu"][2]["p_bs"] < 0.05
+        assert "tok:none" in found["signatures"]["bleu"][0]
+        scored[compound_split] = found["bleu"][1]["score"]
+    assert scored[True] > scored[False] + 10, scored  # split, the compound's parts match
+
+
 def test_compare_tests_the_papers_bleu(tmp_path):
     """compare.py --papers_bleu: the systems' lines tokenized for the language, the reference
     taken as tokenized; the p-values of the papers' BLEU alone."""

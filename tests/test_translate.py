@@ -266,6 +266,31 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
     assert papers[0] != papers_bleu(hyps, cased, "it")["report"]
 
 
+def test_tokenized_bleu_scores_the_translations_against_the_raw_reference(trained,
+                                                                         monkeypatch):
+    """--tokenized_bleu --compound_split: the paper's WMT14 figure, printed beside sacreBLEU's,
+    of the translations written against the --reference file's raw lines, tokenized for the
+    model's target language, compounds split."""
+    import translate
+    from nmt.metrics import tokenized_bleu
+    home, _ = trained
+    refs = ["-".join(line.split(" ", 1)) for line in (home / "corpus" / "val.it").read_text(
+        encoding="utf-8").splitlines()]  # "uno-due tre.": a compound to split
+    (home / "val.atat.it").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+    calls = []
+    monkeypatch.setattr(translate, "tokenized_bleu", lambda *a: calls.append(a) or
+                        tokenized_bleu(*a))
+    t = run_here("translate.py", "--input", "corpus/val.en", "--output", "val.hyp",
+                 "--reference", "val.atat.it", "--tokenized_bleu", "--compound_split", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    hyps = (home / "val.hyp").read_text(encoding="utf-8").splitlines()
+    assert calls == [(hyps, refs, "it", True)]
+    lines = t.stderr.decode().splitlines()
+    assert lines[-1] == tokenized_bleu(hyps, refs, "it", True)["report"]
+    assert lines[-1].startswith("tokenized BLEU (cased, Moses-tokenized, compounds split")
+    assert any(line.startswith("BLEU = ") and "tok:13a" in line for line in lines)  # sacreBLEU's
+
+
 @pytest.mark.parametrize("args, stdin, message", [
     (["   "], None, "the sentence is empty"),
     ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
@@ -367,6 +392,10 @@ def test_translate_a_validation_example_and_score_a_file(trained, tmp_path):
      "corpus/val.it has 8 lines but the input has 64"),
     (["--papers_reference", "corpus/val.it", "hi"], None,
      "--papers_reference goes with --input or stdin"),
+    (["--input", "corpus/val.en", "--tokenized_bleu"], None,
+     "--tokenized_bleu scores the translations against --reference: give it"),
+    (["--input", "corpus/val.en", "--reference", "corpus/val.it", "--compound_split"], None,
+     "--compound_split goes with --tokenized_bleu"),
     # issue 42: sampling's settings out of range, or without --sample; an ensemble's models
     (["--sample", "2", "--top_p", "0", "hi"], None, "--top_p must lie in (0, 1]"),
     (["--sample", "2", "--top_p", "1.5", "hi"], None, "--top_p must lie in (0, 1]"),
