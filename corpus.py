@@ -34,6 +34,16 @@ class DataError(UserError):
     """A problem with the user's corpus or tokenizer files."""
 
 
+class LanguageMissing(DataError):
+    """A --data_dir whose training files are of other languages: `what` says what was found,
+    `fix` what to do (where the languages are a trained model's, not flags to check, the
+    caller says another fix)."""
+
+    def __init__(self, what: str, fix: str = "check --lang_src and --lang_tgt"):
+        super().__init__(f"{what}; {fix}")
+        self.what = what
+
+
 def quiet_datasets():
     import datasets
     import huggingface_hub
@@ -250,34 +260,34 @@ def _read_jsonl(folder: Path, src: str, tgt: str, splits: dict, wanted=SPLITS):
         _keep(splits, split, jl.stem, _pairs_to_dataset(src_lines, tgt_lines, jl.name))
 
 
-def _load_local(config: Config, wanted=SPLITS):
-    """Parallel files in config.data_dir: aligned text files, tab-separated pairs or JSON lines
-    (see each reader); a split found in one format is not read again from another. The
-    fingerprint is the names and texts of the folder's files this language pair could read
-    (not their times, nor whether they are packed: a copy of the corpus, or its files unpacked,
-    is the same corpus)."""
-    folder = Path(config.data_dir)
+def _load_local(config: Config, wanted=SPLITS, flag: str = "--data_dir"):
+    """Parallel files in the folder of `flag` (config.data_dir, or config.extra_data_dir):
+    aligned text files, tab-separated pairs or JSON lines (see each reader); a split found in
+    one format is not read again from another. The fingerprint is the names and texts of the
+    folder's files this language pair could read (not their times, nor whether they are packed:
+    a copy of the corpus, or its files unpacked, is the same corpus). Messages name `flag`."""
+    folder = Path(getattr(config, flag.removeprefix("--")))
     if folder.is_file():
-        raise DataError(f"--data_dir {folder} is a file; give the folder that holds the "
+        raise DataError(f"{flag} {folder} is a file; give the folder that holds the "
                         f"corpus files (train.{config.lang_src} + train.{config.lang_tgt}, "
                         f"train.tsv or train.jsonl)")
     if not folder.is_dir():
-        raise DataError(f"--data_dir {folder}: no such folder")
+        raise DataError(f"{flag} {folder}: no such folder")
     src, tgt = config.lang_src, config.lang_tgt
     train_files = sorted(f.name for f in folder.glob("train.*")
                          if text_file_name(f)[1] not in ("", "tsv", "jsonl", "json"))
     other_formats = any((folder / f"train.{x}").exists() for x in ("tsv", "jsonl", "json"))
     missing = [x for x in (src, tgt) if "train" not in language_files(folder, x)]
     if train_files and missing and not other_formats:  # before any other split is read
-        raise DataError(f"--data_dir {folder} has no train.{missing[0]} (training files there: "
-                        f"{', '.join(train_files)}); check --lang_src and --lang_tgt")
+        raise LanguageMissing(f"{flag} {folder} has no train.{missing[0]} (training files "
+                              f"there: {', '.join(train_files)})")
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
         reader(folder, src, tgt, splits, wanted)
     splits["fingerprint"] = digest(text_digests(folder, {src, tgt}, {"tsv", "jsonl", "json"}))
     if "train" in wanted and "train" not in splits:
         unnamed = [f.name for f in sorted(folder.glob("*.tsv")) if not _split_name(f.stem)]
-        raise DataError(f"--data_dir {folder}: found no training data for {src}-{tgt} (expected "
+        raise DataError(f"{flag} {folder}: found no training data for {src}-{tgt} (expected "
                         f"train.{src} + train.{tgt}, train.tsv or train.jsonl)" + (
                             f"; {unnamed[0]} is read as the training pairs only where it is "
                             f"the folder's one .tsv: name it train.tsv" if unnamed else ""))
@@ -542,11 +552,7 @@ def _with_extra(config: Config, splits: dict, wanted):
     alone, so that a run with extra pairs keeps the vocabulary of one without, plus the tag: one
     token, tokenizer.build_tokenizer)."""
     from datasets import concatenate_datasets
-    try:
-        extra = _load_local(dataclasses.replace(config, data_dir=config.extra_data_dir),
-                            ("train",) if "train" in wanted else ())
-    except DataError as e:
-        raise DataError(str(e).replace("--data_dir", "--extra_data_dir")) from None
+    extra = _load_local(config, ("train",) if "train" in wanted else (), "--extra_data_dir")
     splits["fingerprint"] = digest([splits["fingerprint"], extra["fingerprint"],
                                     config.extra_tag, config.upsample])
     if "train" not in wanted:

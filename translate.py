@@ -27,8 +27,8 @@ from pathlib import Path
 
 from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
                     fields_where)
-from corpus import (DataError, column, corpus_source, decode_lines, load_corpus, own_corpus,
-                    pairs_digest, text_file_name)
+from corpus import (DataError, LanguageMissing, column, corpus_source, decode_lines, load_corpus,
+                    own_corpus, pairs_digest, text_file_name)
 from corpus import read_lines as read_file_lines
 from dataset import to_bilingual
 from nmt.attention_map import VIEWS, picture_problem, save_attention_map
@@ -353,10 +353,10 @@ def read_sources(args, config: Config, tokenizer_src, tokenizer_tgt, recorded=No
         try:
             sentence, reference, split = validation_example(
                 config, tokenizer_src, tokenizer_tgt, args.example)
-        except DataError as e:  # (the languages are the model's, not flags to check)
-            raise DataError(str(e).replace(
-                "check --lang_src and --lang_tgt", f"the model translates {config.lang_src}->"
-                f"{config.lang_tgt}: give --data_dir the corpus it was trained on")) from None
+        except LanguageMissing as e:  # (the languages are the model's, not flags to check)
+            raise LanguageMissing(e.what, f"the model translates {config.lang_src}->"
+                                  f"{config.lang_tgt}: give --data_dir the corpus it was trained "
+                                  f"on") from None
         check_example_corpus(config, recorded, split, args.example)
         return [sentence], reference, None, None
     if args.sentence is not None:

@@ -252,6 +252,8 @@ def test_extra_pairs_of_other_languages_or_flags_without_them_are_one_line(tmp_p
     for lang, text in (("en", "one.\n"), ("fr", "un.\n")):
         (tmp_path / "bt" / f"train.{lang}").write_text(text)
     for args, said in ((["--extra_data_dir", "bt"], "--extra_data_dir bt has no train.it"),
+                       (["--extra_data_dir", "nowhere"], "--extra_data_dir nowhere: no such "
+                        "folder"),  # each message names the flag of the folder it is about
                        (["--extra_tag", "<BT>"], "--extra_tag and --upsample go with"),
                        (["--extra_data_dir", "bt", "--upsample", "0"], "--upsample must be"),
                        (["--extra_data_dir", "bt", "--extra_tag", "<B T>"], "must be one word")):
