@@ -90,6 +90,9 @@ def main(argv=None):
     if len(args.hypotheses) < 2:
         parser.error("give two or more translation files: the baseline first, then the "
                      "systems to test against it")
+    for flag in ("papers_bleu", "tokenized_bleu"):  # ("": not given, sacreBLEU's table)
+        if getattr(args, flag) is not None and not getattr(args, flag).strip():
+            parser.error(f"--{flag} takes the language of the translations (de, en...)")
     if args.papers_bleu and args.tokenized_bleu:
         parser.error("give one of --papers_bleu (Multi30k's papers) and --tokenized_bleu (the "
                      "paper's WMT14 figure)")

@@ -161,10 +161,13 @@ def split_compounds(line: str) -> str:
     r"""A hyphen between two non-blank characters set apart as `##AT##-##AT##` ("rich-text" ->
     "rich ##AT##-##AT## text"), so that a hyphenated compound's parts match apart, as the
     WMT14 English->German papers score (the Stanford NMT group's convention, in
-    tensor2tensor's get_ende_bleu.sh). Left to right, no match overlapping the last: "a-b-c"
-    -> "a ##AT##-##AT## b-c", as that script's Perl `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`;
-    blanks are ASCII ones, as Perl's on bytes (a no-break space is no blank there)."""
-    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line, flags=re.ASCII)
+    tensor2tensor's get_ende_bleu.sh). That script's Perl, `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`,
+    runs on the UTF-8 bytes, and so does this: left to right, no match overlapping the last
+    ("a-b-c" -> "a ##AT##-##AT## b-c"), but a match takes one byte of the character after
+    the hyphen, so one of two or more bytes between hyphens is split on both sides ("a-ä-b" ->
+    "a ##AT##-##AT## ä ##AT##-##AT## b"); blanks are ASCII ones (a no-break space is
+    none). Every split falls between characters: the bytes decode."""
+    return re.sub(rb"(\S)-(\S)", rb"\1 ##AT##-##AT## \2", line.encode("utf-8")).decode("utf-8")
 
 
 def tokenized_bleu_name(compound_split: bool) -> str:

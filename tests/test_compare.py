@@ -110,7 +110,9 @@ def test_compare_tokenized_bleu_from_the_command_line(tmp_path):
     assert rows[True] > rows[False] + 10, rows  # split, the compound's parts match
     for flags, message in ((["--tokenized_bleu", "de", "--papers_bleu", "de"], "give one of "
                             "--papers_bleu (Multi30k's papers) and --tokenized_bleu"),
-                           (["--compound_split"], "--compound_split goes with --tokenized_bleu")):
+                           (["--compound_split"], "--compound_split goes with --tokenized_bleu"),
+                           (["--tokenized_bleu", ""], "--tokenized_bleu takes the language"),
+                           (["--papers_bleu", " "], "--papers_bleu takes the language")):
         t = run_here("compare.py", "a.hyp", "b.hyp", "--reference", refs, *flags, cwd=tmp_path)
         err = t.stderr.decode()
         assert t.returncode == 2 and message in err and err.count("\n") == 1, err

@@ -163,6 +163,11 @@ def test_papers_bleu_scores_tokenized_lowercased_text_and_says_so():
     ("x - y -z z- 3-4", "x - y -z z- 3 ##AT##-##AT## 4"),  # a blank on either side: no compound
     ("x\xa0-y", "x\xa0 ##AT##-##AT## y"),  # a no-break space is no blank to Perl on bytes
     ("x\t-y", "x\t-y"),
+    # Perl's \S is a byte: a character of two or three bytes between hyphens ends one match
+    # and starts the next, where an ASCII one ("a-b-c") is taken by the first match alone
+    ("a-\xe4-b", "a ##AT##-##AT## \xe4 ##AT##-##AT## b"),
+    ("10-\u20ac-Schein x-\xe4-\xf6-y", "10 ##AT##-##AT## \u20ac ##AT##-##AT## Schein "
+     "x ##AT##-##AT## \xe4 ##AT##-##AT## \xf6 ##AT##-##AT## y"),
 ])
 def test_split_compounds_is_the_perl_rule_of_get_ende_bleu(line, split):
     r"""The WMT14 English->German papers' compound splitting, `perl -ple 's{(\S)-(\S)}{$1
@@ -226,6 +231,21 @@ def test_compare_tests_the_tokenized_bleu(tmp_path):
         assert "tok:none" in found["signatures"]["bleu"][0]
         scored[compound_split] = found["bleu"][1]["score"]
     assert scored[True] > scored[False] + 10, scored  # split, the compound's parts match
+
+
+def test_tokenized_bleu_replaces_the_translations_punctuation_and_not_the_references():
+    """get_ende_bleu.sh's asymmetry reaches the score: a translation's curly quotes become
+    &quot; and a reference's stay, so a line with them scored against itself misses them (in
+    tokenized_bleu and in compare's test alike), and one without them scores 100."""
+    from nmt.metrics import tokenized_bleu
+    quoted = [f"Hund {i} sagt: \u201cWau-Wau\u201d, und geht." for i in range(20)]
+    plain = [f"Hund {i} sagt: Wau-Wau, und geht." for i in range(20)]
+    assert tokenized_bleu(plain, plain, "de", True)["bleu"] == pytest.approx(100)
+    found = tokenized_bleu(quoted, quoted, "de", True)["bleu"]
+    assert found < 100
+    tested = compare([("a", plain), ("b", quoted)], quoted, n_bootstrap=100,
+                     n_randomization=100, tokenized_lang="de", compound_split=True)
+    assert tested["bleu"][1]["score"] == pytest.approx(found)
 
 
 def test_compare_tests_the_papers_bleu(tmp_path):

@@ -291,6 +291,30 @@ def test_tokenized_bleu_scores_the_translations_against_the_raw_reference(traine
     assert any(line.startswith("BLEU = ") and "tok:13a" in line for line in lines)  # sacreBLEU's
 
 
+def test_tokenized_bleu_only_when_asked_and_of_each_n_best_lists_first(trained):
+    """--reference alone prints sacreBLEU's lines and no tokenized BLEU; with --nbest, the
+    tokenized BLEU (as sacreBLEU's) is of each sentence's first translation."""
+    from nmt.metrics import tokenized_bleu
+    home, _ = trained
+    t = run_here("translate.py", "--input", "corpus/val.en", "--reference", "corpus/val.it",
+                 cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    lines = t.stderr.decode().splitlines()
+    assert any(line.startswith("BLEU = ") for line in lines)
+    assert not any(line.startswith("tokenized BLEU") for line in lines), lines
+    t = run_here("translate.py", "--input", "corpus/val.en", "--reference", "corpus/val.it",
+                 "--beam", "2", "--nbest", "2", "--tokenized_bleu", cwd=home)
+    assert t.returncode == 0, t.stderr.decode()
+    firsts = {}
+    for line in t.stdout.decode().splitlines():
+        n, _, text = line.split("\t")
+        firsts.setdefault(int(n), text)
+    refs = (home / "corpus" / "val.it").read_text(encoding="utf-8").splitlines()
+    assert sorted(firsts) == list(range(len(refs)))
+    assert t.stderr.decode().splitlines()[-1] == tokenized_bleu(
+        [firsts[n] for n in sorted(firsts)], refs, "it")["report"]
+
+
 @pytest.mark.parametrize("args, stdin, message", [
     (["   "], None, "the sentence is empty"),
     ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
@@ -394,6 +418,8 @@ def test_tokenized_bleu_scores_the_translations_against_the_raw_reference(traine
      "--papers_reference goes with --input or stdin"),
     (["--input", "corpus/val.en", "--tokenized_bleu"], None,
      "--tokenized_bleu scores the translations against --reference: give it"),
+    (["--input", "corpus/val.en", "--papers_reference", "corpus/val.it", "--tokenized_bleu"],
+     None, "--tokenized_bleu scores the translations against --reference: give it"),
     (["--input", "corpus/val.en", "--reference", "corpus/val.it", "--compound_split"], None,
      "--compound_split goes with --tokenized_bleu"),
     # issue 42: sampling's settings out of range, or without --sample; an ensemble's models
