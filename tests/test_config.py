@@ -249,6 +249,42 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
     assert seen > 100 and missing == []
 
 
+def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
+    """Every --flag of a `python X.py`, `python -m dev.X` or `torchrun ... train.py` command in
+    README.md, docs/, the notebooks and the scripts' docstrings is in that script's --help: a
+    flag renamed or removed in the code fails here until the pages follow (a user copying the
+    command would meet "unrecognized arguments")."""
+    import ast
+    import json
+    import re
+
+    from conftest import ROOT, run_here
+    texts = [f.read_text(encoding="utf-8") for f in [ROOT / "README.md", *ROOT.glob("docs/*.md")]]
+    texts += ["\n".join("".join(cell["source"]) for cell in json.loads(
+        f.read_text(encoding="utf-8"))["cells"]) for f in ROOT.glob("notebooks/*.ipynb")]
+    texts += [ast.get_docstring(ast.parse(f.read_text(encoding="utf-8")), clean=False) or ""
+              for f in [*ROOT.glob("*.py"), *ROOT.glob("dev/*.py"), *ROOT.glob("nmt/*.py")]]
+    command = re.compile(r"(?:python3? (?:-m (dev\.\w+)|(\w+\.py))|torchrun \S.*?(train\.py))"
+                         r"([^`|;&#>)\n]*)")
+    given = {}
+    for text in texts:
+        for m in command.finditer(re.sub(r"\\\n\s*", " ", text)):  # (a `\` continuation)
+            script = (m.group(1) or "").replace(".", "/") + ".py" if m.group(1) else \
+                m.group(2) or m.group(3)
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*", m.group(4)):
+                given.setdefault(script, set()).add(flag)
+    unknown = {}
+    for script, flags in given.items():
+        t = run_here(script, "--help", cwd=ROOT)
+        assert t.returncode == 0, (script, t.stderr.decode())
+        usage = t.stdout.decode().split("\n\n")[0]  # (the help's prose names flags too)
+        taken = set(re.findall(r"--[a-z][a-z0-9_]*", usage)) | {"--help"}  # (usage: -h)
+        if flags - taken:
+            unknown[script] = sorted(flags - taken)
+    assert len(given) >= 10 and sum(map(len, given.values())) > 100
+    assert unknown == {}
+
+
 def github_anchors(markdown: str) -> set[str]:
     """The anchors GitHub gives a page's headings: lowercased, punctuation but `-` and `_`
     dropped, spaces made `-`, a repeated one numbered (`-1`, `-2`); code blocks skipped."""
