@@ -251,15 +251,17 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
 
 def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
     """Every --flag of a `python X.py`, `python -m dev.X` or `torchrun ... train.py` command in
-    README.md, docs/, the notebooks and the scripts' docstrings is in that script's --help: a
-    flag renamed or removed in the code fails here until the pages follow (a user copying the
-    command would meet "unrecognized arguments")."""
+    README.md, docs/, the notebooks, dev/'s shell scripts (the GPU's, run nowhere else) and the
+    scripts' docstrings is in that script's usage (its --help): a flag renamed or removed in
+    the code fails here until the pages follow (a user copying the command would meet
+    "unrecognized arguments")."""
     import ast
     import json
     import re
 
     from conftest import ROOT, run_here
-    texts = [f.read_text(encoding="utf-8") for f in [ROOT / "README.md", *ROOT.glob("docs/*.md")]]
+    texts = [f.read_text(encoding="utf-8") for f in [ROOT / "README.md", *ROOT.glob("docs/*.md"),
+                                                    *ROOT.glob("dev/*.sh")]]
     texts += ["\n".join("".join(cell["source"]) for cell in json.loads(
         f.read_text(encoding="utf-8"))["cells"]) for f in ROOT.glob("notebooks/*.ipynb")]
     texts += [ast.get_docstring(ast.parse(f.read_text(encoding="utf-8")), clean=False) or ""
