@@ -252,9 +252,9 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
 def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
     """Every --flag of a `python X.py`, `python -m dev.X` or `torchrun ... train.py` command in
     README.md, docs/, the notebooks, dev/'s shell scripts (the GPU's, run nowhere else) and the
-    scripts' docstrings is in that script's usage (its --help): a flag renamed or removed in
-    the code fails here until the pages follow (a user copying the command would meet
-    "unrecognized arguments")."""
+    scripts' docstrings is in that script's usage (its --help), and a value given to a flag of
+    choices is one of them: a flag or a choice renamed or removed in the code fails here until
+    the pages follow (a user copying the command would meet "unrecognized arguments")."""
     import ast
     import json
     import re
@@ -273,17 +273,25 @@ def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
         for m in command.finditer(re.sub(r"\\\n\s*", " ", text)):  # (a `\` continuation)
             script = (m.group(1) or "").replace(".", "/") + ".py" if m.group(1) else \
                 m.group(2) or m.group(3)
-            for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9_]*", m.group(4)):
-                given.setdefault(script, set()).add(flag)
-    unknown = {}
+            for flag, value in re.findall(r"(?<![\w-])(--[a-z][a-z0-9_]*)(?:[ =]([^\s-]\S*))?",
+                                          m.group(4)):
+                given.setdefault(script, set()).add((flag, value.strip("'\"")))
+    unknown, checked = {}, 0
     for script, flags in given.items():
         t = run_here(script, "--help", cwd=ROOT)
         assert t.returncode == 0, (script, t.stderr.decode())
         usage = t.stdout.decode().split("\n\n")[0]  # (the help's prose names flags too)
         taken = set(re.findall(r"--[a-z][a-z0-9_]*", usage)) | {"--help"}  # (usage: -h)
-        if flags - taken:
-            unknown[script] = sorted(flags - taken)
-    assert len(given) >= 10 and sum(map(len, given.values())) > 100
+        choices = {f: c.split(",") for f, c in re.findall(r"(--[a-z][a-z0-9_]*) \{([^}]*)\}",
+                                                          usage)}
+        for flag, value in flags:
+            if flag not in taken:
+                unknown.setdefault(script, []).append(flag)
+            elif flag in choices and re.fullmatch(r"\w[\w.]*", value):  # (not $M, <...>, a|b)
+                checked += 1
+                if value not in choices[flag]:
+                    unknown.setdefault(script, []).append(f"{flag} {value}")
+    assert len(given) >= 10 and sum(map(len, given.values())) > 100 and checked > 10
     assert unknown == {}
 
 
