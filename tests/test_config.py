@@ -250,11 +250,12 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
 
 
 def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
-    """Every --flag of a `python X.py`, `python -m dev.X` or `torchrun ... train.py` command in
-    README.md, docs/, the notebooks, dev/'s shell scripts (the GPU's, run nowhere else) and the
-    scripts' docstrings is in that script's usage (its --help), and a value given to a flag of
-    choices is one of them: a flag or a choice renamed or removed in the code fails here until
-    the pages follow (a user copying the command would meet "unrecognized arguments")."""
+    """Every --flag of a `python X.py`, `python -m dev.X` or `torchrun ... train.py` command (or a
+    results table's `PRESET --flag ...` cell, train.py's) in README.md, docs/, the notebooks,
+    dev/'s shell scripts (the GPU's, run nowhere else) and the scripts' docstrings is in that
+    script's usage (its --help), and a value given to a flag of choices is one of them: a flag
+    or a choice renamed or removed in the code fails here until the pages follow (a user copying
+    the command would meet "unrecognized arguments")."""
     import ast
     import json
     import re
@@ -266,13 +267,14 @@ def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
         f.read_text(encoding="utf-8"))["cells"]) for f in ROOT.glob("notebooks/*.ipynb")]
     texts += [ast.get_docstring(ast.parse(f.read_text(encoding="utf-8")), clean=False) or ""
               for f in [*ROOT.glob("*.py"), *ROOT.glob("dev/*.py"), *ROOT.glob("nmt/*.py")]]
-    command = re.compile(r"(?:python3? (?:-m (dev\.\w+)|(\w+\.py))|torchrun \S.*?(train\.py))"
-                         r"([^`|;&#>)\n]*)")
+    command = re.compile(r"(?:python3? (?:-m (dev\.\w+)|(\w+\.py))|torchrun \S.*?(train\.py)"
+                         r"|(?<=`)(?=(?:multi30k\w*|paper_\w+) --))"  # (a results table's cell:
+                         r"([^`|;&#>)\n]*)")  # a preset, then train.py's flags)
     given = {}
     for text in texts:
         for m in command.finditer(re.sub(r"\\\n\s*", " ", text)):  # (a `\` continuation)
             script = (m.group(1) or "").replace(".", "/") + ".py" if m.group(1) else \
-                m.group(2) or m.group(3)
+                m.group(2) or m.group(3) or "train.py"
             for flag, value in re.findall(r"(?<![\w-])(--[a-z][a-z0-9_]*)(?:[ =]([^\s-]\S*))?",
                                           m.group(4)):
                 given.setdefault(script, set()).add((flag, value.strip("'\"")))
