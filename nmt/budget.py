@@ -146,13 +146,13 @@ class Budget:
     def start(self) -> str:
         """This start's training begins (its steps timed from now); the plan in words."""
         self.training_started = clock()
-        return self.words().replace(" by the speed measured", " until measured")
+        return self.words("until measured")
 
-    def words(self) -> str:
-        """Where the budget stands, for the log."""
+    def words(self, basis: str = "by the speed measured") -> str:
+        """Where the budget stands, for the log; `basis`: what the plan's length rests on."""
         return (f"--time_budget {self.seconds / 60:g} minutes: {minutes(self.spent())} spent; "
                 f"the schedule laid out for {self.steps:,} steps "
-                f"({self.steps / self.steps_per_epoch:.1f} epochs) by the speed measured")
+                f"({self.steps / self.steps_per_epoch:.1f} epochs) {basis}")
 
 
 def budget_for(config, data, batches: int, steps: int, progress, started: float):
