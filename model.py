@@ -111,7 +111,7 @@ class LayerNormalization(nn.Module):
 
 
 class FeedForwardBlock(nn.Module):
-    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2; the dropout of max(...) is an addition."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
@@ -170,17 +170,16 @@ def causal_mask(size: int, device=None):
 
 
 def attention(query, key, value, mask=None, dropout: nn.Module = None):
-    """Section 3.2.1, scaled dot-product attention: softmax(Q Kᵀ / sqrt(d_k)) V, written out.
-    Returns the output (batch, h, q_len, d_k) and the attention weights (batch, h, q_len, k_len).
-
-    Grouped-query attention: `key` and `value` may have fewer heads than `query`, each shared by
-    the query heads that follow one another (h / kv_heads of them). Those query heads are laid
-    side by side against their key/value head, so nothing is copied, forward or backward."""
+    """Section 3.2.1, scaled dot-product attention: softmax(Q Kᵀ / sqrt(d_k)) V, written out;
+    `dropout` of the weights is an addition. Returns the output (batch, h, q_len, d_k) and the
+    weights (batch, h, q_len, k_len). Grouped-query attention: `key` and `value` may have fewer
+    heads than `query`, each shared by g = h / kv_heads query heads that follow one another,
+    laid side by side against it: nothing is copied, forward or backward."""
     batch, h, q_len, d_k = query.shape
     kv_heads, k_len = key.size(1), key.size(2)
-    # (batch, h, q_len, d_k) -> (batch, kv_heads, h / kv_heads · q_len, d_k)
+    # (batch, h, q_len, d_k) -> (batch, kv_heads, g · q_len, d_k)
     query = query.reshape(batch, kv_heads, -1, d_k)
-    # (batch, kv_heads, h / kv_heads · q_len, d_k) @ (batch, kv_heads, d_k, k_len)
+    # (batch, kv_heads, g · q_len, d_k) @ (batch, kv_heads, d_k, k_len) -> (.., g · q_len, k_len)
     scores = (query @ key.transpose(-2, -1)) / math.sqrt(d_k)
     scores = scores.view(batch, h, q_len, k_len)  # (batch, h, q_len, k_len)
     if mask is not None:
@@ -188,7 +187,7 @@ def attention(query, key, value, mask=None, dropout: nn.Module = None):
     weights = scores.softmax(dim=-1)
     if dropout is not None:
         weights = dropout(weights)
-    # (batch, kv_heads, h / kv_heads · q_len, k_len) @ (batch, kv_heads, k_len, d_k)
+    # (batch, kv_heads, g · q_len, k_len) @ (batch, kv_heads, k_len, d_k) -> (.., g · q_len, d_k)
     out = weights.reshape(batch, kv_heads, -1, k_len) @ value
     return out.view(batch, h, q_len, d_k), weights  # (batch, h, q_len, d_k), weights
 
@@ -197,9 +196,7 @@ class MultiHeadAttentionBlock(nn.Module):
     """Section 3.2.2, multi-head attention: MultiHead(Q, K, V) = Concat(head_1 .. head_h) W_O,
     head_i = Attention(Q W_Q_i, K W_K_i, V W_V_i). In self-attention Q, K and V are the layer's
     input x; in the decoder's cross-attention (section 3.2.3) K and V are the encoder output.
-
-    W_Q, W_K and W_V are stored stacked as one matrix `w_qkv`: self-attention projects all three
-    in one matmul.
+    W_Q, W_K and W_V are stacked as one matrix `w_qkv`: self-attention projects in one matmul.
 
     Additions: grouped-query attention (Ainslie et al., 2023), `n_kv_heads` < h key/value heads
     each shared by h / n_kv_heads query heads; `rotary`, RoPE on self-attention's queries and
@@ -227,7 +224,8 @@ class MultiHeadAttentionBlock(nn.Module):
         """Self-attention over x (batch, len, d_model), or cross-attention from x to `memory`
         (the encoder output). `causal`: position i sees positions <= i, with no mask tensor (so
         the fused kernels, flash attention included, can run)."""
-        q, k, v = self.project(x, memory, cache)  # (batch, heads, len, d_k) each
+        # q: (batch, h, len, d_k); k, v: (batch, kv_heads, k_len, d_k), k_len memory's or cache's
+        q, k, v = self.project(x, memory, cache)
         out = self.attend(q, k, v, mask, causal)  # (batch, h, len, d_k)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), self.d_model)  # (batch, len, d)
         return self.w_o(out)
@@ -242,6 +240,7 @@ class MultiHeadAttentionBlock(nn.Module):
         ones; cross-attention projects `memory` once and reuses it."""
         d = self.d_model
         if memory is None:  # self-attention: one fused projection
+            # (batch, len, d_model + 2 · d_kv) -> (batch, len, d_model), 2 x (batch, len, d_kv)
             q, k, v = self.w_qkv(x).split([d, self.d_kv, self.d_kv], dim=-1)
             q, k, v = self.heads(q), self.heads(k), self.heads(v)  # (batch, heads, len, d_k)
             if self.rotary[0] is not None:  # positions start .. start + len - 1
@@ -253,8 +252,8 @@ class MultiHeadAttentionBlock(nn.Module):
         q = self.heads(F.linear(x, self.w_qkv.weight[:d]))  # (batch, h, len, d_k)
         if cache is not None and cache.k is not None:
             return q, cache.k, cache.v
-        k, v = F.linear(memory, self.w_qkv.weight[d:]).split(self.d_kv, dim=-1)
-        k, v = self.heads(k), self.heads(v)  # (batch, kv_heads, src_len, d_k)
+        kv = F.linear(memory, self.w_qkv.weight[d:])  # (batch, src_len, 2 · d_kv)
+        k, v = map(self.heads, kv.split(self.d_kv, dim=-1))  # (batch, kv_heads, src_len, d_k)
         if cache is not None:
             cache.k, cache.v = k, v
         return q, k, v
@@ -464,13 +463,13 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
     N: the encoder's layers, and the decoder's unless N_dec (a deep encoder with a shallow
     decoder translates faster, Kasai et al., 2021). dropout: the paper's residual dropout (each
     sublayer's output, and the sum of embeddings and positions, section 5.4);
-    attention_dropout, activation_dropout: on the attention weights and the feed-forward's
-    hidden activations (None: as dropout). norm_first: pre-norm (True) or the paper's
+    attention_dropout, activation_dropout: additions, on the attention weights and the
+    feed-forward's hidden activations (None: as dropout). norm_first: pre-norm (True) or the paper's
     post-norm; norm: "layer" or "rms"; ffn: "relu" or "swiglu"; pos: "sinusoidal" or "rope";
     n_kv_heads: key/value heads (grouped-query attention; None = h); shared_vocab: one
     embedding table for both languages (one joint vocabulary); tie_embeddings: "none",
-    "decoder" (the projection shares the target embedding, section 3.4) or "all" (source and
-    target embeddings and the projection, which needs shared_vocab); True/False: decoder/none."""
+    "decoder" (the projection shares the target embedding) or "all" (section 3.4's sharing:
+    both embeddings and the projection; needs shared_vocab); True/False: decoder/none."""
     tie = {True: "decoder", False: "none"}.get(tie_embeddings, tie_embeddings)
     if (tie == "all" or shared_vocab) and src_vocab_size != tgt_vocab_size:
         raise ValueError("a shared vocabulary needs equal source and target vocabulary sizes")
@@ -504,14 +503,14 @@ def build_transformer(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int
     transformer = Transformer(encoder, decoder, src_embed, tgt_embed, src_pos, tgt_pos,
                               projection_layer, max(src_seq_len, tgt_seq_len), rotary)
     init_weights(transformer, d_model)
-    if tie in ("decoder", "all"):  # Section 3.4: the target embedding is the projection
+    if tie in ("decoder", "all"):  # (section 3.4's sharing) the target embedding is the projection
         projection_layer.proj.weight = tgt_embed.embedding.weight
     return transformer
 
 
 def init_weights(transformer: Transformer, d_model: int):
-    """Xavier uniform on every matrix (`w_qkv`, W_Q/W_K/W_V stacked: fairseq's 1/sqrt(2) gain),
-    N(0, 1/d_model) on the embedding tables: times sqrt(d_model), unit size beside the positions."""
+    """Xavier uniform on every matrix (`w_qkv`, W_Q/W_K/W_V stacked: fairseq's 1/sqrt(2) gain
+    where n_kv_heads = h), N(0, 1/d_model) on the embedding tables: unit size after the ·sqrt(d)."""
     for p in transformer.parameters():
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
