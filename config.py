@@ -387,18 +387,18 @@ PRESETS = {
                      dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, batch_size=8,
                      max_tokens=0, lr_schedule="constant", lr=1e-4),
     # The paper (section 5, table 3): post-norm, one joint BPE vocabulary (37k for WMT14 en-de)
-    # shared by both embeddings and the projection, about 25k tokens a step, warm-up 4000 then
-    # inverse square root at its exact values (d_model · warmup)^-0.5; residual dropout only
-    # (section 5.4).
+    # shared by both embeddings and the projection, about 25k tokens a step (a process's), warm-up
+    # 4000 then inverse square root at its exact values (d_model · warmup)^-0.5; residual dropout
+    # only (section 5.4); no gradient clipping (none is named).
     "paper_base": dict(ARCHITECTURE, norm_first=False, tie_embeddings="all", shared_vocab=True,
                        tokenizer_type="bpe", vocab_size=37000, d_model=512, N=6, h=8,
                        d_ff=2048, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-                       label_smoothing=0.1, max_tokens=25000,
+                       label_smoothing=0.1, max_tokens=25000, clip_grad=0.0,
                        lr_schedule="inverse_sqrt", warmup=4000, lr=6.99e-4),
     "paper_big": dict(ARCHITECTURE, norm_first=False, tie_embeddings="all", shared_vocab=True,
                       tokenizer_type="bpe", vocab_size=37000, d_model=1024, N=6, h=16,
                       d_ff=4096, dropout=0.3, attention_dropout=0.0, activation_dropout=0.0,
-                      label_smoothing=0.1, max_tokens=25000,
+                      label_smoothing=0.1, max_tokens=25000, clip_grad=0.0,
                       lr_schedule="inverse_sqrt", warmup=4000, lr=4.94e-4),
     # Issue 25's small-corpus recipe (Multi30k en->de from the hub, about 4M training tokens;
     # chosen on the validation split, docs/results.md): one joint BPE vocabulary of 10k shared by

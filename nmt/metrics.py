@@ -176,33 +176,34 @@ def tokenized_bleu_name(compound_split: bool) -> str:
             f"; not sacreBLEU's)")
 
 
-def moses_cased(lines, lang: str, compound_split: bool = False, translations: bool = True):
+def moses_cased(lines, lang: str, compound_split: bool = False):
     """Lines as the paper's BLEU reads them (tensor2tensor's get_ende_bleu.sh, then
-    multi-bleu.perl): translations' Unicode punctuation replaced first
-    (replace-unicode-punctuation.perl: " for curly double quotes, ... for an ellipsis...),
-    then Moses-tokenized for `lang`, cased, escaped as tokenizer.perl does (&quot; ...), and
-    with `compound_split`, their compounds split (`split_compounds`). References
-    (translations=False) get no punctuation replacement: the script tokenized them raw, and a
-    figure comparable to the paper's keeps that asymmetry."""
+    multi-bleu.perl): Unicode punctuation replaced (replace-unicode-punctuation.perl: " for
+    curly double quotes, ... for an ellipsis...), Moses-tokenized for `lang`, cased, escaped as
+    tokenizer.perl does (&quot; ...), and with `compound_split`, compounds split
+    (`split_compounds`). The script replaced the translations' punctuation only, against
+    references tokenized without it, so a translation with the reference's own curly quotes lost
+    them; both sides get it here, the figure the script's wherever the references hold none of
+    the characters it replaces."""
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
     normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
     found = []
     for line in lines:
-        line = normalizer.replace_unicode_punct(line) if translations else line
-        line = tokenizer.tokenize(line, escape=True, return_str=True)
+        line = tokenizer.tokenize(normalizer.replace_unicode_punct(line), escape=True,
+                                  return_str=True)
         found.append(split_compounds(line) if compound_split else line)
     return found
 
 
 def tokenized_bleu(hypotheses, references, lang: str, compound_split: bool = False) -> dict:
     """BLEU as the paper reports it on WMT14 (27.3 for the base model, English->German, with
-    `compound_split`): multi-bleu.perl's figure on cased, Moses-tokenized text
-    (`moses_cased`), against raw references. Not sacreBLEU's BLEU, and not comparable with
+    `compound_split`): multi-bleu.perl's figure on cased, Moses-tokenized text (`moses_cased`,
+    both sides: the references are given raw). Not sacreBLEU's BLEU, and not comparable with
     it: never set beside it as if the same measure. Returns {"bleu", "report"} (report: the
     figure, named, with sacreBLEU's signature)."""
     metric = papers_metric()
     result = metric.corpus_score(moses_cased(hypotheses, lang, compound_split),
-                                 [moses_cased(references, lang, compound_split, False)])
+                                 [moses_cased(references, lang, compound_split)])
     return {"bleu": result.score, "report": f"{tokenized_bleu_name(compound_split)}: {result}  "
                                             f"({metric.get_signature()})"}
 
@@ -244,7 +245,7 @@ def compare(systems, references, n_bootstrap: int = BOOTSTRAP_SAMPLES,
         chosen = {"bleu": papers_metric()}
         systems = [(name, moses_cased(lines, tokenized_lang, compound_split))
                    for name, lines in systems]
-        references = moses_cased(references, tokenized_lang, compound_split, translations=False)
+        references = moses_cased(references, tokenized_lang, compound_split)
     found = {"systems": [name for name, _ in systems], "signatures": {}}
     for test, samples in (("bs", n_bootstrap), ("ar", n_randomization)):
         with mock.patch.object(significance, "_compute_p_value", at_least_as_extreme):

@@ -81,6 +81,19 @@ def test_flags_beside_a_preset_win_over_its_token_batches():
     assert config.max_tokens == 8000
 
 
+@pytest.mark.parametrize("preset", ["paper_base", "paper_big"])
+def test_the_papers_presets_train_as_section_5_says(preset):
+    """Section 5: Adam's schedule at its exact values, residual dropout only, label smoothing
+    0.1, post-norm with all three matrices shared, and no gradient clipping (the paper names
+    none; the default clips at 1.0, which the presets kept until a review found it)."""
+    config, _ = parse_config(["--preset", preset])
+    assert config.clip_grad == 0.0
+    assert (config.attention_dropout, config.activation_dropout) == (0.0, 0.0)
+    assert (config.norm_first, config.tie_embeddings, config.shared_vocab) == (False, "all", True)
+    assert config.label_smoothing == 0.1 and config.lr_schedule == "inverse_sqrt"
+    assert config.lr == pytest.approx((config.d_model * config.warmup) ** -0.5, rel=1e-3)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--d_model", "63", "--h", "7"], "--pos sinusoidal needs an even --d_model"),
     (["--d_model", "72", "--h", "8", "--pos", "rope"], "--pos rope needs an even head width"),

@@ -177,16 +177,14 @@ def test_split_compounds_is_the_perl_rule_of_get_ende_bleu(line, split):
     assert split_compounds(line) == split
 
 
-def test_moses_cased_replaces_the_translations_punctuation_and_not_the_references():
-    """Cased, Moses-tokenized, escaped; a translation's curly quotes and ellipsis replaced
-    first (replace-unicode-punctuation.perl), a reference's kept as tokenized raw, as
-    get_ende_bleu.sh did; compounds split on request."""
+def test_moses_cased_replaces_unicode_punctuation_then_tokenizes_cased():
+    """Cased, Moses-tokenized, escaped; curly quotes and an ellipsis replaced first
+    (replace-unicode-punctuation.perl; German's low opening quote is not among them);
+    compounds split on request; each language's own rules."""
     from nmt.metrics import moses_cased
     line = "Er sagt: \u201eDas E-Mail-Programm\u201c\u2026 ist \u201cgut\u201d."
     assert moses_cased([line], "de") == [
         "Er sagt : \u201e Das E-Mail-Programm &quot; ... ist &quot; gut &quot; ."]
-    assert moses_cased([line], "de", translations=False) == [
-        "Er sagt : \u201e Das E-Mail-Programm \u201c \u2026 ist \u201c gut \u201d ."]
     assert moses_cased([line], "de", compound_split=True) == [
         "Er sagt : \u201e Das E ##AT##-##AT## Mail ##AT##-##AT## Programm &quot; ... ist "
         "&quot; gut &quot; ."]
@@ -205,7 +203,7 @@ def test_tokenized_bleu_is_multi_bleu_on_the_tokenized_lines_and_says_so():
     for split in (False, True):
         found = tokenized_bleu(hyps, refs, "de", split)
         assert found["bleu"] == pytest.approx(sacrebleu.corpus_bleu(
-            moses_cased(hyps, "de", split), [moses_cased(refs, "de", split, False)],
+            moses_cased(hyps, "de", split), [moses_cased(refs, "de", split)],
             tokenize="none").score)
         assert found["report"].startswith("tokenized BLEU (cased, Moses-tokenized" +
                                           (", compounds split" if split else ";"))
@@ -233,19 +231,21 @@ def test_compare_tests_the_tokenized_bleu(tmp_path):
     assert scored[True] > scored[False] + 10, scored  # split, the compound's parts match
 
 
-def test_tokenized_bleu_replaces_the_translations_punctuation_and_not_the_references():
-    """get_ende_bleu.sh's asymmetry reaches the score: a translation's curly quotes become
-    &quot; and a reference's stay, so a line with them scored against itself misses them (in
-    tokenized_bleu and in compare's test alike), and one without them scores 100."""
+def test_tokenized_bleu_treats_both_sides_alike():
+    """A translation equal to its reference scores 100, curly quotes and all, in tokenized_bleu
+    and in compare's test alike: get_ende_bleu.sh replaced the translations' punctuation only
+    (a reference's “ stayed, a translation's became &quot;), and an exact match lost its
+    quotes (83.9 on such a line)."""
     from nmt.metrics import tokenized_bleu
-    quoted = [f"Hund {i} sagt: \u201cWau-Wau\u201d, und geht." for i in range(20)]
+    quoted = [f"Hund {i} sagt: \u201eWau-Wau\u201c, und \u201cgeht\u201d\u2026" for i in range(20)]
     plain = [f"Hund {i} sagt: Wau-Wau, und geht." for i in range(20)]
-    assert tokenized_bleu(plain, plain, "de", True)["bleu"] == pytest.approx(100)
-    found = tokenized_bleu(quoted, quoted, "de", True)["bleu"]
-    assert found < 100
-    tested = compare([("a", plain), ("b", quoted)], quoted, n_bootstrap=100,
-                     n_randomization=100, tokenized_lang="de", compound_split=True)
-    assert tested["bleu"][1]["score"] == pytest.approx(found)
+    for split in (False, True):
+        assert tokenized_bleu(quoted, quoted, "de", split)["bleu"] == pytest.approx(100)
+        tested = compare([("a", plain), ("b", quoted)], quoted, n_bootstrap=100,
+                         n_randomization=100, tokenized_lang="de", compound_split=split)
+        assert tested["bleu"][1]["score"] == pytest.approx(100)
+        assert tested["bleu"][0]["score"] == pytest.approx(
+            tokenized_bleu(plain, quoted, "de", split)["bleu"])
 
 
 def test_compare_tests_the_papers_bleu(tmp_path):
