@@ -35,9 +35,9 @@ class DataError(UserError):
 
 
 class LanguageMissing(DataError):
-    """A --data_dir whose training files are of other languages: `what` says what was found,
-    `fix` what to do (where the languages are a trained model's, not flags to check, the
-    caller says another fix)."""
+    """A folder (--data_dir, --extra_data_dir) whose training files are of other languages:
+    `what` says what was found, `fix` what to do (where the languages are a trained model's, or
+    the corpus's, not flags to check, another fix)."""
 
     def __init__(self, what: str, fix: str = "check --lang_src and --lang_tgt"):
         super().__init__(f"{what}; {fix}")
@@ -279,8 +279,12 @@ def _load_local(config: Config, wanted=SPLITS, flag: str = "--data_dir"):
     other_formats = any((folder / f"train.{x}").exists() for x in ("tsv", "jsonl", "json"))
     missing = [x for x in (src, tgt) if "train" not in language_files(folder, x)]
     if train_files and missing and not other_formats:  # before any other split is read
-        raise LanguageMissing(f"{flag} {folder} has no train.{missing[0]} (training files "
-                              f"there: {', '.join(train_files)})")
+        what = (f"{flag} {folder} has no train.{missing[0]} (training files there: "
+                f"{', '.join(train_files)})")
+        if flag == "--data_dir":
+            raise LanguageMissing(what)
+        # (extra pairs are read after the corpus, which its languages fit: not flags to check)
+        raise LanguageMissing(what, f"the pairs it adds must be {src}-{tgt}, as the corpus's")
     splits = {}
     for reader in (_read_aligned, _read_tsv, _read_jsonl):
         reader(folder, src, tgt, splits, wanted)

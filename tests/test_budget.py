@@ -70,7 +70,8 @@ def test_spent_minutes_read_alike_in_every_line(monkeypatch, tmp_path):
     budget = Budget(600, 0, 100, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=30)
     assert budget.start() == ("--time_budget 10 minutes: 0.33 spent; the schedule laid out for "
                               "30 steps (3.0 epochs) until measured")
-    assert budget.words().startswith("--time_budget 10 minutes: 0.33 spent; ")
+    assert budget.words() == ("--time_budget 10 minutes: 0.33 spent; the schedule laid out for "
+                              "30 steps (3.0 epochs) by the speed measured")  # (a validation's)
     run = SimpleNamespace(budget=budget, config=Config(model_folder=str(tmp_path)),
                           world_size=1, batches_per_epoch=10)
     progress = SimpleNamespace(step=30, epoch=2, batch=10, signal=None)

@@ -262,52 +262,103 @@ def test_every_command_in_the_readme_and_docs_names_a_file_that_exists():
     assert seen > 100 and missing == []
 
 
-def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
-    """Every --flag of a `python X.py`, `python -m dev.X` or `torchrun ... train.py` command (or a
-    results table's `PRESET --flag ...` cell, train.py's) in README.md, docs/, the notebooks,
-    dev/'s shell scripts (the GPU's, run nowhere else) and the scripts' docstrings is in that
-    script's usage (its --help), and a value given to a flag of choices is one of them: a flag
-    or a choice renamed or removed in the code fails here until the pages follow (a user copying
-    the command would meet "unrecognized arguments")."""
-    import ast
-    import json
+def flags_of_commands(text: str) -> dict:
+    """{script: {(--flag, the word after it)}} of each `python X.py`, `python -m dev.X` or
+    `torchrun ... train.py` command in `text` (a notebook's `{PYTHON} X.py` too), and of each
+    results table's `PRESET --flag ...` cell (train.py's); a `\\` continuation joins its lines."""
     import re
 
-    from conftest import ROOT, run_here
-    texts = [f.read_text(encoding="utf-8") for f in [ROOT / "README.md", *ROOT.glob("docs/*.md"),
-                                                    *ROOT.glob("dev/*.sh")]]
-    texts += ["\n".join("".join(cell["source"]) for cell in json.loads(
-        f.read_text(encoding="utf-8"))["cells"]) for f in ROOT.glob("notebooks/*.ipynb")]
-    texts += [ast.get_docstring(ast.parse(f.read_text(encoding="utf-8")), clean=False) or ""
-              for f in [*ROOT.glob("*.py"), *ROOT.glob("dev/*.py"), *ROOT.glob("nmt/*.py")]]
-    command = re.compile(r"(?:python3? (?:-m (dev\.\w+)|(\w+\.py))|torchrun \S.*?(train\.py)"
+    command = re.compile(r"(?:(?:python3?|\{PYTHON\}) (?:-m (dev\.\w+)|(\w+\.py))"
+                         r"|torchrun \S.*?(train\.py)"
                          r"|(?<=`)(?=(?:multi30k\w*|paper_\w+) --))"  # (a results table's cell:
                          r"([^`|;&#>)\n]*)")  # a preset, then train.py's flags)
     given = {}
-    for text in texts:
-        for m in command.finditer(re.sub(r"\\\n\s*", " ", text)):  # (a `\` continuation)
-            script = (m.group(1) or "").replace(".", "/") + ".py" if m.group(1) else \
-                m.group(2) or m.group(3) or "train.py"
-            for flag, value in re.findall(r"(?<![\w-])(--[a-z][a-z0-9_]*)(?:[ =]([^\s-]\S*))?",
-                                          m.group(4)):
-                given.setdefault(script, set()).add((flag, value.strip("'\"")))
+    for m in command.finditer(re.sub(r"\\\n\s*", " ", text)):
+        script = m.group(1).replace(".", "/") + ".py" if m.group(1) else \
+            m.group(2) or m.group(3) or "train.py"
+        for flag, value in re.findall(r"(?<![\w-])(--[A-Za-z][A-Za-z0-9_]*)(?:[ =]([^\s-]\S*))?",
+                                      m.group(4)):  # (--N and --N_dec too)
+            given.setdefault(script, set()).add((flag, value.strip("'\"")))
+    return given
+
+
+def flags_not_taken(given: dict) -> tuple[dict, int]:
+    """({script: the --flags of `given` (flags_of_commands) not in the script's usage (its
+    --help's first paragraph: the prose names flags too), and `--flag value` where the value is
+    not one of the flag's choices}, how many values were checked against choices)."""
+    import re
+
+    from conftest import ROOT, run_here
     unknown, checked = {}, 0
     for script, flags in given.items():
         t = run_here(script, "--help", cwd=ROOT)
         assert t.returncode == 0, (script, t.stderr.decode())
-        usage = t.stdout.decode().split("\n\n")[0]  # (the help's prose names flags too)
-        taken = set(re.findall(r"--[a-z][a-z0-9_]*", usage)) | {"--help"}  # (usage: -h)
-        choices = {f: c.split(",") for f, c in re.findall(r"(--[a-z][a-z0-9_]*) \{([^}]*)\}",
-                                                          usage)}
-        for flag, value in flags:
+        usage = t.stdout.decode().split("\n\n")[0]
+        taken = set(re.findall(r"--[A-Za-z][A-Za-z0-9_]*", usage)) | {"--help"}  # (usage: -h)
+        choices = {f: c.split(",")
+                   for f, c in re.findall(r"(--[A-Za-z][A-Za-z0-9_]*) \{([^}]*)\}", usage)}
+        for flag, value in sorted(flags):
             if flag not in taken:
                 unknown.setdefault(script, []).append(flag)
             elif flag in choices and re.fullmatch(r"\w[\w.]*", value):  # (not $M, <...>, a|b)
                 checked += 1
                 if value not in choices[flag]:
                     unknown.setdefault(script, []).append(f"{flag} {value}")
+    return unknown, checked
+
+
+def test_every_flag_a_command_in_the_docs_gives_is_one_its_script_takes():
+    """Every --flag of a `python X.py`, `python -m dev.X` or `torchrun ... train.py` command (or a
+    results table's `PRESET --flag ...` cell, train.py's) in README.md, docs/, the notebooks,
+    dev/'s shell scripts (the GPU's, run nowhere else) and the scripts' docstrings is in that
+    script's usage (its --help), and a value given to a flag of choices is one of them: a flag
+    or a choice renamed or removed in the code fails here until the pages follow (a user copying
+    the command would meet "unrecognized arguments"). Each of those sources gives flags (a
+    notebook's commands are `{PYTHON} X.py`)."""
+    import ast
+    import json
+
+    from conftest import ROOT
+    sources = {
+        "README.md, docs/": [f.read_text(encoding="utf-8")
+                             for f in [ROOT / "README.md", *ROOT.glob("docs/*.md")]],
+        "dev/*.sh": [f.read_text(encoding="utf-8") for f in ROOT.glob("dev/*.sh")],
+        "notebooks/": ["\n".join("".join(cell["source"]) for cell in json.loads(
+            f.read_text(encoding="utf-8"))["cells"]) for f in ROOT.glob("notebooks/*.ipynb")],
+        "docstrings": [ast.get_docstring(ast.parse(f.read_text(encoding="utf-8")), clean=False)
+                       or "" for f in [*ROOT.glob("*.py"), *ROOT.glob("dev/*.py"),
+                                       *ROOT.glob("nmt/*.py")]]}
+    given, found = {}, {}
+    for source, texts in sources.items():
+        for text in texts:
+            for script, flags in flags_of_commands(text).items():
+                given.setdefault(script, set()).update(flags)
+                found[source] = found.get(source, 0) + len(flags)
+    assert found.keys() == sources.keys(), found
+    unknown, checked = flags_not_taken(given)
     assert len(given) >= 10 and sum(map(len, given.values())) > 100 and checked > 10
     assert unknown == {}
+
+
+def test_the_docs_flag_check_finds_each_flag_and_choice_no_script_takes():
+    """The check above on a page written wrong on purpose: in each kind of command it reads
+    (a continuation line, a torchrun's, a results cell, a notebook's `{PYTHON}`), a flag that is
+    not a script's (`--input`: named in compare.py's help prose, not in its usage; `--N_enc`:
+    capitals) and a value not among a flag's choices (`bf16.5`: a dot), beside right ones."""
+    page = """```bash
+python translate.py $M --beam 4 --bream 4 --attention_view sideways "Hello."
+python -m dev.bench --stepz 3 --preset multi30k
+python compare.py a.hyp b.hyp --reference ref --input src
+torchrun --nproc_per_node 2 train.py --preset paper_base --N_enc 6 \\
+    --precision bf16.5
+```
+| `paper_big --warmupp 4000 --N 6` | 28.4 |
+sh(f"{PYTHON} export.py --model_folder {MODEL} --quantization int9")
+"""
+    assert flags_not_taken(flags_of_commands(page))[0] == {
+        "translate.py": ["--attention_view sideways", "--bream"], "dev/bench.py": ["--stepz"],
+        "compare.py": ["--input"], "train.py": ["--N_enc", "--precision bf16.5", "--warmupp"],
+        "export.py": ["--quantization int9"]}
 
 
 def github_anchors(markdown: str) -> set[str]:

@@ -170,7 +170,8 @@ def test_a_hub_dataset_with_one_column_per_language_loads_like_a_translation_col
                 r"\.tsv: name it train.tsv$"),
     ("line_counts", "train.en has 3 lines but .*train.it has 2"),
     ("bad_utf8", "train.it, line 2: not valid UTF-8"),
-    ("no_target", "has no train.it \\(training files there: train.en\\); check --lang_src"),
+    ("no_target", "has no train.it \\(training files there: train.en\\); check --lang_src and "
+                  "--lang_tgt$"),
     ("other_language", "has no train.it \\(training files there: train.de, train.en\\)"),
     ("no_test_target", "test_2016.en has no matching target file"),
     ("a_file", "is a file; give the folder"),
@@ -247,13 +248,22 @@ def test_extra_pairs_join_train_tagged_and_never_validation(tmp_path):
 
 
 def test_extra_pairs_of_other_languages_or_flags_without_them_are_one_line(tmp_path):
+    """Each message names the flag of the folder it is about; extra pairs of other languages
+    are not the flags' fault (the corpus was read in them)."""
     write_aligned(tmp_path / "c", "train", number_pairs(30, seed=1))
     (tmp_path / "bt").mkdir()
+    (tmp_path / "none").mkdir()
     for lang, text in (("en", "one.\n"), ("fr", "un.\n")):
         (tmp_path / "bt" / f"train.{lang}").write_text(text)
-    for args, said in ((["--extra_data_dir", "bt"], "--extra_data_dir bt has no train.it"),
+    for args, said in ((["--extra_data_dir", "bt"], "--extra_data_dir bt has no train.it "
+                        "(training files there: train.en, train.fr); the pairs it adds must be "
+                        "en-it, as the corpus's\n"),
                        (["--extra_data_dir", "nowhere"], "--extra_data_dir nowhere: no such "
-                        "folder"),  # each message names the flag of the folder it is about
+                        "folder"),
+                       (["--extra_data_dir", "c/train.en"], "--extra_data_dir c/train.en is a "
+                        "file"),
+                       (["--extra_data_dir", "none"], "--extra_data_dir none: found no training "
+                        "data for en-it"),
                        (["--extra_tag", "<BT>"], "--extra_tag and --upsample go with"),
                        (["--extra_data_dir", "bt", "--upsample", "0"], "--upsample must be"),
                        (["--extra_data_dir", "bt", "--extra_tag", "<B T>"], "must be one word")):
