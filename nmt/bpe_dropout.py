@@ -43,7 +43,7 @@ class BPEDropout(TorchDataset):
     """Subword regularization (BPE-dropout, Provilkov et al. 2020): the training loader's
     dataset under --bpe_dropout. Each pair is segmented afresh whenever it is drawn, every merge
     skipped with probability p (the tokenizers library's own dropout), so that each epoch sees
-    other segmentations of the same sentences; a pair whose new segmentation outgrows seq_len
+    other segmentations of the same sentences; a side whose new segmentation outgrows seq_len
     keeps its plain one. It works on the prepared ids (decoded to their text, byte-level BPE
     being lossless, and encoded again), and is given pools of the sampler's batches
     (`PooledBatches`): segmented afresh, a pool is sorted by the new lengths and cut into as many

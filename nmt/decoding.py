@@ -62,9 +62,9 @@ class LayerCache:
 
 
 class KVCache:
-    """Keys and values of every decoder layer for incremental decoding: the self-attention's
-    grow by one position a step (room for `capacity` made once), the cross-attention's are
-    computed once per sentence."""
+    """An addition: keys and values of every decoder layer for incremental decoding: the
+    self-attention's grow by one position a step (room for `capacity` made once), the
+    cross-attention's are computed once per sentence."""
 
     def __init__(self, n_layers: int, capacity: int = 0):
         self.layers = [{"self": LayerCache(capacity), "cross": LayerCache()}
