@@ -21,13 +21,14 @@ against the dataset's tokenized references; nmt/metrics.papers_bleu), never mixe
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 from config import UserError
 from corpus import read_lines
 from nmt.cli import ArgumentParser, run_main
 from nmt.metrics import (BOOTSTRAP_SAMPLES, PAPERS_BLEU, RANDOMIZATION_SAMPLES, compare,
-                         tokenized_bleu_name)
+                         moses_fallback, tokenized_bleu_name)
 
 
 def read_systems(paths, reference):
@@ -99,6 +100,9 @@ def main(argv=None):
     if args.compound_split and not args.tokenized_bleu:
         parser.error("--compound_split goes with --tokenized_bleu LANG")
     references, systems = read_systems(args.hypotheses, args.reference)
+    fallback = moses_fallback(args.papers_bleu or args.tokenized_bleu or "en")
+    if fallback:
+        print(fallback, file=sys.stderr)
     found = compare(systems, references, papers_lang=args.papers_bleu,
                     tokenized_lang=args.tokenized_bleu, compound_split=args.compound_split)
     if args.papers_bleu:

@@ -35,7 +35,7 @@ from nmt.attention_map import VIEWS, picture_problem, save_attention_map
 from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import Sampling, clean
 from nmt.engine import load_engine
-from nmt.metrics import papers_bleu, score, tokenized_bleu
+from nmt.metrics import moses_fallback, papers_bleu, score, tokenized_bleu
 from nmt.trained_model import load_ensemble, load_translator
 from nmt.translator import InputError, Translator, check_attention, check_sentence, check_settings
 
@@ -496,6 +496,9 @@ def main(argv=None):
         print(f"wrote the {VIEWS[args.attention_view]} to {args.attention}", file=sys.stderr)
     if refs is not None:
         print(score(best, refs, error_rates=False)["report"], file=sys.stderr)
+    fallback = moses_fallback(translator.config.lang_tgt)
+    if fallback and (tokenized is not None or args.tokenized_bleu):
+        print(fallback, file=sys.stderr)
     if tokenized is not None:
         print(papers_bleu(best, tokenized, translator.config.lang_tgt)["report"],
               file=sys.stderr)

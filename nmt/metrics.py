@@ -127,6 +127,17 @@ def score(hypotheses, references, error_rates: bool = True,
 PAPERS_BLEU = "papers' BLEU (lowercased, Moses-tokenized, against tokenized references)"
 
 
+def moses_fallback(lang: str):
+    """The warning for a language Moses has no rules of its own for (its nonbreaking prefixes:
+    "Dr." or "z.B." kept whole), whose text sacremoses then tokenizes by English's, as
+    tokenizer.perl does (it says so too); None for a language it knows."""
+    from sacremoses.corpus import NonbreakingPrefixes
+    if lang in NonbreakingPrefixes().available_langs:
+        return None
+    return (f"warning: Moses has no rules of its own for '{lang}': the BLEU on tokenized text "
+            f"tokenizes it by English's, as tokenizer.perl does")
+
+
 def moses_tokenized(lines, lang: str) -> list:
     """Lines as the Multi30k papers' references were made (data/task1/tok/*.lc.norm.tok.* of
     the multi30k/dataset repository): lowercased, then Moses's punctuation normalization and

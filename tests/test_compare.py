@@ -118,6 +118,20 @@ def test_compare_tokenized_bleu_from_the_command_line(tmp_path):
         assert t.returncode == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_a_language_moses_does_not_know_is_warned_of_and_scored_by_englishs_rules(tmp_path):
+    """--tokenized_bleu or --papers_bleu with a language sacremoses has no rules for: one
+    warning line on stderr, the table all the same; a language it knows: no warning."""
+    refs = write(tmp_path / "ref.txt", [f"Mr. Dog {i} runs." for i in range(10)])
+    write(tmp_path / "a.hyp", [f"Mr. Dog {i} walks." for i in range(10)])
+    write(tmp_path / "b.hyp", [f"Mr. Dog {i} runs." for i in range(10)])
+    for flags, warned in ((["--tokenized_bleu", "xx"], True), (["--papers_bleu", "xx"], True),
+                          (["--tokenized_bleu", "en"], False), ([], False)):
+        t = run_here("compare.py", "a.hyp", "b.hyp", "--reference", refs, *flags, cwd=tmp_path)
+        assert t.returncode == 0, t.stderr.decode()
+        assert ("Moses has no rules of its own for 'xx'" in t.stderr.decode()) == warned, flags
+        assert "b.hyp" in t.stdout.decode()
+
+
 def test_the_docstrings_command_keeps_its_continuation_line():
     """compare.py's docstring shows a command over two lines with a shell `\\` continuation;
     in a plain (not raw) string the `\\` and the line break vanished, the two lines run

@@ -192,6 +192,18 @@ def test_moses_cased_replaces_unicode_punctuation_then_tokenizes_cased():
     assert moses_cased(["l'uomo"], "en") == ["l &apos;uomo"]
 
 
+def test_a_language_moses_has_no_rules_for_is_warned_of():
+    """sacremoses tokenizes a language it has no nonbreaking prefixes for by English's, as
+    tokenizer.perl does (which warns): moses_fallback says so for it, and nothing for one it
+    knows."""
+    from nmt.metrics import moses_cased, moses_fallback
+    assert moses_fallback("de") is None and moses_fallback("it") is None
+    assert moses_fallback("xx") == ("warning: Moses has no rules of its own for 'xx': the BLEU on "
+                                    "tokenized text tokenizes it by English's, as tokenizer.perl "
+                                    "does")
+    assert moses_cased(["Mr. Smith"], "xx") == moses_cased(["Mr. Smith"], "en") == ["Mr. Smith"]
+
+
 def test_tokenized_bleu_is_multi_bleu_on_the_tokenized_lines_and_says_so():
     """The paper's figure: sacreBLEU with no tokenization of its own on both sides tokenized
     (cased), named apart from sacreBLEU's; split compounds let a compound's parts match."""

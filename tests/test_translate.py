@@ -315,6 +315,24 @@ def test_tokenized_bleu_only_when_asked_and_of_each_n_best_lists_first(trained):
         [firsts[n] for n in sorted(firsts)], refs, "it")["report"]
 
 
+def test_a_target_language_moses_does_not_know_is_warned_of_where_tokenized(trained,
+                                                                           monkeypatch):
+    """The warning of moses_fallback, for the model's target language, before a BLEU on
+    tokenized text (--tokenized_bleu, --papers_reference), and not beside sacreBLEU's alone."""
+    import translate
+    home, _ = trained
+    asked = []
+    monkeypatch.setattr(translate, "moses_fallback",
+                        lambda lang: asked.append(lang) or f"warning: no rules for {lang}")
+    for flags, warned in ((["--tokenized_bleu"], True),
+                          (["--papers_reference", "corpus/val.it"], True), ([], False)):
+        t = run_here("translate.py", "--input", "corpus/val.en", "--reference", "corpus/val.it",
+                     *flags, cwd=home)
+        assert t.returncode == 0, t.stderr.decode()
+        assert t.stderr.decode().count("warning: no rules for it\n") == int(warned), flags
+    assert set(asked) <= {"it"}
+
+
 @pytest.mark.parametrize("args, stdin, message", [
     (["   "], None, "the sentence is empty"),
     ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
