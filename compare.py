@@ -100,7 +100,8 @@ def main(argv=None):
     if args.compound_split and not args.tokenized_bleu:
         parser.error("--compound_split goes with --tokenized_bleu LANG")
     references, systems = read_systems(args.hypotheses, args.reference)
-    fallback = moses_fallback(args.papers_bleu or args.tokenized_bleu or "en")
+    tokenized_lang = args.papers_bleu or args.tokenized_bleu  # (a BLEU on tokenized text)
+    fallback = moses_fallback(tokenized_lang) if tokenized_lang else None
     if fallback:
         print(fallback, file=sys.stderr)
     found = compare(systems, references, papers_lang=args.papers_bleu,

@@ -496,9 +496,10 @@ def main(argv=None):
         print(f"wrote the {VIEWS[args.attention_view]} to {args.attention}", file=sys.stderr)
     if refs is not None:
         print(score(best, refs, error_rates=False)["report"], file=sys.stderr)
-    fallback = moses_fallback(translator.config.lang_tgt)
-    if fallback and (tokenized is not None or args.tokenized_bleu):
-        print(fallback, file=sys.stderr)
+    if tokenized is not None or args.tokenized_bleu:  # (a BLEU on tokenized text)
+        fallback = moses_fallback(translator.config.lang_tgt)
+        if fallback:
+            print(fallback, file=sys.stderr)
     if tokenized is not None:
         print(papers_bleu(best, tokenized, translator.config.lang_tgt)["report"],
               file=sys.stderr)
