@@ -136,6 +136,11 @@ def add_search_arguments(parser):
     parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
     parser.add_argument("--alpha", type=float, help="beam search's length penalty (default "
                         f"{LENGTH_PENALTY}; CTranslate2 applies its own rule, length^alpha)")
+    parser.add_argument("--early_stop", choices=["true", "false"], help="beam search's stop: "
+                        "true (the default; OpenNMT's rule) ends a sentence's search once its "
+                        "best candidate ends, false (fairseq's) once `beam` hypotheses have "
+                        "ended: a tenth of a BLEU point higher on Multi30k's validation (p = "
+                        "0.09 at beam 4), 8-30%% slower")
     parser.add_argument("--nbest", type=int, default=1, help="print this many hypotheses each "
                         "(index, score and translation, tab-separated; without --beam, a beam "
                         "of this size)")
@@ -306,6 +311,8 @@ def check_sampling(parser, args):
     searching = args.sample <= 0 and max(args.beam, args.nbest) > 1
     if args.alpha is not None and not searching:
         parser.error("--alpha is beam search's length penalty: it goes with --beam N (N >= 2)")
+    if args.early_stop is not None and not searching:
+        parser.error("--early_stop is beam search's stopping rule: it goes with --beam N (N >= 2)")
     args.alpha = LENGTH_PENALTY if args.alpha is None else args.alpha
     if args.sample < 0:
         parser.error(f"--sample must be positive (got {args.sample})")
@@ -329,6 +336,13 @@ def check_sampling(parser, args):
     if (args.reference or args.papers_reference) and args.sample > 1:
         parser.error(f"--{'reference' if args.reference else 'papers_reference'} scores one "
                      f"translation a sentence: --sample 1")
+
+
+def search(args) -> dict:
+    """Translator.translate's search settings from the command line (the same for a file, stdin
+    and a terminal's lines)."""
+    return dict(beam=args.beam, alpha=args.alpha, nbest=args.nbest, batch_size=args.batch_size,
+                sampling=sampling(args), early_stop=args.early_stop != "false")
 
 
 def sampling(args):
@@ -423,8 +437,7 @@ def translate_as_typed(args, translator):
                   file=sys.stderr)
             sentences = []
         if sentences:
-            outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
-                                           args.batch_size, sampling=sampling(args), numbers=[n])
+            outputs = translator.translate(sentences, **search(args), numbers=[n])
             write_outputs(args, sentences, outputs, None, first=n - 1)
             sys.stdout.flush()
         # a last line ended by Ctrl-D, not Enter: the end's own Ctrl-D was taken by reading
@@ -484,8 +497,7 @@ def main(argv=None):
     first_src = tokenizer_src[0] if args.ensemble else tokenizer_src  # for --example
     sentences, reference, refs, tokenized = read_sources(
         args, translator.config, first_src, tokenizer_tgt, trained_on(translator.model))
-    outputs = translator.translate(sentences, args.beam, args.alpha, args.nbest,
-                                   args.batch_size, sampling=sampling(args))
+    outputs = translator.translate(sentences, **search(args))
     write_outputs(args, sentences, outputs, reference)
     listed = args.nbest > 1 or args.sample  # (translation, score) lists: the first of each
     best = [hyps[0][0] for hyps in outputs] if listed else outputs

@@ -569,13 +569,15 @@ def decoding_limits(config: Config) -> dict:
 
 
 def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, alpha=LENGTH_PENALTY,
-              nbest=1, batch_size=None, progress=None, sampling: Sampling = None, numbers=None):
+              nbest=1, batch_size=None, progress=None, sampling: Sampling = None, numbers=None,
+              early_stop: bool = True):
     """Translations of `sentences`, each one line (control characters a model may output, line
     breaks among them, become spaces; an empty sentence gives an empty translation); with
     nbest > 1 a list of (translation, score) per sentence, and with `sampling` its samples
     likewise. For an Ensemble, tokenizer_src is a list: each model's source tokenizer.
     `progress`: see translate_ids. `numbers`: each sentence's number in its file, which a
-    warning about a sentence longer than seq_len names (1, 2, ... by default)."""
+    warning about a sentence longer than seq_len names (1, 2, ... by default). `early_stop`:
+    beam search's stop (beam_search), which an exported model's engine has its own of."""
     sentences = [clean(s) for s in sentences]
     numbers = numbers or range(1, len(sentences) + 1)
     ensemble = isinstance(model, Ensemble)
@@ -592,8 +594,8 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
     decode = getattr(model, "translate_ids", None) or partial(translate_ids, model,
                                                               sampling=sampling)
     outputs = decode([ids[n] for n in todo], SOS, EOS, PAD, config.seq_len, beam=beam,
-                     alpha=alpha, nbest=nbest, batch_size=batch_size,
-                     unk_id=UNK, **decoding_limits(config), progress=progress)
+                     alpha=alpha, nbest=nbest, batch_size=batch_size, unk_id=UNK,
+                     **decoding_limits(config), progress=progress, early_stop=early_stop)
     listed = nbest > 1 or sampling is not None  # (translation, score) lists
     results = [[("", 0.0)] * (sampling.n if sampling else 1) if listed else ""
                for _ in sentences]

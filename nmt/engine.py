@@ -206,13 +206,17 @@ class Engine:
 
     def translate_ids(self, src_ids, sos_id, eos_id, pad_id, seq_len, beam=1, alpha=LENGTH_PENALTY,
                       batch_size=None, nbest=1, max_len_a=1.2, max_len_b=10, min_len=1,
-                      unk_id=None, progress=None):
+                      unk_id=None, progress=None, early_stop=True):
         """As nmt.decoding.translate_ids. The engine takes one maximum length a call. Greedy: one
         call per batch of similar lengths (as nmt.decoding.translate_ids makes them) under the
         batch's longest limit, each output then cut to its own limit (greedy outputs are
         prefixes of longer ones: the same tokens; one call for all sentences would decode every
         one that never ends to the longest limit of all). Beam search is not prefix-consistent:
-        sentences go in groups of equal limits."""
+        sentences go in groups of equal limits. The engine's beam search stops as
+        early_stop=True does; early_stop=False is refused."""
+        if not early_stop:
+            raise UserError("--early_stop false: CTranslate2 searches by its own rule (a "
+                            "sentence ends once its best hypothesis ends)")
         beam = max(beam, nbest)  # (nbest alone: a beam of that width)
         batch_size = batch_size or decode_batch_size(beam, nbest)
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]

@@ -86,18 +86,19 @@ class Translator:
         return translator
 
     def translate(self, sentences, beam: int = 1, alpha: float = LENGTH_PENALTY, nbest: int = 1,
-                  batch_size: int = None, sampling=None, numbers=None):
+                  batch_size: int = None, sampling=None, numbers=None, early_stop: bool = True):
         """Translations of a list of sentences (a list of strings), or of one sentence (a
         string, refused if empty); `beam` 1 is greedy; with nbest > 1, each an n-best list of
         (translation, score) pairs, best first (score: the length-penalized log-probability
         beam search ranks by; nbest alone searches with a beam of that width, as translate.py
         --nbest does); with `sampling` (nmt.decoding.Sampling), each its samples as
         (translation, log-probability) pairs. `numbers`: the sentences' numbers in their file,
-        which a warning names (from 1 by default)."""
+        which a warning names (from 1 by default). `early_stop`: beam search's stop
+        (nmt.decoding.beam_search; False: fairseq's rule)."""
         check_settings(beam, nbest, batch_size=batch_size)
         one = isinstance(sentences, str)
         texts = [check_sentence(sentences)] if one else list(sentences)
         outputs = translate(self.model, self.config, self.tokenizer_src, self.tokenizer_tgt,
                             texts, beam, alpha, 1 if sampling else nbest, batch_size,
-                            sampling=sampling, numbers=numbers)
+                            sampling=sampling, numbers=numbers, early_stop=early_stop)
         return outputs[0] if one else outputs

@@ -211,6 +211,14 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
             run_main(script.__name__, lambda s=script, a=args: s.main(a))
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+    # the engine's beam search stops as --early_stop true: false is refused, by the engine
+    t = run_here("translate.py", "--ctranslate2", tmp_path / "ct2", "--beam", "2",
+                 "--early_stop", "false", "one two.", cwd=home)
+    assert t.returncode == 2 and t.stderr.decode().splitlines()[-1] == (
+        "translate.py: error: --early_stop false: CTranslate2 searches by its own rule (a "
+        "sentence ends once its best hypothesis ends)"), t.stderr.decode()
+    assert run_here("translate.py", "--ctranslate2", tmp_path / "ct2", "--beam", "2",
+                    "--early_stop", "true", "one two.", cwd=home).returncode == 0
 
 
 @pytest.mark.parametrize("flags, message", [

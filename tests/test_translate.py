@@ -333,6 +333,26 @@ def test_a_target_language_moses_does_not_know_is_warned_of_where_tokenized(trai
     assert set(asked) <= {"it"}
 
 
+def test_early_stop_false_searches_by_fairseqs_rule(trained, monkeypatch):
+    """--early_stop false reaches beam search as early_stop=False (fairseq's stop: `beam`
+    hypotheses ended; translate.search, which a terminal's lines take too); without the flag,
+    or with true, the early stop. --nbest alone is a search too."""
+    import nmt.decoding
+    home, _ = trained
+    real, seen = nmt.decoding.translate_ids, []
+
+    def spy(*args, early_stop=True, **kwargs):
+        seen.append(early_stop)
+        return real(*args, early_stop=early_stop, **kwargs)
+    monkeypatch.setattr(nmt.decoding, "translate_ids", spy)
+    for flags in (["--beam", "2", "--early_stop", "false"], ["--beam", "2"],
+                  ["--beam", "2", "--early_stop", "true"], ["--nbest", "2", "--early_stop",
+                                                            "false"]):
+        t = run_here("translate.py", *flags, "one two.", cwd=home)
+        assert t.returncode == 0, t.stderr.decode()
+    assert seen == [False, True, True, False]
+
+
 @pytest.mark.parametrize("args, stdin, message", [
     (["   "], None, "the sentence is empty"),
     ([], b"fine\n\xff\xfe\n", "stdin, line 2: not valid UTF-8"),
@@ -434,6 +454,10 @@ def test_a_target_language_moses_does_not_know_is_warned_of_where_tokenized(trai
      "corpus/val.it has 8 lines but the input has 64"),
     (["--papers_reference", "corpus/val.it", "hi"], None,
      "--papers_reference goes with --input or stdin"),
+    (["--early_stop", "false", "hi"], None,
+     "--early_stop is beam search's stopping rule: it goes with --beam N (N >= 2)"),
+    (["--early_stop", "true", "--sample", "2", "hi"], None,
+     "--early_stop is beam search's stopping rule: it goes with --beam N (N >= 2)"),
     (["--input", "corpus/val.en", "--tokenized_bleu"], None,
      "--tokenized_bleu scores the translations against --reference: give it"),
     (["--input", "corpus/val.en", "--papers_reference", "corpus/val.it", "--tokenized_bleu"],
