@@ -281,19 +281,22 @@ def test_only_rank_0_says_which_checkpoint_it_loaded(trained, monkeypatch, capsy
 
 def test_translate_passes_its_beam_and_nbest_to_the_search(monkeypatch):
     """Translator.translate hands the search its beam as given (beam 3 is a beam search, not
-    greedy), nbest alone with a beam of 1 (the search widens it), and nbest 1 with sampling."""
+    greedy), nbest alone with a beam of 1 (the search widens it), nbest 1 with sampling, and
+    its stopping rule (early_stop, True by default)."""
     from config import Config
     from nmt import translator as module
     from nmt.decoding import Sampling
     seen = []
 
     def translate(model, config, tok_src, tok_tgt, texts, beam, alpha, nbest, batch_size,
-                  sampling=None, numbers=None):
-        seen.append((beam, nbest, sampling))
+                  sampling=None, numbers=None, early_stop=True):
+        seen.append((beam, nbest, sampling, early_stop))
         return texts
     monkeypatch.setattr(module, "translate", translate)
     translator = module.Translator.of(None, Config(), None, None)
     draws = Sampling(n=2)
-    for kw in ({"beam": 3}, {"nbest": 2}, {"beam": 4, "nbest": 2}, {"nbest": 2, "sampling": draws}):
+    for kw in ({"beam": 3}, {"nbest": 2}, {"beam": 4, "nbest": 2}, {"nbest": 2, "sampling": draws},
+               {"beam": 2, "early_stop": False}):
         translator.translate(["a b"], **kw)
-    assert seen == [(3, 1, None), (1, 2, None), (4, 2, None), (1, 1, draws)]
+    assert seen == [(3, 1, None, True), (1, 2, None, True), (4, 2, None, True),
+                    (1, 1, draws, True), (2, 1, None, False)]
