@@ -34,7 +34,7 @@ from dataset import to_bilingual
 from nmt.attention_map import VIEWS, picture_problem, save_attention_map
 from nmt.cli import ArgumentParser, run_main
 from nmt.decoding import Sampling, clean
-from nmt.engine import load_engine
+from nmt.engine import EARLY_STOP_ONLY, load_engine
 from nmt.metrics import moses_fallback, papers_bleu, score, tokenized_bleu
 from nmt.trained_model import load_ensemble, load_translator
 from nmt.translator import InputError, Translator, check_attention, check_sentence, check_settings
@@ -256,6 +256,8 @@ def check_models(parser, args, given):
         if args.attention or args.sample:
             parser.error(f"--{'attention' if args.attention else 'sample'} needs the PyTorch "
                          f"model (--model_folder or --checkpoint), not --ctranslate2's")
+        if args.early_stop == "false":  # (here: the engine's call came after a typed line)
+            parser.error(EARLY_STOP_ONLY)
         located = given & ({"checkpoint", "preload", "model_folder", "model_basename"}
                            | fields_where(group="model")) | \
             ({"checkpoint"} if args.checkpoint else set()) | \
@@ -304,8 +306,8 @@ def looks_like_a_model(text: str) -> bool:
 
 
 def check_sampling(parser, args):
-    """--sample's settings in their ranges, and only with --sample; --alpha only with a beam
-    search (one line, exit 2)."""
+    """--sample's settings in their ranges, and only with --sample; --alpha and --early_stop
+    only with a beam search (one line, exit 2)."""
     options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
                "seed": args.sample_seed}
     searching = args.sample <= 0 and max(args.beam, args.nbest) > 1

@@ -25,6 +25,10 @@ from tokenizer import SPECIAL_TOKENS, recipe_path, tokenizer_keys, tokenizer_pat
 QUANTIZATIONS = ["float32", "int8", "int8_float32", "float16", "bfloat16", "int8_float16",
                  "int8_bfloat16"]
 EXPORT_NOTE = "export.json"
+# the engine's beam search stops as decoding.beam_search's early_stop=True (translate.py refuses
+# --early_stop false with --ctranslate2 as it parses its flags; translate_ids, at a call)
+EARLY_STOP_ONLY = ("--early_stop false: CTranslate2 searches by its own rule (a sentence ends "
+                   "once its best hypothesis ends)")
 
 
 class ExportError(UserError):
@@ -215,8 +219,7 @@ class Engine:
         sentences go in groups of equal limits. The engine's beam search stops as
         early_stop=True does; early_stop=False is refused."""
         if not early_stop:
-            raise UserError("--early_stop false: CTranslate2 searches by its own rule (a "
-                            "sentence ends once its best hypothesis ends)")
+            raise UserError(EARLY_STOP_ONLY)
         beam = max(beam, nbest)  # (nbest alone: a beam of that width)
         batch_size = batch_size or decode_batch_size(beam, nbest)
         sources = [[self.tokens[i] for i in ids[:seq_len - 2]] for ids in src_ids]

@@ -132,6 +132,17 @@ def test_a_language_moses_does_not_know_is_warned_of_and_scored_by_englishs_rule
         assert "b.hyp" in t.stdout.decode()
 
 
+def test_a_language_moses_knows_leaves_stderr_empty(tmp_path):
+    """With a language sacremoses has rules for, or sacreBLEU's table, nothing is said on
+    stderr (no line where moses_fallback found nothing to warn of)."""
+    refs = write(tmp_path / "ref.txt", [f"Mr. Dog {i} runs." for i in range(10)])
+    write(tmp_path / "a.hyp", [f"Mr. Dog {i} walks." for i in range(10)])
+    write(tmp_path / "b.hyp", [f"Mr. Dog {i} runs." for i in range(10)])
+    for flags in (["--tokenized_bleu", "en"], ["--papers_bleu", "de"], []):
+        t = run_here("compare.py", "a.hyp", "b.hyp", "--reference", refs, *flags, cwd=tmp_path)
+        assert t.returncode == 0 and t.stderr.decode() == "", (flags, t.stderr.decode())
+
+
 def test_the_docstrings_command_keeps_its_continuation_line():
     """compare.py's docstring shows a command over two lines with a shell `\\` continuation;
     in a plain (not raw) string the `\\` and the line break vanished, the two lines run

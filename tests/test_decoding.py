@@ -738,6 +738,20 @@ def test_translate_hands_an_engine_the_cleaned_sentences_and_the_configs_rules()
     assert options["unk_id"] == UNK
 
 
+def test_translate_stops_early_unless_told_otherwise():
+    """decoding.translate hands the search its early_stop, and the early stop by default (the
+    end-of-run test scores, nmt/evaluation.py, and distill.py's teachers give none); an engine
+    is asked as a model is (it refuses False: tests/test_export.py)."""
+    from config import Config
+    from nmt.decoding import translate
+    from tokenizer import build_tokenizer
+    tok = build_tokenizer("word", 30, ["one two three"] * 2)
+    engine = Echo()
+    for options in ({}, {"early_stop": False}, {"early_stop": True}):
+        translate(engine, Config(seq_len=16), tok, tok, ["one two"], beam=2, **options)
+    assert [options["early_stop"] for _, options in engine.asked] == [True, False, True]
+
+
 def test_an_empty_sentence_has_as_many_empty_samples_as_the_others():
     """With n samples a sentence, an empty sentence has n empty ones (score 0), so that
     translate.py's n lines an input line stay in step with the input."""

@@ -176,6 +176,32 @@ def test_the_engine_takes_each_searchs_default_batch():
         assert len(out) == 2 and set(sizes) == {size}, (options, sizes)
 
 
+def test_the_engine_refuses_fairseqs_stop():
+    """The engine's beam search stops as early_stop=True does (its default); early_stop=False
+    (fairseq's rule, which it has not) is a user's error before any call, not a search by
+    another rule than the one asked for."""
+    from types import SimpleNamespace
+
+    from config import UserError
+    from nmt.engine import Engine
+    calls = []
+
+    def translate_batch(batch, **options):
+        calls.append(options["beam_size"])
+        done = SimpleNamespace(hypotheses=[["w"]], scores=[0.0])
+        return [SimpleNamespace(result=lambda: done) for _ in batch]
+    engine = Engine.__new__(Engine)  # no model loaded
+    engine.tokens, engine.ids, engine.at_once = ["w"] * 8, {"w": 5}, 1
+    engine.translator = SimpleNamespace(translate_batch=translate_batch)
+    with pytest.raises(UserError, match="^--early_stop false: CTranslate2 searches by its own "
+                                        r"rule \(a sentence ends once its best hypothesis ends\)$"):
+        engine.translate_ids([[5, 6]], SOS, EOS, PAD, 40, beam=2, early_stop=False)
+    assert calls == []
+    for options in ({"beam": 2}, {"beam": 2, "early_stop": True}):
+        assert engine.translate_ids([[5, 6]], SOS, EOS, PAD, 40, **options) == [[5]]
+    assert calls == [2, 2]
+
+
 def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
     """Issue 17: train, export, translate with CTranslate2 as the README says."""
     pytest.importorskip("ctranslate2")
@@ -211,12 +237,13 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
             run_main(script.__name__, lambda s=script, a=args: s.main(a))
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and err.count("\n") == 1, err
-    # the engine's beam search stops as --early_stop true: false is refused, by the engine
+    # the engine's beam search stops as --early_stop true: false is refused (as the flags are
+    # read; the engine's own refusal: test_the_engine_refuses_fairseqs_stop)
     t = run_here("translate.py", "--ctranslate2", tmp_path / "ct2", "--beam", "2",
                  "--early_stop", "false", "one two.", cwd=home)
-    assert t.returncode == 2 and t.stderr.decode().splitlines()[-1] == (
+    assert t.returncode == 2 and t.stderr.decode() == (  # (before the engine loads)
         "translate.py: error: --early_stop false: CTranslate2 searches by its own rule (a "
-        "sentence ends once its best hypothesis ends)"), t.stderr.decode()
+        "sentence ends once its best hypothesis ends) (see --help)\n"), t.stderr.decode()
     assert run_here("translate.py", "--ctranslate2", tmp_path / "ct2", "--beam", "2",
                     "--early_stop", "true", "one two.", cwd=home).returncode == 0
 

@@ -204,6 +204,20 @@ def test_a_language_moses_has_no_rules_for_is_warned_of():
     assert moses_cased(["Mr. Smith"], "xx") == moses_cased(["Mr. Smith"], "en") == ["Mr. Smith"]
 
 
+def test_moses_fallback_knows_the_names_sacremoses_knows_and_no_others():
+    """moses_fallback warns exactly where sacremoses takes English's rules: not for a name it
+    knows as well as the code ("german": German's "ca." kept whole), but for a code in another
+    case ("DE": English's, "ca ." split)."""
+    from nmt.metrics import moses_cased, moses_fallback
+    line = ["Sie kam ca. Montag."]
+    assert moses_fallback("german") is None
+    assert moses_cased(line, "german") == moses_cased(line, "de") == ["Sie kam ca. Montag ."]
+    assert moses_fallback("DE") == ("warning: Moses has no rules of its own for 'DE': the BLEU on "
+                                    "tokenized text tokenizes it by English's, as tokenizer.perl "
+                                    "does")
+    assert moses_cased(line, "DE") == moses_cased(line, "en") == ["Sie kam ca . Montag ."]
+
+
 def test_tokenized_bleu_is_multi_bleu_on_the_tokenized_lines_and_says_so():
     """The paper's figure: sacreBLEU with no tokenization of its own on both sides tokenized
     (cased), named apart from sacreBLEU's; split compounds let a compound's parts match."""
