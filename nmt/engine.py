@@ -25,7 +25,7 @@ from tokenizer import SPECIAL_TOKENS, recipe_path, tokenizer_keys, tokenizer_pat
 QUANTIZATIONS = ["float32", "int8", "int8_float32", "float16", "bfloat16", "int8_float16",
                  "int8_bfloat16"]
 EXPORT_NOTE = "export.json"
-# the engine's beam search stops as decoding.beam_search's early_stop=True (translate.py refuses
+# the engine's beam search stops as nmt.decoding.beam_search's early_stop=True (translate.py refuses
 # --early_stop false with --ctranslate2 as it parses its flags; translate_ids, at a call)
 EARLY_STOP_ONLY = ("--early_stop false: CTranslate2 searches by its own rule (a sentence ends "
                    "once its best hypothesis ends)")
