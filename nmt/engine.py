@@ -217,8 +217,9 @@ class Engine:
         prefixes of longer ones: the same tokens; one call for all sentences would decode every
         one that never ends to the longest limit of all). Beam search is not prefix-consistent:
         sentences go in groups of equal limits. The engine's beam search stops as
-        early_stop=True does; early_stop=False is refused."""
-        if not early_stop:
+        early_stop=True does; early_stop=False is refused for a search (greedy decoding has no
+        stop to choose)."""
+        if not early_stop and max(beam, nbest) > 1:
             raise UserError(EARLY_STOP_ONLY)
         beam = max(beam, nbest)  # (nbest alone: a beam of that width)
         batch_size = batch_size or decode_batch_size(beam, nbest)

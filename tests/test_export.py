@@ -179,7 +179,8 @@ def test_the_engine_takes_each_searchs_default_batch():
 def test_the_engine_refuses_fairseqs_stop():
     """The engine's beam search stops as early_stop=True does (its default); early_stop=False
     (fairseq's rule, which it has not) is a user's error before any call, not a search by
-    another rule than the one asked for."""
+    another rule than the one asked for (nbest alone is a search too); greedy decoding, with no
+    stop to choose, takes either."""
     from types import SimpleNamespace
 
     from config import UserError
@@ -196,10 +197,12 @@ def test_the_engine_refuses_fairseqs_stop():
     with pytest.raises(UserError, match="^--early_stop false: CTranslate2 searches by its own "
                                         r"rule \(a sentence ends once its best hypothesis ends\)$"):
         engine.translate_ids([[5, 6]], SOS, EOS, PAD, 40, beam=2, early_stop=False)
+    with pytest.raises(UserError, match="^--early_stop false"):
+        engine.translate_ids([[5, 6]], SOS, EOS, PAD, 40, nbest=2, early_stop=False)
     assert calls == []
-    for options in ({"beam": 2}, {"beam": 2, "early_stop": True}):
+    for options in ({"beam": 2}, {"beam": 2, "early_stop": True}, {"early_stop": False}):
         assert engine.translate_ids([[5, 6]], SOS, EOS, PAD, 40, **options) == [[5]]
-    assert calls == [2, 2]
+    assert calls == [2, 2, 1]
 
 
 def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):

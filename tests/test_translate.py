@@ -383,9 +383,10 @@ def test_early_stops_help_reads_as_written():
     t = run_here("translate.py", "--help", cwd=ROOT)
     shown = " ".join(t.stdout.decode().split())
     assert t.returncode == 0 and "--early_stop {true,false} beam search's stop: true (the " \
-        "default; OpenNMT's rule) ends a sentence's search once its best candidate ends, false " \
-        "(fairseq's) once `beam` hypotheses have ended: a tenth of a BLEU point higher on " \
-        "Multi30k's validation (p = 0.09 at beam 4), 8-30% slower --nbest" in shown, shown
+        "default; OpenNMT's rule) ends a sentence's search once its best candidate ends and " \
+        "--nbest have, false (fairseq's) once `beam` hypotheses have ended: a tenth of a " \
+        "BLEU point higher on Multi30k's validation (p = 0.09 at beam 4), 8-30% slower " \
+        "--nbest" in shown, shown
 
 
 def test_a_target_language_moses_knows_draws_no_warning(trained):
