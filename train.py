@@ -235,7 +235,8 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
                         generator=torch.Generator())  # leaves the global RNG (dropout) alone
     optimizer = make_optimizer(model, config.peak_lr())
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    batches, progress = len(sampler.batches(0)), Progress(bad_steps=torch.zeros((), device=device))
+    batches, progress = len(sampler.batches(0)), Progress(bad_steps=torch.zeros((), device=device),
+                                                          began=started)
     schedule_steps = total_steps(config, batches)
     if resume:
         restore_training(resume[1], resume[0], model, optimizer, scaler)

@@ -162,21 +162,36 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
     past the saved schedule's end (not complete: the budget raised) lengthened at once."""
     if not config.time_budget:
         return None
-    step, spent_before, complete = progress.step, progress.seconds_before, progress.complete
+    step, complete = progress.step, progress.complete
+    # every start together: the earlier starts' training and their set-ups (this one's: its
+    # clock runs from `started`)
+    spent_before = progress.seconds_before + getattr(progress, "setup_before", 0.0)
     decoded = min(config.val_max_sentences or len(data.validation), len(data.validation))
     tests = sum(len(sources) for sources, _ in (data.test or {}).values())
     budget = Budget(config.time_budget * 60, spent_before, started,
                     math.ceil(batches / config.accum_steps), config.eval_every,
                     tests / max(decoded, 1), steps, config.max_steps)
     if 0 < steps <= step and not complete:
-        print(f"the --time_budget is raised: {budget.lengthen(step):,} steps in all, by the "
-              f"speed of the earlier starts, until this one measures its own")
+        raised = "--max_steps no longer cuts the schedule" if getattr(
+            progress, "cap_lifted", False) else "the --time_budget is raised"
+        print(f"{raised}: {budget.lengthen(step):,} steps in all, by the speed of the earlier "
+              f"starts, until this one measures its own")
     return budget
 
 
+def cap_lifted(config, state: dict) -> bool:
+    """Whether --max_steps cut a --time_budget run's schedule short (its plan ended at the cap,
+    not where the budget would have) and is raised or gone now: the budget plans on from
+    there."""
+    cap, end = state["config"].get("max_steps", 0), state.get("schedule_steps", math.inf)
+    return bool(cap) and end >= cap and (not config.max_steps or config.max_steps > cap)
+
+
 def completed(config, state: dict) -> bool:
-    """Whether a checkpoint ends a --time_budget run whose schedule completed, and the budget
-    was not raised since: then a resume has nothing to do."""
+    """Whether a checkpoint ends a --time_budget run whose schedule completed, and neither the
+    budget nor a --max_steps that cut the schedule short was raised since: then a resume has
+    nothing to do."""
     saved = state["config"].get("time_budget", 0)
     return bool(config.time_budget and saved and config.time_budget <= saved
-                and state["global_step"] >= state.get("schedule_steps", math.inf))
+                and state["global_step"] >= state.get("schedule_steps", math.inf)
+                and not cap_lifted(config, state))

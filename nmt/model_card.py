@@ -83,7 +83,10 @@ def training_section(card: dict) -> list:
              f"{config.peak_lr():.2g}, label smoothing {config.label_smoothing}, batches of "
              + (f"{config.max_tokens} padded tokens" if config.max_tokens else
                 f"{config.batch_size} sentences")]
-    if config.time_budget:
+    if config.time_budget and config.max_steps and card["steps"] >= config.max_steps:
+        lines.append(f"- --time_budget {config.time_budget:g} minutes, cut at --max_steps "
+                     f"{config.max_steps}: {card['steps']} optimizer steps")
+    elif config.time_budget:
         lines.append(f"- --time_budget {config.time_budget:g} minutes bought {card['steps']} "
                      f"optimizer steps (the schedule laid out for them by the speed the run "
                      f"measured, the test scoring inside the budget)")

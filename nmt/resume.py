@@ -142,9 +142,12 @@ class Progress:
     signal: str = None  # the name of a SIGINT/SIGTERM received
     commands: list = field(default_factory=list)  # the command of every start of the run
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
+    setup_before: float = 0.0  # the earlier starts' set-up (data, model), which a budget counts
     complete: bool = False  # a --time_budget run resumed after its schedule completed
+    cap_lifted: bool = False  # a --time_budget run whose --max_steps cut it short, lifted now
     validated_at: int = -1  # the step of the last validation (on every rank)
-    started: float = field(default_factory=lambda: nmt.budget.clock())  # this start's beginning
+    started: float = field(default_factory=lambda: nmt.budget.clock())  # this start's training
+    began: float = None  # this start's beginning, before its set-up (None: not timed)
 
     def validated_epoch(self) -> int:
         """The epoch a validation now belongs to: the one being trained, or, at an epoch's
@@ -152,9 +155,12 @@ class Progress:
         return self.epoch - 1 if self.batch == 0 and self.step else self.epoch
 
     def provenance(self) -> dict:
-        """What a checkpoint keeps of how the run was made, for its model card."""
+        """What a checkpoint keeps of how the run was made: its commands and training time, for
+        its model card, and apart the starts' set-up time, which a --time_budget also spends."""
+        setup = self.started - self.began if self.began is not None else 0.0
         return {"commands": self.commands,
-                "seconds": self.seconds_before + nmt.budget.clock() - self.started}
+                "seconds": self.seconds_before + nmt.budget.clock() - self.started,
+                "setup_seconds": self.setup_before + max(setup, 0.0)}
 
 
 def check_init_from(saved: Config, config: Config, path: Path):
@@ -288,8 +294,10 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     made = state.get("provenance") or {}
     progress.commands, progress.seconds_before = list(made.get("commands", [])), \
         made.get("seconds", 0.0)
+    progress.setup_before = made.get("setup_seconds", 0.0)
     saved = state.get("schedule_steps", steps)
     progress.complete = completed(config, state)
+    progress.cap_lifted = nmt.budget.cap_lifted(config, state)
     # (a --time_budget's plan goes on as saved until this start has measured its speed)
     if config.lr_schedule == "cosine" and saved != steps and not config.time_budget:
         old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))

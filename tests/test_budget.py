@@ -275,6 +275,65 @@ def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatc
     assert abs(final["global_step"] - ideal_steps(t.stdout.decode())) <= 1  # as if not stopped
 
 
+def test_a_budget_run_cut_at_max_steps_trains_on_once_the_cap_is_lifted(tmp_path, fake_time):
+    """--max_steps 5 stops a 3-minute budget run early: its card says the cap, not the budget,
+    set the steps; resumed as its stop line says (--max_steps 0), it trains on inside what is
+    left of the budget, where it had been refused as complete; kept at the cap, it is still
+    at its end."""
+    corpus(tmp_path / "c")
+    started = fake_time.now
+    t = run_here("train.py", *FLAGS, "--time_budget", "3", "--max_steps", "5", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "--max_steps 0" in t.stdout.decode()  # the stop line's advice
+    assert load_checkpoint(latest(tmp_path))["global_step"] == 5
+    card = (tmp_path / "weights" / "MODEL_CARD.md").read_text()
+    assert "- --time_budget 3 minutes, cut at --max_steps 5: 5 optimizer steps" in card
+    assert "bought" not in card
+    t = run_here("train.py", cwd=tmp_path)  # the cap kept: nothing to train
+    assert t.returncode == 0 and "already at step 5 of --max_steps 5" in t.stdout.decode()
+    t = run_here("train.py", "--max_steps", "0", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "--max_steps no longer cuts the schedule: " in out and "is complete (step 5)" not in out
+    final = load_checkpoint(latest(tmp_path))
+    assert final["schedule_steps"] == final["global_step"] > 5
+    assert fake_time.scored_at - started <= 180 + 20 + 5  # (the first end's scoring, a set-up)
+    assert "bought" in (tmp_path / "weights" / "MODEL_CARD.md").read_text()
+
+
+def test_a_resumed_budget_run_counts_every_starts_set_up(tmp_path, fake_time, monkeypatch):
+    """Each start's set-up (its data and model: 30 s here) is spent from the budget, the earlier
+    starts' too: a checkpoint keeps their set-up apart from the training time (the model card's
+    minutes), and a run stopped and resumed still scores its test set inside its 3 minutes
+    (the first start's set-up was lost on resume, and the run overran by as much)."""
+    corpus(tmp_path / "c")
+    started = fake_time.now
+    step, get_ds = train.train_step, train.get_ds
+
+    def slow_get_ds(*args, **kwargs):
+        fake_time.now += 30
+        return get_ds(*args, **kwargs)
+
+    def interrupted(*args, **kwargs):
+        result = step(*args, **kwargs)
+        if fake_time.now - started >= 90 and not getattr(fake_time, "signalled", False):
+            fake_time.signalled = True
+            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: stop after this step
+        return result
+    monkeypatch.setattr(train, "get_ds", slow_get_ds)
+    monkeypatch.setattr(train, "train_step", interrupted)
+    t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
+    assert t.returncode == 130, t.stderr.decode()[-2000:]
+    stopped = load_checkpoint(latest(tmp_path))["provenance"]
+    assert stopped["setup_seconds"] == 30 and 60 <= stopped["seconds"] < 90
+    monkeypatch.setattr(train, "train_step", step)
+    t = run_here("train.py", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    final = load_checkpoint(latest(tmp_path))["provenance"]
+    assert final["setup_seconds"] == 60
+    assert fake_time.scored_at - started <= 180  # both set-ups inside the budget
+
+
 def test_the_budget_is_minutes_not_negative():
     from config import Config
     assert "--time_budget must not be negative" in Config(time_budget=-1).validate()
