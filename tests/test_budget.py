@@ -245,6 +245,20 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     assert more["provenance"]["seconds"] <= 240
 
 
+def ctrl_c_after(fake_time, seconds: float):
+    """train.train_step that sends the first Ctrl-C once `seconds` of the fake clock have
+    passed since now: the run stops after that step."""
+    step, started = train.train_step, fake_time.now
+
+    def interrupted(*args, **kwargs):
+        result = step(*args, **kwargs)
+        if fake_time.now - started >= seconds and not getattr(fake_time, "signalled", False):
+            fake_time.signalled = True
+            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: stop after this step
+        return result
+    return interrupted
+
+
 def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatch):
     """Stopped (Ctrl-C) a minute into its 3, the run resumes with the 2 minutes left: the
     earlier start's time is counted, and the whole ends inside the 3 minutes with about the
@@ -252,14 +266,7 @@ def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatc
     corpus(tmp_path / "c")
     started = fake_time.now
     step = train.train_step
-
-    def interrupted(*args, **kwargs):
-        result = step(*args, **kwargs)
-        if fake_time.now - started >= 60 and not getattr(fake_time, "signalled", False):
-            fake_time.signalled = True
-            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: stop after this step
-        return result
-    monkeypatch.setattr(train, "train_step", interrupted)
+    monkeypatch.setattr(train, "train_step", ctrl_c_after(fake_time, 60))
     t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
     assert t.returncode == 130, t.stderr.decode()[-2000:]
     stopped = load_checkpoint(latest(tmp_path))
@@ -313,15 +320,8 @@ def test_a_resumed_budget_run_counts_every_starts_set_up(tmp_path, fake_time, mo
     def slow_get_ds(*args, **kwargs):
         fake_time.now += 30
         return get_ds(*args, **kwargs)
-
-    def interrupted(*args, **kwargs):
-        result = step(*args, **kwargs)
-        if fake_time.now - started >= 90 and not getattr(fake_time, "signalled", False):
-            fake_time.signalled = True
-            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: stop after this step
-        return result
     monkeypatch.setattr(train, "get_ds", slow_get_ds)
-    monkeypatch.setattr(train, "train_step", interrupted)
+    monkeypatch.setattr(train, "train_step", ctrl_c_after(fake_time, 90))
     t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
     assert t.returncode == 130, t.stderr.decode()[-2000:]
     stopped = load_checkpoint(latest(tmp_path))["provenance"]
