@@ -250,10 +250,10 @@ def build_run(config: Config, data: Data, resume, rank: int, world: int, lock: F
         step_model = data_parallel(model, device)
     if config.compile:
         step_model = compiled(step_model, config, device, shapes)
+    budget = budget_for(config, data, batches, schedule_steps, progress, started)
     writer = SummaryWriter(str(Path(config.experiment_name).resolve())) \
         if rank == 0 and not nothing_to_do(config, progress) else NoWriter()
     precision = str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype else "fp32"
-    budget = budget_for(config, data, batches, schedule_steps, progress, started)
     return Run(config, device, data, model, step_model, optimizer, scaler,
                autocast(device, amp_dtype), make_loss(config), sampler, loader, batches,
                schedule_steps, lock, precision, rank, world, writer, budget), progress
@@ -361,9 +361,9 @@ def validate(run: Run, progress: Progress) -> Stop:
     except StopRequested:  # (every rank, told by any)
         run.model.train()
         return Stop(max_over_ranks(Stop.SIGNAL))
-    progress.validated_at = progress.step
+    progress.validated(seconds := clock() - began)
     if run.budget:  # its cost, in the plan (--time_budget)
-        tqdm.write(run.budget.validated(clock() - began, progress.step))
+        tqdm.write(run.budget.validated(seconds, progress.step))
     if run.rank == 0:
         history.append({"step": progress.step, "epoch": progress.validated_epoch(),
                         **{k: v for k, v in metrics.items() if k != "report"}})

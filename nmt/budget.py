@@ -7,7 +7,8 @@ the earlier starts is in the checkpoint (its provenance).
 Each plan: steps left = (time left - the end's reserve) / (a step's seconds + a validation's
 seconds / steps between validations); the end's reserve = one validation, the test sets'
 greedy and beam decoding (estimated from the validation's, by sentences), and MARGIN of the
-budget for what is not measured (saving, the model card)."""
+budget for what is not measured (saving, the model card). Until this start has timed a step
+(and a validation), the earlier starts' measurements stand in."""
 
 import math
 import time
@@ -43,6 +44,7 @@ class Budget:
     validation_seconds: float = 0.0  # this start's validations, all together
     validations: int = 0
     steps_done: int = 0  # this start's optimizer steps
+    earlier: tuple = (0.0, 0)  # the earlier starts' validations: their seconds, their number
 
     def __post_init__(self):
         self.agreed = self.steps if self.agreed is None else self.agreed
@@ -55,11 +57,17 @@ class Budget:
         training = clock() - self.training_started - self.validation_seconds
         return training / self.steps_done
 
+    def per_validation(self) -> float:
+        """Seconds a validation: this start's, or, before its first, the earlier starts'."""
+        seconds, count = ((self.validation_seconds, self.validations) if self.validations
+                          else self.earlier)
+        return seconds / max(count, 1)
+
     def reserve(self) -> float:
         """Seconds kept for the end: the last validation, the test sets' decoding (greedy and
         beam), MARGIN of the budget."""
-        per_validation = self.validation_seconds / max(self.validations, 1)
-        return per_validation * (1 + self.test_share * (1 + BEAM_COST)) + MARGIN * self.seconds
+        return (self.per_validation() * (1 + self.test_share * (1 + BEAM_COST))
+                + MARGIN * self.seconds)
 
     def plan(self, step: int) -> int:
         """The run's length (optimizer steps) that ends inside the budget, `step` steps done,
@@ -68,9 +76,13 @@ class Budget:
         --eval_every steps; the last is in the reserve), fit in what is left."""
         if not self.steps_done or self.training_started is None:
             return self.steps
-        per_step, per_validation = self.per_step(), self.validation_seconds / max(
-            self.validations, 1)
-        left = self.seconds - self.spent() - self.reserve()
+        return self.fit(step, self.seconds - self.spent() - self.reserve(), self.per_step())
+
+    def fit(self, step: int, left: float, per_step: float) -> int:
+        """The plan: `step` steps done, the most steps more whose time (`per_step` seconds
+        each) and that of the validations on the way fit in `left` seconds, never past
+        --max_steps."""
+        per_validation = self.per_validation()
 
         def cost(n: int) -> float:
             return n * per_step + per_validation * self.validations_between(step, step + n)
@@ -97,15 +109,15 @@ class Budget:
                                                        end % self.eval_every == 0)
         return max(ends + within - (1 if at_end and end > start else 0), 0)
 
-    def lengthen(self, step: int) -> int:
-        """A resume past the saved schedule's end (the budget raised): a first plan from the
-        earlier starts' speed, `step` steps in `spent_before` seconds, all in; this start's
-        own measurements correct it from its first steps."""
-        left = self.seconds - self.spent() - MARGIN * self.seconds
-        per_step = self.spent_before / step if self.spent_before > 0 else 1.0  # (none recorded)
-        self.steps = step + max(math.floor(left / per_step), 0)
-        if self.max_steps:
-            self.steps = min(self.steps, self.max_steps)
+    def lengthen(self, step: int, training_before: float) -> int:
+        """A resume past the saved schedule's end (the budget raised, or a --max_steps that cut
+        it lifted): a first plan from the earlier starts' speed, `step` steps in
+        `training_before` seconds (their validations, `earlier`, apart) and the end's reserve
+        kept, agreed at once. It reads the checkpoint only, not the clock, so that every rank
+        makes the same (this start's set-up is spent from the first plan it measures)."""
+        seconds, count = self.earlier
+        per_step = (training_before - seconds) / step if training_before > seconds else 1.0
+        self.fit(step, self.seconds - self.spent_before - self.reserve(), per_step)
         self.agreed = self.steps
         return self.steps
 
@@ -170,12 +182,20 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
     tests = sum(len(sources) for sources, _ in (data.test or {}).values())
     budget = Budget(config.time_budget * 60, spent_before, started,
                     math.ceil(batches / config.accum_steps), config.eval_every,
-                    tests / max(decoded, 1), steps, config.max_steps)
+                    tests / max(decoded, 1), steps, config.max_steps,
+                    earlier=getattr(progress, "validation_time", (0.0, 0)))
     if 0 < steps <= step and not complete:
         raised = "--max_steps no longer cuts the schedule" if getattr(
             progress, "cap_lifted", False) else "the --time_budget is raised"
-        print(f"{raised}: {budget.lengthen(step):,} steps in all, by the speed of the earlier "
-              f"starts, until this one measures its own")
+        if budget.lengthen(step, progress.seconds_before) > step:
+            print(f"{raised}: {budget.steps:,} steps in all, by the speed of the earlier "
+                  f"starts, until this one measures its own")
+        else:  # (the end's reserve: what a resume trains nothing with)
+            print(f"{raised}, but buys no step more: {minutes(spent_before)} of its "
+                  f"{config.time_budget:g} minutes are spent, and the end keeps "
+                  f"{minutes(budget.reserve())} of them (a validation, the test sets' "
+                  f"decoding, {MARGIN:.0%} of the budget)")
+            progress.complete = True
     return budget
 
 

@@ -86,6 +86,10 @@ def training_section(card: dict) -> list:
     if config.time_budget and config.max_steps and card["steps"] >= config.max_steps:
         lines.append(f"- --time_budget {config.time_budget:g} minutes, cut at --max_steps "
                      f"{config.max_steps}: {card['steps']} optimizer steps")
+    elif config.time_budget and config.patience and card.get("schedule", 0) > card["steps"]:
+        lines.append(f"- --time_budget {config.time_budget:g} minutes, ended by --patience "
+                     f"{config.patience}: {card['steps']} optimizer steps of the "
+                     f"{card['schedule']} its schedule was laid out for")
     elif config.time_budget:
         lines.append(f"- --time_budget {config.time_budget:g} minutes bought {card['steps']} "
                      f"optimizer steps (the schedule laid out for them by the speed the run "
@@ -175,6 +179,7 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
         "vocab": (data.tokenizer_src.get_vocab_size(), data.tokenizer_tgt.get_vocab_size()),
         "parameters": sum(p.numel() for p in run.model.parameters()),
         "steps": progress.step,  # epochs: a schedule ended mid-epoch counts its part (44.4)
+        "schedule": run.steps(),  # the steps the schedule was laid out for
         "epochs": round(progress.epoch + progress.batch / run.batches_per_epoch, 1),
         "seconds": progress.provenance()["seconds"], "precision": run.precision,
         "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",

@@ -143,6 +143,7 @@ class Progress:
     commands: list = field(default_factory=list)  # the command of every start of the run
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
     setup_before: float = 0.0  # the earlier starts' set-up (data, model), which a budget counts
+    validation_time: tuple = (0.0, 0)  # every start's validations: their seconds, their number
     complete: bool = False  # a --time_budget run resumed after its schedule completed
     cap_lifted: bool = False  # a --time_budget run whose --max_steps cut it short, lifted now
     validated_at: int = -1  # the step of the last validation (on every rank)
@@ -160,7 +161,15 @@ class Progress:
         setup = self.started - self.began if self.began is not None else 0.0
         return {"commands": self.commands,
                 "seconds": self.seconds_before + nmt.budget.clock() - self.started,
-                "setup_seconds": self.setup_before + max(setup, 0.0)}
+                "setup_seconds": self.setup_before + max(setup, 0.0),
+                "validation_seconds": self.validation_time[0],
+                "validations": self.validation_time[1]}
+
+    def validated(self, seconds: float):
+        """A validation of `seconds` done (its time is in the checkpoint, for a budget's
+        resume: what the end keeps back)."""
+        self.validated_at = self.step
+        self.validation_time = (self.validation_time[0] + seconds, self.validation_time[1] + 1)
 
 
 def check_init_from(saved: Config, config: Config, path: Path):
@@ -295,6 +304,7 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     progress.commands, progress.seconds_before = list(made.get("commands", [])), \
         made.get("seconds", 0.0)
     progress.setup_before = made.get("setup_seconds", 0.0)
+    progress.validation_time = made.get("validation_seconds", 0.0), made.get("validations", 0)
     saved = state.get("schedule_steps", steps)
     progress.complete = completed(config, state)
     progress.cap_lifted = nmt.budget.cap_lifted(config, state)

@@ -113,15 +113,22 @@ def test_validations_on_the_way_count_epoch_ends_and_eval_every_once_the_last_le
 
 
 def test_a_raised_budget_is_first_planned_at_the_earlier_starts_speed(monkeypatch):
-    """A resume past the saved schedule's end (the budget raised): 300 s for 100 steps before
-    (3 s a step), 60 s of this start's set-up: (1200 - 360 - MARGIN's 24) / 3 = 272 steps more,
-    agreed at once (the schedule is not complete), never past --max_steps."""
+    """A resume past the saved schedule's end (the budget raised): 300 s for 100 steps before,
+    4 validations of 15 s among them (2.4 s a step), 20 s of set-up: 1200 - 320 - the end's
+    reserve (15 s + the test sets' 60 s + MARGIN's 24) = 781 s, 325 steps more, agreed at once
+    (the schedule is not complete), never past --max_steps. The checkpoint's figures alone
+    (not this start's clock: every rank plans alike). Where less than a step is left, none."""
     monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
-    budget = Budget(1200, 300, 40, steps_per_epoch=1000, eval_every=0, test_share=1.0,
-                    steps=100, agreed=100)
-    assert budget.lengthen(100) == 372 and budget.agreed == 372 and not budget.done(100)
+    budget = Budget(1200, 320, 40, steps_per_epoch=1000, eval_every=0, test_share=1.0,
+                    steps=100, agreed=100, earlier=(60.0, 4))
+    assert budget.reserve() == 15 + 15 * (1 + nmt.budget.BEAM_COST) + 24
+    assert budget.lengthen(100, 300) == 425 and budget.agreed == 425 and not budget.done(100)
+    monkeypatch.setattr(nmt.budget, "clock", lambda: 900.0)  # (this start's set-up: unread)
+    assert budget.lengthen(100, 300) == 425
     budget.max_steps = 200
-    assert budget.lengthen(100) == 200 == budget.agreed
+    assert budget.lengthen(100, 300) == 200 == budget.agreed
+    budget.max_steps, budget.spent_before = 0, 1100  # 1 s left: no step
+    assert budget.lengthen(100, 300) == 100 and budget.done(100)
 
 
 def test_the_budget_reads_the_runs_epoch_validation_and_test_sets(monkeypatch, capsys):
@@ -237,12 +244,21 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     t = run_here("train.py", cwd=tmp_path)
     assert t.returncode == 0 and ("the --time_budget 3 minutes' schedule is complete (step "
                                   f"{steps}); raise --time_budget to train on") in t.stdout.decode()
+    kept = [p.read_bytes() for p in (latest(tmp_path), tmp_path / "weights" / "MODEL_CARD.md",
+                                     tmp_path / "weights" / "tmodel_validation.json")]
+    t = run_here("train.py", "--time_budget", "3.02", cwd=tmp_path)  # 1.2 s more: < a step
+    assert t.returncode == 0 and ("the --time_budget is raised, but buys no step more: 2.4 of "
+                                  "its 3.02 minutes are spent, and the end keeps 0.56 of them"
+                                  ) in t.stdout.decode(), t.stderr.decode()[-2000:]
+    assert [p.read_bytes() for p in (latest(tmp_path), tmp_path / "weights" / "MODEL_CARD.md",
+                                     tmp_path / "weights" / "tmodel_validation.json")] == kept
+    earlier, resumed = load_checkpoint(latest(tmp_path))["provenance"]["seconds"], fake_time.now
     t = run_here("train.py", "--time_budget", "4", cwd=tmp_path)  # a minute more: laid out again
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert "the --time_budget is raised: " in t.stdout.decode()
     more = load_checkpoint(latest(tmp_path))
     assert more["schedule_steps"] == more["global_step"] > steps
-    assert more["provenance"]["seconds"] <= 240
+    assert earlier + fake_time.scored_at - resumed <= 240  # its test scores inside the 4 minutes
 
 
 def ctrl_c_after(fake_time, seconds: float):

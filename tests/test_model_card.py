@@ -47,6 +47,21 @@ def test_the_cards_figures_are_each_taken_from_their_own_field():
     assert "validation_curve.png" not in text
 
 
+def test_a_budget_runs_card_says_what_set_its_steps():
+    """Under --time_budget the card says what set the steps: the budget (its schedule
+    complete), a --max_steps that cut it, or --patience, which stopped it before the end of
+    its schedule (the budget did not buy those steps: the learning rate had not decayed)."""
+    budget = Config(time_budget=3, patience=2)
+    assert "- --time_budget 3 minutes bought 30 optimizer steps (the schedule" in card(
+        budget, schedule=30)
+    ended = card(budget, schedule=45)  # (the third validation: the second since the best)
+    assert ("- --time_budget 3 minutes, ended by --patience 2: 30 optimizer steps of the 45 "
+            "its schedule was laid out for") in ended and "bought" not in ended
+    assert "bought" in card(Config(time_budget=3), schedule=45)  # (no --patience: no such end)
+    assert "- --time_budget 3 minutes, cut at --max_steps 30: 30 optimizer steps" in card(
+        Config(time_budget=3, max_steps=30, patience=2), schedule=30)
+
+
 def test_the_curve_draws_bleu_on_the_left_and_loss_on_the_right(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
     figures = []
@@ -73,13 +88,15 @@ def test_a_runs_card_reads_its_time_epochs_and_data_from_the_run(tmp_path):
     data = types.SimpleNamespace(train=[0] * 40, validation=[0] * 4, held_out=True,
                                  test={"t": (["a"] * 3, ["b"] * 3)}, corpus={"source": "c"},
                                  tokenizer_src=tokenizer, tokenizer_tgt=tokenizer)
-    run = types.SimpleNamespace(data=data, config=Config(model_folder=str(tmp_path)),
-                                device=torch.device("cpu"), model=torch.nn.Linear(2, 3),
-                                batches_per_epoch=10, precision="bf16")
+    config = Config(model_folder=str(tmp_path), time_budget=3, patience=2)
+    run = types.SimpleNamespace(data=data, config=config, device=torch.device("cpu"),
+                                model=torch.nn.Linear(2, 3), batches_per_epoch=10,
+                                precision="bf16", steps=lambda: 40)  # (the schedule's length)
     progress = types.SimpleNamespace(commands=["python train.py"], step=25, epoch=2, batch=5,
                                      provenance=lambda: {"seconds": 90.0}, history=[])
     text = write_run_card(run, progress, None, []).read_text(encoding="utf-8")
     assert "- 25 optimizer steps in 2.5 epoch(s), 1.5 minutes of training" in text
+    assert "25 optimizer steps of the 40 its schedule was laid out for" in text
     assert ("c: 40 training pairs, 4 validation pairs, 3 test pairs (t) (validation held out "
             "of the training split)") in text
     assert "- device: cpu, " in text and "precision bf16" in text
