@@ -397,7 +397,7 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
         n_tokens, signals, *plan = sum_over_ranks(
             target_tokens(group), progress.signal is not None,
             *(run.budget.proposal(run.rank) if run.budget else ()))
-        if signals or (run.budget and run.budget.agree(plan[0], progress.step)):
+        if signals or (run.budget and run.budget.agree(plan, progress.step)):
             stop = Stop.SIGNAL if signals else Stop.MAX_STEPS  # (or the plan shrank to here)
             break
         lr = run.lr(progress.step + 1)
@@ -427,8 +427,9 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
             break
         if config.save_every and done < end and progress.step % config.save_every == 0:
             save(run, progress, epoch, done, step_checkpoint_path(config, epoch, progress.step))
-        if config.eval_every and progress.step % config.eval_every == 0 and done < end:
-            paused = time.time()  # (the epoch's end validates anyway)
+        if (config.eval_every and progress.step % config.eval_every == 0 or run.budget and
+                run.budget.timing) and done < end:  # (the epoch's end validates anyway)
+            paused = time.time()
             stop = validate(run, progress)
             started += time.time() - paused
             if stop:  # patience ran out, or a signal came while validating (not recorded)

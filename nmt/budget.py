@@ -45,6 +45,7 @@ class Budget:
     validations: int = 0
     steps_done: int = 0  # this start's optimizer steps
     earlier: tuple = (0.0, 0)  # the earlier starts' validations: their seconds, their number
+    timing: bool = False  # validate after this step: none is timed by half the budget
 
     def __post_init__(self):
         self.agreed = self.steps if self.agreed is None else self.agreed
@@ -122,13 +123,18 @@ class Budget:
         return self.steps
 
     def proposal(self, rank: int) -> list:
-        """What this rank adds to the step's exchange: rank 0 its plan, the others 0."""
-        return [self.steps if rank == 0 else 0]
+        """What this rank adds to the step's exchange: rank 0 its plan, and whether to validate
+        after the step because half the budget is spent and no validation is timed (an epoch
+        longer than that, no --eval_every): without one the end's reserve is unknown, and the
+        last validation and the test sets would overrun the budget. The others add 0s."""
+        untimed = not (self.validations or self.earlier[1]) and self.spent() >= self.seconds / 2
+        return [self.steps, int(untimed)] if rank == 0 else [0, 0]
 
-    def agree(self, plan: float, step: int) -> bool:
-        """Takes the plan the ranks agreed on (rank 0's, from the exchange); whether it is
-        already complete (it shrank to the `step` steps taken)."""
-        self.agreed = int(plan)
+    def agree(self, plan: list, step: int) -> bool:
+        """Takes what the ranks agreed on (rank 0's proposal, from the exchange): the plan, and
+        whether to validate after this step; whether the plan is already complete (it shrank
+        to the `step` steps taken)."""
+        self.agreed, self.timing = int(plan[0]), bool(plan[1])
         return self.done(step)
 
     def stepped(self, step: int, replan: bool) -> bool:
@@ -149,7 +155,8 @@ class Budget:
                     f"spent; the schedule's {self.agreed:,} steps "
                     f"({self.agreed / self.steps_per_epoch:.1f} epochs) are trained")
         self.plan(step)
-        return self.words()
+        return self.words() + ("; this validation came early, to time one for the end (none "
+                               "came in the budget's first half)" if self.timing else "")
 
     def done(self, step: int) -> bool:
         """Whether the schedule agreed on is complete after `step` steps."""

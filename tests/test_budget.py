@@ -96,8 +96,28 @@ def test_the_plan_waits_for_a_timed_step_then_fits_exactly_and_rank_0_proposes_i
         budget.stepped(step, replan=step == 10)
         assert budget.steps == (30 if step < 10 else 10 + 114)
     assert budget.steps_done == 10 and budget.per_step() == 9
-    assert budget.proposal(0) == [124] and budget.proposal(1) == [0]
-    assert budget.agree(124, 10) is False and budget.done(124)
+    assert budget.proposal(0) == [124, 0] and budget.proposal(1) == [0, 0]
+    assert budget.agree([124, 0], 10) is False and budget.done(124)
+
+
+def test_a_validation_is_asked_for_at_half_the_budget_when_none_is_timed(monkeypatch):
+    """Rank 0 asks the ranks to validate after the step once half the budget is spent and no
+    validation is timed, by this start or an earlier one: until then the end's reserve is
+    unknown. The others add 0s; the ranks take rank 0's word."""
+    now = [599.0]
+    monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
+    budget = Budget(1200, 0, 0, steps_per_epoch=1000, eval_every=0, test_share=1.0, steps=30)
+    assert budget.proposal(0) == [30, 0]
+    now[0] = 600.0
+    assert budget.proposal(0) == [30, 1] and budget.proposal(1) == [0, 0]
+    budget.agree([30, 1], 5)
+    assert budget.timing and "came early, to time one for the end" in budget.validated(10, 5)
+    assert budget.proposal(0) == [30, 0]  # timed
+    budget.agree([30, 0], 6)
+    assert not budget.timing
+    resumed = Budget(1200, 700, 100, steps_per_epoch=1000, eval_every=0, test_share=1.0,
+                     steps=30, earlier=(10.0, 1))
+    assert resumed.proposal(0) == [30, 0]  # an earlier start's validation was timed
 
 
 def test_validations_on_the_way_count_epoch_ends_and_eval_every_once_the_last_left_out():
@@ -259,6 +279,23 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     more = load_checkpoint(latest(tmp_path))
     assert more["schedule_steps"] == more["global_step"] > steps
     assert earlier + fake_time.scored_at - resumed <= 240  # its test scores inside the 4 minutes
+
+
+def test_an_epoch_longer_than_the_budget_still_scores_the_test_set_inside_it(tmp_path,
+                                                                            fake_time):
+    """1 minute, 2 s a step, 44 steps an epoch: no validation would come before the plan's end,
+    and with its time unknown the end kept only the margin (the last validation and the test
+    scoring ran 24 s past the minute). Half the budget spent, the run validates once to time
+    it, and its plan keeps the end's reserve."""
+    make_corpus(tmp_path / "c", n=1200, val=4)
+    write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
+    started = fake_time.now
+    t = run_here("train.py", *FLAGS, "--time_budget", "1", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "this validation came early, to time one for the end" in out
+    assert "the --time_budget's schedule is complete" in out and " of 44 (step " in out
+    assert fake_time.scored_at - started <= 60
 
 
 def ctrl_c_after(fake_time, seconds: float):
