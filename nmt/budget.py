@@ -155,8 +155,8 @@ class Budget:
                     f"spent; the schedule's {self.agreed:,} steps "
                     f"({self.agreed / self.steps_per_epoch:.1f} epochs) are trained")
         self.plan(step)
-        return self.words() + ("; this validation came early, to time one for the end (none "
-                               "came in the budget's first half)" if self.timing else "")
+        return self.words() + ("; half the budget was spent before a validation was timed: "
+                               "this one times the end's" if self.timing else "")
 
     def done(self, step: int) -> bool:
         """Whether the schedule agreed on is complete after `step` steps."""
@@ -178,7 +178,8 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
     """--time_budget's plan for a run (None without the flag): what the earlier starts spent
     (train.py's Progress), the epoch's optimizer steps (`batches` of data.train), the test
     sets' sentences over a validation's, the schedule's length `steps` until measured; a resume
-    past the saved schedule's end (not complete: the budget raised) lengthened at once."""
+    past the saved schedule's end (not complete: the budget raised) lengthened at once, unless
+    --max_steps still holds it there."""
     if not config.time_budget:
         return None
     step, complete = progress.step, progress.complete
@@ -191,7 +192,8 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
                     math.ceil(batches / config.accum_steps), config.eval_every,
                     tests / max(decoded, 1), steps, config.max_steps,
                     earlier=getattr(progress, "validation_time", (0.0, 0)))
-    if 0 < steps <= step and not complete:
+    capped = config.max_steps and step >= config.max_steps  # (no plan trains on: nothing_to_do)
+    if 0 < steps <= step and not complete and not capped:
         raised = "--max_steps no longer cuts the schedule" if getattr(
             progress, "cap_lifted", False) else "the --time_budget is raised"
         if budget.lengthen(step, progress.seconds_before) > step:

@@ -111,13 +111,16 @@ def test_a_validation_is_asked_for_at_half_the_budget_when_none_is_timed(monkeyp
     now[0] = 600.0
     assert budget.proposal(0) == [30, 1] and budget.proposal(1) == [0, 0]
     budget.agree([30, 1], 5)
-    assert budget.timing and "came early, to time one for the end" in budget.validated(10, 5)
+    assert budget.timing and ("; half the budget was spent before a validation was timed: this "
+                              "one times the end's") in budget.validated(10, 5)
     assert budget.proposal(0) == [30, 0]  # timed
     budget.agree([30, 0], 6)
     assert not budget.timing
     resumed = Budget(1200, 700, 100, steps_per_epoch=1000, eval_every=0, test_share=1.0,
                      steps=30, earlier=(10.0, 1))
     assert resumed.proposal(0) == [30, 0]  # an earlier start's validation was timed
+    resumed.earlier, resumed.started = (0.0, 0), 500.0  # none timed: its 700 s count, with
+    assert resumed.proposal(0) == [30, 1]  # this start's 100 (not this start's alone)
 
 
 def test_validations_on_the_way_count_epoch_ends_and_eval_every_once_the_last_left_out():
@@ -149,6 +152,55 @@ def test_a_raised_budget_is_first_planned_at_the_earlier_starts_speed(monkeypatc
     assert budget.lengthen(100, 300) == 200 == budget.agreed
     budget.max_steps, budget.spent_before = 0, 1100  # 1 s left: no step
     assert budget.lengthen(100, 300) == 100 and budget.done(100)
+
+
+def test_a_raised_budgets_first_plan_counts_the_validations_on_the_way(monkeypatch):
+    """The first plan of a raised budget fits the earlier starts' validations on the way (one
+    each epoch's end, 15 s by theirs) as a measured plan does: the same 781 s as above buy 306
+    steps more at 100 steps an epoch (734.4 s, and 45 s of validations at steps 200 to 400),
+    not 325 (the 781 s on steps alone, which the validations would take past the budget)."""
+    monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
+    budget = Budget(1200, 320, 40, steps_per_epoch=100, eval_every=0, test_share=1.0,
+                    steps=100, agreed=100, earlier=(60.0, 4))
+    assert budget.lengthen(100, 300) == 406 == budget.agreed
+
+
+def test_a_raised_budget_plans_from_the_checkpoints_training_time_its_set_up_apart(monkeypatch,
+                                                                                capsys):
+    """budget_for, past a saved schedule's end: a step's seconds come from the earlier starts'
+    training time less their validations' ((300 - 60) / 100 = 2.4 s), not their set-up (60 s),
+    which is spent from the budget all the same: 1200 - 360 - 99 (the end's reserve) = 741 s,
+    308 steps more. A raise too small for a step says what is spent, set-up included, and what
+    the end keeps, in the words of what was raised; it is complete. Where --max_steps still
+    holds at the step, the budget says nothing: the cap is why no step is left."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
+    config = SimpleNamespace(time_budget=20, val_max_sentences=4, accum_steps=1, eval_every=0,
+                             max_steps=0)
+    data = SimpleNamespace(validation=list(range(4)), test={"t": (["s"] * 4, ["t"] * 4)})
+
+    def resumed(**fields):
+        return SimpleNamespace(step=100, seconds_before=300.0, setup_before=60.0,
+                               validation_time=(60.0, 4), complete=False, cap_lifted=False,
+                               **fields)
+    raised = resumed()
+    assert nmt.budget.budget_for(config, data, 2000, 100, raised, 0.0).steps == 408
+    assert "the --time_budget is raised: 408 steps in all" in capsys.readouterr().out
+    assert not raised.complete
+    config.time_budget = 7.4  # 444 s: 444 - 360 - 83.88 (75 + MARGIN's 8.88) = 0.12 s left
+    short = resumed()
+    assert nmt.budget.budget_for(config, data, 2000, 100, short, 0.0).agreed == 100
+    assert ("the --time_budget is raised, but buys no step more: 6.0 of its 7.4 minutes are "
+            "spent, and the end keeps 1.4 of them (a validation, the test sets' decoding, 2% "
+            "of the budget)") in capsys.readouterr().out and short.complete
+    config.max_steps, lifted = 200, resumed()
+    lifted.cap_lifted = True
+    nmt.budget.budget_for(config, data, 2000, 100, lifted, 0.0)
+    assert "--max_steps no longer cuts the schedule, but buys no step more" in \
+        capsys.readouterr().out.splitlines()[-1]
+    config.time_budget, config.max_steps, capped = 20, 100, resumed()
+    assert nmt.budget.budget_for(config, data, 2000, 100, capped, 0.0).agreed == 100
+    assert capsys.readouterr().out == "" and not capped.complete  # (nothing_to_do: the cap)
 
 
 def test_the_budget_reads_the_runs_epoch_validation_and_test_sets(monkeypatch, capsys):
@@ -266,12 +318,14 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
                                   f"{steps}); raise --time_budget to train on") in t.stdout.decode()
     kept = [p.read_bytes() for p in (latest(tmp_path), tmp_path / "weights" / "MODEL_CARD.md",
                                      tmp_path / "weights" / "tmodel_validation.json")]
+    files = sorted(tmp_path.rglob("*"))  # (TensorBoard's events files among them)
     t = run_here("train.py", "--time_budget", "3.02", cwd=tmp_path)  # 1.2 s more: < a step
     assert t.returncode == 0 and ("the --time_budget is raised, but buys no step more: 2.4 of "
                                   "its 3.02 minutes are spent, and the end keeps 0.56 of them"
                                   ) in t.stdout.decode(), t.stderr.decode()[-2000:]
     assert [p.read_bytes() for p in (latest(tmp_path), tmp_path / "weights" / "MODEL_CARD.md",
                                      tmp_path / "weights" / "tmodel_validation.json")] == kept
+    assert sorted(tmp_path.rglob("*")) == files
     earlier, resumed = load_checkpoint(latest(tmp_path))["provenance"]["seconds"], fake_time.now
     t = run_here("train.py", "--time_budget", "4", cwd=tmp_path)  # a minute more: laid out again
     assert t.returncode == 0, t.stderr.decode()[-2000:]
@@ -293,7 +347,7 @@ def test_an_epoch_longer_than_the_budget_still_scores_the_test_set_inside_it(tmp
     t = run_here("train.py", *FLAGS, "--time_budget", "1", cwd=tmp_path)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
-    assert "this validation came early, to time one for the end" in out
+    assert "half the budget was spent before a validation was timed" in out
     assert "the --time_budget's schedule is complete" in out and " of 44 (step " in out
     assert fake_time.scored_at - started <= 60
 
@@ -339,7 +393,7 @@ def test_a_budget_run_cut_at_max_steps_trains_on_once_the_cap_is_lifted(tmp_path
     """--max_steps 5 stops a 3-minute budget run early: its card says the cap, not the budget,
     set the steps; resumed as its stop line says (--max_steps 0), it trains on inside what is
     left of the budget, where it had been refused as complete; kept at the cap, it is still
-    at its end."""
+    at its end, the budget raised or not (the cap said to be why)."""
     corpus(tmp_path / "c")
     started = fake_time.now
     t = run_here("train.py", *FLAGS, "--time_budget", "3", "--max_steps", "5", cwd=tmp_path)
@@ -351,6 +405,9 @@ def test_a_budget_run_cut_at_max_steps_trains_on_once_the_cap_is_lifted(tmp_path
     assert "bought" not in card
     t = run_here("train.py", cwd=tmp_path)  # the cap kept: nothing to train
     assert t.returncode == 0 and "already at step 5 of --max_steps 5" in t.stdout.decode()
+    t = run_here("train.py", "--time_budget", "4", cwd=tmp_path)  # the budget raised, not the cap
+    assert t.returncode == 0 and "already at step 5 of --max_steps 5" in t.stdout.decode()
+    assert "buys no step more" not in t.stdout.decode()  # (the cap, not the budget, ends it)
     t = run_here("train.py", "--max_steps", "0", cwd=tmp_path)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]

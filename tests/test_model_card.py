@@ -50,7 +50,8 @@ def test_the_cards_figures_are_each_taken_from_their_own_field():
 def test_a_budget_runs_card_says_what_set_its_steps():
     """Under --time_budget the card says what set the steps: the budget (its schedule
     complete), a --max_steps that cut it, or --patience, which stopped it before the end of
-    its schedule (the budget did not buy those steps: the learning rate had not decayed)."""
+    its schedule (the budget did not buy those steps: the learning rate had not decayed). A run
+    without a budget that --patience stopped before its epochs' schedule names no budget."""
     budget = Config(time_budget=3, patience=2)
     assert "- --time_budget 3 minutes bought 30 optimizer steps (the schedule" in card(
         budget, schedule=30)
@@ -58,6 +59,7 @@ def test_a_budget_runs_card_says_what_set_its_steps():
     assert ("- --time_budget 3 minutes, ended by --patience 2: 30 optimizer steps of the 45 "
             "its schedule was laid out for") in ended and "bought" not in ended
     assert "bought" in card(Config(time_budget=3), schedule=45)  # (no --patience: no such end)
+    assert "--time_budget" not in card(Config(patience=2), schedule=45)  # (no budget: epochs')
     assert "- --time_budget 3 minutes, cut at --max_steps 30: 30 optimizer steps" in card(
         Config(time_budget=3, max_steps=30, patience=2), schedule=30)
 
