@@ -8,6 +8,7 @@ run takes from the checkpoint and which from the command line.
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -260,6 +261,10 @@ class Config:
     def validate(self, training: bool = True):
         """An error message for an invalid combination of values, or None (training: the
         batching flags too; translate.py and export.py have none)."""
+        for name in (f.name for f in dataclasses.fields(self)):  # (float() reads nan, inf)
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                return f"--{name} must be a finite number (got {value})"
         for name in ["seq_len", "d_model", "N", "h", "d_ff", "vocab_size", "num_epochs",
                      "accum_steps", "log_every", "max_bad_steps"]:
             if getattr(self, name) <= 0:

@@ -361,9 +361,11 @@ def validate(run: Run, progress: Progress) -> Stop:
     except StopRequested:  # (every rank, told by any)
         run.model.train()
         return Stop(max_over_ranks(Stop.SIGNAL))
-    progress.validated(seconds := clock() - began)
+    seconds = clock() - began
+    decoding = metrics.pop("seconds_decoding", seconds) if metrics else seconds
+    progress.validated(seconds, decoding)
     if run.budget:  # its cost, in the plan (--time_budget)
-        tqdm.write(run.budget.validated(seconds, progress.step))
+        tqdm.write(run.budget.validated(seconds, progress.step, decoding))
     if run.rank == 0:
         history.append({"step": progress.step, "epoch": progress.validated_epoch(),
                         **{k: v for k, v in metrics.items() if k != "report"}})
@@ -436,7 +438,7 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
                 break
     bar.close()  # before a stop message: the bar is not drawn again under it
     if stop:  # (at max_steps on the epoch's last batch, the epoch's own checkpoint follows)
-        if stop is not Stop.MAX_STEPS or progress.batch < end:
+        if stop is not Stop.MAX_STEPS or 0 < progress.batch < end:  # (at 0: the epoch's saved)
             save(run, progress, epoch, progress.batch,
                  step_checkpoint_path(config, epoch, progress.step))
         if stop is Stop.SIGNAL or (stop is Stop.MAX_STEPS and progress.batch < end):

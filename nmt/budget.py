@@ -6,9 +6,10 @@ the earlier starts is in the checkpoint (its provenance).
 
 Each plan: steps left = (time left - the end's reserve) / (a step's seconds + a validation's
 seconds / steps between validations); the end's reserve = one validation, the test sets'
-greedy and beam decoding (estimated from the validation's, by sentences), and MARGIN of the
-budget for what is not measured (saving, the model card). Until this start has timed a step
-(and a validation), the earlier starts' measurements stand in."""
+scoring (the validation's decoding by their sentences, greedy and beam, and its other costs
+once), and MARGIN of the budget for what is not measured (saving, the model card). A validation's
+figures are the latest's; until this start has timed a step (and a validation), the earlier
+starts' stand in."""
 
 import math
 import time
@@ -45,6 +46,7 @@ class Budget:
     validations: int = 0
     steps_done: int = 0  # this start's optimizer steps
     earlier: tuple = (0.0, 0)  # the earlier starts' validations: their seconds, their number
+    last: tuple = None  # the latest validation (any start's): its seconds, its decoding's
     timing: bool = False  # validate after this step: none is timed by half the budget
 
     def __post_init__(self):
@@ -59,15 +61,16 @@ class Budget:
         return training / self.steps_done
 
     def per_validation(self) -> float:
-        """Seconds a validation: this start's, or, before its first, the earlier starts'."""
-        seconds, count = ((self.validation_seconds, self.validations) if self.validations
-                          else self.earlier)
-        return seconds / max(count, 1)
+        """Seconds a validation: the latest's (the first of a process pays for imports, and an
+        untrained model decodes longer), 0 before any is timed."""
+        return self.last[0] if self.last else 0.0
 
     def reserve(self) -> float:
-        """Seconds kept for the end: the last validation, the test sets' decoding (greedy and
-        beam), MARGIN of the budget."""
-        return (self.per_validation() * (1 + self.test_share * (1 + BEAM_COST))
+        """Seconds kept for the end: the last validation; the test sets' scoring, their
+        sentences decoded greedy and with the beam at the validation's pace, its other costs
+        (the scoring, loading) once; MARGIN of the budget."""
+        seconds, decoding = self.last or (0.0, 0.0)
+        return (2 * seconds - decoding + decoding * self.test_share * (1 + BEAM_COST)
                 + MARGIN * self.seconds)
 
     def plan(self, step: int) -> int:
@@ -83,17 +86,17 @@ class Budget:
         """The plan: `step` steps done, the most steps more whose time (`per_step` seconds
         each) and that of the validations on the way fit in `left` seconds, never past
         --max_steps."""
-        per_validation = self.per_validation()
+        per_validation, per_step = self.per_validation(), max(per_step, 1e-9)
 
         def cost(n: int) -> float:
             return n * per_step + per_validation * self.validations_between(step, step + n)
-        every = 1 / self.steps_per_epoch + (1 / self.eval_every if self.eval_every else 0)
-        n = max(math.floor(left / max(per_step + per_validation * every, 1e-9)), 0)  # on average
-        while n > 0 and cost(n) > left:  # then exactly, a step at a time
-            n -= 1
-        while cost(n + 1) <= left:
-            n += 1
-        self.steps = step + n
+        fits, too_many = 0, 1  # (cost grows with n: doubled until too many, then bisected)
+        while cost(too_many) <= left:
+            fits, too_many = too_many, 2 * too_many
+        while too_many - fits > 1:
+            middle = (fits + too_many) // 2
+            fits, too_many = (middle, too_many) if cost(middle) <= left else (fits, middle)
+        self.steps = step + fits
         if self.max_steps:
             self.steps = min(self.steps, self.max_steps)
         return self.steps
@@ -101,24 +104,27 @@ class Budget:
     def validations_between(self, start: int, end: int) -> int:
         """Validations after step `start` up to step `end`, the one at `end` left out (the
         reserve's): at each epoch's end, and every --eval_every steps within an epoch."""
-        ends = end // self.steps_per_epoch - start // self.steps_per_epoch
-        within = 0
-        if self.eval_every:
-            within = sum(1 for s in range(start + 1, end + 1)
-                         if s % self.eval_every == 0 and s % self.steps_per_epoch)
+        def multiples(k: int) -> int:  # of k after `start`, up to `end`
+            return end // k - start // k
+        ends, within = multiples(self.steps_per_epoch), 0
+        if self.eval_every:  # those that are not an epoch's end
+            within = multiples(self.eval_every) - multiples(
+                math.lcm(self.eval_every, self.steps_per_epoch))
         at_end = end % self.steps_per_epoch == 0 or (self.eval_every and
                                                        end % self.eval_every == 0)
         return max(ends + within - (1 if at_end and end > start else 0), 0)
 
     def lengthen(self, step: int, training_before: float) -> int:
-        """A resume past the saved schedule's end (the budget raised, or a --max_steps that cut
-        it lifted): a first plan from the earlier starts' speed, `step` steps in
-        `training_before` seconds (their validations, `earlier`, apart) and the end's reserve
-        kept, agreed at once. It reads the checkpoint only, not the clock, so that every rank
-        makes the same (this start's set-up is spent from the first plan it measures)."""
+        """A resume's first plan, from the earlier starts' speed: `step` steps in
+        `training_before` seconds (their validations, `earlier`, apart), the end's reserve
+        kept, agreed at once; 0 (the saved plan kept) where no training time was recorded. It
+        reads the checkpoint only, not the clock, so that every rank makes the same (this
+        start's set-up is spent from the first plan it measures)."""
         seconds, count = self.earlier
-        per_step = (training_before - seconds) / step if training_before > seconds else 1.0
-        self.fit(step, self.seconds - self.spent_before - self.reserve(), per_step)
+        if training_before <= seconds:
+            return 0
+        self.fit(step, self.seconds - self.spent_before - self.reserve(),
+                 (training_before - seconds) / step)
         self.agreed = self.steps
         return self.steps
 
@@ -127,7 +133,7 @@ class Budget:
         after the step because half the budget is spent and no validation is timed (an epoch
         longer than that, no --eval_every): without one the end's reserve is unknown, and the
         last validation and the test sets would overrun the budget. The others add 0s."""
-        untimed = not (self.validations or self.earlier[1]) and self.spent() >= self.seconds / 2
+        untimed = self.last is None and self.spent() >= self.seconds / 2
         return [self.steps, int(untimed)] if rank == 0 else [0, 0]
 
     def agree(self, plan: list, step: int) -> bool:
@@ -145,18 +151,21 @@ class Budget:
             self.plan(step)
         return self.done(step)
 
-    def validated(self, seconds: float, step: int) -> str:
-        """A validation of `seconds` at `step`: in the plan, which is made again; its words.
-        After the schedule's last step nothing is planned: the words say what was trained."""
+    def validated(self, seconds: float, step: int, decoding: float = None) -> str:
+        """A validation of `seconds` at `step`, `decoding` of them its decoding (all if not
+        given): in the plan, which is made again; its words. After the schedule's last step, or
+        where the plan made again ends at it, nothing is left to plan: the words say what was
+        trained."""
         self.validation_seconds += seconds
         self.validations += 1
-        if self.done(step):
-            return (f"--time_budget {self.seconds / 60:g} minutes: {minutes(self.spent())} "
-                    f"spent; the schedule's {self.agreed:,} steps "
-                    f"({self.agreed / self.steps_per_epoch:.1f} epochs) are trained")
-        self.plan(step)
-        return self.words() + ("; half the budget was spent before a validation was timed: "
-                               "this one times the end's" if self.timing else "")
+        self.last = seconds, seconds if decoding is None else decoding
+        if not self.done(step) and self.plan(step) > step:
+            return self.words("by the speed measured" if self.steps_done else "until measured") \
+                + ("; half the budget was spent before a validation was timed: this one times "
+                   "the end's" if self.timing else "")
+        return (f"--time_budget {self.seconds / 60:g} minutes: {minutes(self.spent())} spent; "
+                f"the schedule's {step:,} steps ({step / self.steps_per_epoch:.1f} epochs) "
+                f"are trained")
 
     def done(self, step: int) -> bool:
         """Whether the schedule agreed on is complete after `step` steps."""
@@ -177,9 +186,9 @@ class Budget:
 def budget_for(config, data, batches: int, steps: int, progress, started: float):
     """--time_budget's plan for a run (None without the flag): what the earlier starts spent
     (train.py's Progress), the epoch's optimizer steps (`batches` of data.train), the test
-    sets' sentences over a validation's, the schedule's length `steps` until measured; a resume
-    past the saved schedule's end (not complete: the budget raised) lengthened at once, unless
-    --max_steps still holds it there."""
+    sets' sentences over a validation's, the schedule's length `steps` until measured. A resume
+    is laid out again at once from the checkpoint's figures (unless --max_steps holds it at its
+    step), and one that buys no step is complete: said so where it was to train on."""
     if not config.time_budget:
         return None
     step, complete = progress.step, progress.complete
@@ -191,21 +200,35 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
     budget = Budget(config.time_budget * 60, spent_before, started,
                     math.ceil(batches / config.accum_steps), config.eval_every,
                     tests / max(decoded, 1), steps, config.max_steps,
-                    earlier=getattr(progress, "validation_time", (0.0, 0)))
+                    earlier=getattr(progress, "validation_time", (0.0, 0)),
+                    last=getattr(progress, "last_validation", None))
     capped = config.max_steps and step >= config.max_steps  # (no plan trains on: nothing_to_do)
-    if 0 < steps <= step and not complete and not capped:
-        raised = "--max_steps no longer cuts the schedule" if getattr(
-            progress, "cap_lifted", False) else "the --time_budget is raised"
-        if budget.lengthen(step, progress.seconds_before) > step:
-            print(f"{raised}: {budget.steps:,} steps in all, by the speed of the earlier "
-                  f"starts, until this one measures its own")
-        else:  # (the end's reserve: what a resume trains nothing with)
-            print(f"{raised}, but buys no step more: {minutes(spent_before)} of its "
-                  f"{config.time_budget:g} minutes are spent, and the end keeps "
-                  f"{minutes(budget.reserve())} of them (a validation, the test sets' "
-                  f"decoding, {MARGIN:.0%} of the budget)")
-            progress.complete = True
+    if not step or complete or capped or not budget.lengthen(step, progress.seconds_before):
+        return budget
+    longer = getattr(progress, "longer", "") if steps <= step else ""  # (past the saved end)
+    if budget.steps > step and longer:
+        print(f"{longer}: {budget.steps:,} steps in all, by the speed of the earlier starts, "
+              f"until this one measures its own")
+    elif budget.steps == step:  # (the end's reserve: what a resume trains nothing with)
+        print(f"{longer or f'--time_budget {config.time_budget:g} minutes'}, but buys no step "
+              f"more: {minutes(spent_before)} of its {config.time_budget:g} minutes are spent, "
+              f"and the end keeps {minutes(budget.reserve())} of them (a validation, the test "
+              f"sets' scoring, {MARGIN:.0%} of the budget)")
+        progress.complete = True
     return budget
+
+
+def longer(config, state: dict) -> str:
+    """Why a --time_budget resume of a run whose schedule ended at its step (`state`, the
+    checkpoint) lays it out longer, in words (nothing: it does not): a --max_steps that cut it
+    lifted, a larger budget, a budget given to a run that had none."""
+    saved = state["config"].get("time_budget", 0)
+    if not config.time_budget or completed(config, state):
+        return ""
+    if cap_lifted(config, state):
+        return (f"--max_steps {config.max_steps} leaves more of the schedule" if config.max_steps
+                else "--max_steps no longer cuts the schedule")
+    return "the --time_budget is raised" if saved else "--time_budget is new to this run"
 
 
 def cap_lifted(config, state: dict) -> bool:

@@ -111,7 +111,7 @@ def run_validation(run, progress) -> dict:
     """Validation loss, then greedy decoding of the validation set (or its first
     val_max_sentences) scored with BLEU, chrF, CER and WER; prints a few examples. Under
     torchrun every rank computes its share and rank 0 scores the whole: the metrics on rank 0,
-    None on the others."""
+    with the decoding's seconds (`seconds_decoding`, a --time_budget's), None on the others."""
     config, val = run.config, run.data.validation
     run.model.eval()
     losses = validation_loss(run)
@@ -141,7 +141,7 @@ def run_validation(run, progress) -> dict:
                f"CER {metrics['cer']:.3f}  WER {metrics['wer']:.3f}  ({n} sentences decoded in "
                f"{decoded:.1f}s)")
     run.model.train()
-    return metrics
+    return {**metrics, "seconds_decoding": decoded}
 
 
 def log_attention(run, src_ids, tgt_ids, step: int):
@@ -180,7 +180,7 @@ def score_test_sets(run, progress):
                        data.tokenizer_tgt.get_vocab_size())
     load_model_weights(best, load_checkpoint(path), path)
     best = best.to(run.device).eval()
-    results, samples = {"checkpoint": str(path), "tests": {}}, []
+    results, samples = {"checkpoint": str(path), "step": progress.step, "tests": {}}, []
     for test_name, (sources, references) in data.test.items():
         scored = {"sentences": len(sources), "scores": {}}
         for beam in (1, 4):
@@ -208,7 +208,8 @@ def score_test_sets(run, progress):
         results["tests"][test_name] = scored
     if run.rank:
         return None, []
-    out = Path(config.model_folder) / "results.json"
+    out = Path(config.model_folder) / "results.json"  # (with the training time at its end:
+    results["seconds"] = progress.provenance()["seconds"]  # a --time_budget raised spends it)
     write_text_atomic(out, json.dumps(results, indent=1))
     tqdm.write(f"wrote {out}")
     return results, samples

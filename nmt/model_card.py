@@ -93,7 +93,8 @@ def training_section(card: dict) -> list:
     elif config.time_budget:
         lines.append(f"- --time_budget {config.time_budget:g} minutes bought {card['steps']} "
                      f"optimizer steps (the schedule laid out for them by the speed the run "
-                     f"measured, the test scoring inside the budget)")
+                     f"measured); {(card['seconds'] + card.get('setup', 0)) / 60:.1f} minutes "
+                     f"spent in all, set-up and test scoring included")
     if best:
         lines.append(f"- best validation: BLEU {best['bleu']:.2f}, loss {best['loss']:.3f} at "
                      f"step {best['step']} (epoch {best['epoch']})")
@@ -182,6 +183,7 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
         "schedule": run.steps(),  # the steps the schedule was laid out for
         "epochs": round(progress.epoch + progress.batch / run.batches_per_epoch, 1),
         "seconds": progress.provenance()["seconds"], "precision": run.precision,
+        "setup": progress.provenance().get("setup_seconds", 0.0),
         "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",
         "history": progress.history, "results": results, "samples": samples,
         "test_sets": list(data.test or {})})

@@ -144,8 +144,9 @@ class Progress:
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
     setup_before: float = 0.0  # the earlier starts' set-up (data, model), which a budget counts
     validation_time: tuple = (0.0, 0)  # every start's validations: their seconds, their number
+    last_validation: tuple = None  # the latest validation's seconds and its decoding's
     complete: bool = False  # a --time_budget run resumed after its schedule completed
-    cap_lifted: bool = False  # a --time_budget run whose --max_steps cut it short, lifted now
+    longer: str = ""  # why a --time_budget resume lays out more than the saved schedule
     validated_at: int = -1  # the step of the last validation (on every rank)
     started: float = field(default_factory=lambda: nmt.budget.clock())  # this start's training
     began: float = None  # this start's beginning, before its set-up (None: not timed)
@@ -163,13 +164,14 @@ class Progress:
                 "seconds": self.seconds_before + nmt.budget.clock() - self.started,
                 "setup_seconds": self.setup_before + max(setup, 0.0),
                 "validation_seconds": self.validation_time[0],
-                "validations": self.validation_time[1]}
+                "validations": self.validation_time[1], "last_validation": self.last_validation}
 
-    def validated(self, seconds: float):
-        """A validation of `seconds` done (its time is in the checkpoint, for a budget's
-        resume: what the end keeps back)."""
+    def validated(self, seconds: float, decoding: float):
+        """A validation of `seconds` done, `decoding` of them its decoding (its time is in the
+        checkpoint, for a budget's resume: what the end keeps back)."""
         self.validated_at = self.step
         self.validation_time = (self.validation_time[0] + seconds, self.validation_time[1] + 1)
+        self.last_validation = seconds, decoding
 
 
 def check_init_from(saved: Config, config: Config, path: Path):
@@ -304,10 +306,19 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     progress.commands, progress.seconds_before = list(made.get("commands", [])), \
         made.get("seconds", 0.0)
     progress.setup_before = made.get("setup_seconds", 0.0)
+    try:  # a run ended at this step: its test scoring came after the checkpoint, and counts
+        ended = json.loads((Path(config.model_folder) / "results.json").read_text())
+    except (OSError, ValueError):
+        ended = {}
+    if ended.get("step") == progress.step:
+        progress.seconds_before = max(progress.seconds_before, ended.get("seconds", 0.0))
     progress.validation_time = made.get("validation_seconds", 0.0), made.get("validations", 0)
+    progress.last_validation = tuple(made["last_validation"]) if made.get(
+        "last_validation") else None
+    progress.validated_at = max((h["step"] for h in progress.history), default=-1)  # (not twice)
     saved = state.get("schedule_steps", steps)
     progress.complete = completed(config, state)
-    progress.cap_lifted = nmt.budget.cap_lifted(config, state)
+    progress.longer = nmt.budget.longer(config, state)
     # (a --time_budget's plan goes on as saved until this start has measured its speed)
     if config.lr_schedule == "cosine" and saved != steps and not config.time_budget:
         old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))

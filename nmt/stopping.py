@@ -195,9 +195,11 @@ def stop_message(run, progress, stop: Stop) -> str:
     if stop is Stop.MAX_STEPS and not ended:  # (the step limit kept would stop it at once)
         resume = (f". Resume with no step limit (or a larger --max_steps): "
                   f"{resume_command(run.config, run.world_size)} --max_steps 0")
-    return (f"{why} in epoch {progress.epoch} after batch {progress.batch} of "
-            f"{run.batches_per_epoch} (step {progress.step}); saved "
-            f"{latest_checkpoint_path(run.config)}{resume}")
+    where = (f"at the end of epoch {progress.epoch - 1}" if progress.batch == 0 and progress.step
+             else f"in epoch {progress.epoch} after batch {progress.batch} of "
+                  f"{run.batches_per_epoch}")
+    return (f"{why} {where} (step {progress.step}); saved {latest_checkpoint_path(run.config)}"
+            f"{resume}")
 
 
 def validation_stop_message(run, progress, epoch_end: bool) -> str:

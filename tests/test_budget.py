@@ -24,7 +24,8 @@ def test_the_plan_spends_what_is_left_on_steps_and_their_validations(monkeypatch
     now = [100.0]
     monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
     budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=999,
-                    training_started=0, validation_seconds=10, validations=1, steps_done=10)
+                    training_started=0, validation_seconds=10, validations=1, steps_done=10,
+                    last=(10.0, 10.0))  # (all of it decoding)
     assert budget.reserve() == pytest.approx(10 + 10 * (1 + nmt.budget.BEAM_COST) + 600 * MARGIN)
     assert budget.plan(10) == 10 + 44
     budget.eval_every = 5  # and every 5 steps: 40 steps (360 s) and 7 validations (70 s), the
@@ -117,10 +118,67 @@ def test_a_validation_is_asked_for_at_half_the_budget_when_none_is_timed(monkeyp
     budget.agree([30, 0], 6)
     assert not budget.timing
     resumed = Budget(1200, 700, 100, steps_per_epoch=1000, eval_every=0, test_share=1.0,
-                     steps=30, earlier=(10.0, 1))
+                     steps=30, earlier=(10.0, 1), last=(10.0, 5.0))
     assert resumed.proposal(0) == [30, 0]  # an earlier start's validation was timed
-    resumed.earlier, resumed.started = (0.0, 0), 500.0  # none timed: its 700 s count, with
+    resumed.last, resumed.started = None, 500.0  # none timed: its 700 s count, with
     assert resumed.proposal(0) == [30, 1]  # this start's 100 (not this start's alone)
+
+
+def test_the_plan_is_fitted_in_a_few_costings_where_eval_every_meets_the_epochs_ends(
+        monkeypatch):
+    """An hour of 30 ms steps, an epoch of 1,000 steps, --eval_every 1000 (each at an epoch's
+    end: the validations of no --eval_every): the same plan, fitted in a few dozen costings of
+    the validations on the way (a walk a step at a time from an average that counted each
+    twice took 30 s a plan, made again at every log step)."""
+    now = [100.0]
+    monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
+    counted = []
+    between = Budget.validations_between
+    monkeypatch.setattr(Budget, "validations_between",
+                        lambda self, a, b: counted.append(1) or between(self, a, b))
+    plans = []
+    for every in (0, 1000):
+        budget = Budget(3600, 0, 0, steps_per_epoch=1000, eval_every=every, test_share=1.0,
+                        steps=9, training_started=0, validation_seconds=10, validations=1,
+                        steps_done=3000, last=(10.0, 10.0))
+        counted.clear()
+        plans.append(budget.plan(3000))
+        assert len(counted) < 100
+    assert plans[0] == plans[1] == 87_600  # 3,378 s left: 84,600 steps of 30 ms, 84 validations
+
+
+def test_the_end_keeps_the_validations_decoding_by_the_test_sentences_its_other_costs_once(
+        monkeypatch):
+    """The latest validation (10 s, 4 of them decoding) stands for the next: the end keeps one
+    (10 s), the test sets' 15 times as many sentences decoded greedy and with the beam (4 s ·
+    15 · (1 + BEAM_COST)) and the validation's other 6 s once (loading, scoring), not 15 times
+    (a whole validation's 10 s · 15 · 4 kept 610 s for 2 s of test scoring). The first
+    validation of a process (imports) or of an untrained model (long outputs) counts only
+    until the next."""
+    monkeypatch.setattr(nmt.budget, "clock", lambda: 0.0)
+    budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=15.0, steps=30)
+    assert budget.reserve() == 600 * MARGIN and budget.per_validation() == 0  # none timed
+    budget.validated(30.0, 1, decoding=20.0)
+    budget.validated(10.0, 2, decoding=4.0)
+    assert budget.per_validation() == 10.0
+    assert budget.reserve() == pytest.approx(10 + 6 + 4 * 15 * (1 + nmt.budget.BEAM_COST)
+                                             + 600 * MARGIN)
+
+
+def test_a_validation_where_the_plan_ends_says_the_steps_are_trained(monkeypatch):
+    """The plan made again at a validation ends at its step (the ranks take it at the next
+    step's exchange): the words say the steps are trained, not a plan laid out for them; a
+    validation before any step of this start is timed (--init_from's) has no speed measured."""
+    now = [100.0]
+    monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
+    budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=30)
+    assert budget.validated(6.0, 0).endswith("30 steps (3.0 epochs) until measured")
+    budget.start()
+    budget.stepped(10, replan=False)  # (one step: 10 of them counted, 100 s)
+    budget.steps_done, now[0] = 10, 550.0
+    assert budget.validated(6.0, 10) == ("--time_budget 10 minutes: 9.2 spent; the schedule's "
+                                         "10 steps (1.0 epochs) are trained")
+    assert budget.steps == 10 and budget.agreed == 30  # (agreed at the next exchange)
 
 
 def test_validations_on_the_way_count_epoch_ends_and_eval_every_once_the_last_left_out():
@@ -143,7 +201,7 @@ def test_a_raised_budget_is_first_planned_at_the_earlier_starts_speed(monkeypatc
     (not this start's clock: every rank plans alike). Where less than a step is left, none."""
     monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
     budget = Budget(1200, 320, 40, steps_per_epoch=1000, eval_every=0, test_share=1.0,
-                    steps=100, agreed=100, earlier=(60.0, 4))
+                    steps=100, agreed=100, earlier=(60.0, 4), last=(15.0, 15.0))
     assert budget.reserve() == 15 + 15 * (1 + nmt.budget.BEAM_COST) + 24
     assert budget.lengthen(100, 300) == 425 and budget.agreed == 425 and not budget.done(100)
     monkeypatch.setattr(nmt.budget, "clock", lambda: 900.0)  # (this start's set-up: unread)
@@ -161,7 +219,7 @@ def test_a_raised_budgets_first_plan_counts_the_validations_on_the_way(monkeypat
     not 325 (the 781 s on steps alone, which the validations would take past the budget)."""
     monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
     budget = Budget(1200, 320, 40, steps_per_epoch=100, eval_every=0, test_share=1.0,
-                    steps=100, agreed=100, earlier=(60.0, 4))
+                    steps=100, agreed=100, earlier=(60.0, 4), last=(15.0, 15.0))
     assert budget.lengthen(100, 300) == 406 == budget.agreed
 
 
@@ -181,8 +239,8 @@ def test_a_raised_budget_plans_from_the_checkpoints_training_time_its_set_up_apa
 
     def resumed(**fields):
         return SimpleNamespace(step=100, seconds_before=300.0, setup_before=60.0,
-                               validation_time=(60.0, 4), complete=False, cap_lifted=False,
-                               **fields)
+                               validation_time=(60.0, 4), last_validation=(15.0, 15.0),
+                               complete=False, longer="the --time_budget is raised", **fields)
     raised = resumed()
     assert nmt.budget.budget_for(config, data, 2000, 100, raised, 0.0).steps == 408
     assert "the --time_budget is raised: 408 steps in all" in capsys.readouterr().out
@@ -191,16 +249,35 @@ def test_a_raised_budget_plans_from_the_checkpoints_training_time_its_set_up_apa
     short = resumed()
     assert nmt.budget.budget_for(config, data, 2000, 100, short, 0.0).agreed == 100
     assert ("the --time_budget is raised, but buys no step more: 6.0 of its 7.4 minutes are "
-            "spent, and the end keeps 1.4 of them (a validation, the test sets' decoding, 2% "
+            "spent, and the end keeps 1.4 of them (a validation, the test sets' scoring, 2% "
             "of the budget)") in capsys.readouterr().out and short.complete
     config.max_steps, lifted = 200, resumed()
-    lifted.cap_lifted = True
+    lifted.longer = "--max_steps no longer cuts the schedule"
     nmt.budget.budget_for(config, data, 2000, 100, lifted, 0.0)
     assert "--max_steps no longer cuts the schedule, but buys no step more" in \
         capsys.readouterr().out.splitlines()[-1]
     config.time_budget, config.max_steps, capped = 20, 100, resumed()
     assert nmt.budget.budget_for(config, data, 2000, 100, capped, 0.0).agreed == 100
     assert capsys.readouterr().out == "" and not capped.complete  # (nothing_to_do: the cap)
+
+
+def test_a_resume_says_why_its_schedule_is_longer_in_the_words_of_what_changed():
+    """A --time_budget resume of a run whose schedule ended at its step: a larger budget, a
+    budget given to a run of epochs, a --max_steps cap gone or raised past the saved one; a
+    complete schedule, no budget: nothing."""
+    from config import Config
+    state = {"config": {"time_budget": 3, "max_steps": 0}, "global_step": 50,
+             "schedule_steps": 50}
+    assert nmt.budget.longer(Config(time_budget=4), state) == "the --time_budget is raised"
+    assert nmt.budget.longer(Config(time_budget=3), state) == ""  # complete
+    assert nmt.budget.longer(Config(), state) == ""
+    epochs = {**state, "config": {"time_budget": 0, "max_steps": 0}}
+    assert nmt.budget.longer(Config(time_budget=3), epochs) == "--time_budget is new to this run"
+    capped = {**state, "config": {"time_budget": 3, "max_steps": 50}}
+    assert nmt.budget.longer(Config(time_budget=3), capped) == \
+        "--max_steps no longer cuts the schedule"
+    assert nmt.budget.longer(Config(time_budget=3, max_steps=80), capped) == \
+        "--max_steps 80 leaves more of the schedule"
 
 
 def test_the_budget_reads_the_runs_epoch_validation_and_test_sets(monkeypatch, capsys):
@@ -219,7 +296,8 @@ def test_the_budget_reads_the_runs_epoch_validation_and_test_sets(monkeypatch, c
     complete = SimpleNamespace(step=50, seconds_before=90.0, complete=True)
     assert nmt.budget.budget_for(config, data, 7, 50, complete, 0.0).steps == 50
     assert "raised" not in capsys.readouterr().out
-    raised = SimpleNamespace(step=50, seconds_before=90.0, complete=False)
+    raised = SimpleNamespace(step=50, seconds_before=90.0, complete=False,
+                             longer="the --time_budget is raised")
     assert nmt.budget.budget_for(config, data, 7, 50, raised, 0.0).steps > 50
     assert "the --time_budget is raised" in capsys.readouterr().out
 
@@ -247,10 +325,12 @@ def fake_time(monkeypatch):
 
     def timed(real, seconds, name):
         def call(*args, **kwargs):
+            fake.now += seconds  # (before: a time the call reads includes its own)
             result = real(*args, **kwargs)
-            fake.now += seconds
             if name:
                 setattr(fake, name, fake.now)
+            if isinstance(result, dict) and "seconds_decoding" in result:  # (a validation's)
+                result["seconds_decoding"] = seconds  # all of it decoding
             return result
         return call
     monkeypatch.setattr(train, "train_step", timed(step, fake.STEP, None))
@@ -319,14 +399,17 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     kept = [p.read_bytes() for p in (latest(tmp_path), tmp_path / "weights" / "MODEL_CARD.md",
                                      tmp_path / "weights" / "tmodel_validation.json")]
     files = sorted(tmp_path.rglob("*"))  # (TensorBoard's events files among them)
-    t = run_here("train.py", "--time_budget", "3.02", cwd=tmp_path)  # 1.2 s more: < a step
-    assert t.returncode == 0 and ("the --time_budget is raised, but buys no step more: 2.4 of "
-                                  "its 3.02 minutes are spent, and the end keeps 0.56 of them"
+    ended = json.loads((tmp_path / "weights" / "results.json").read_text())
+    assert ended["step"] == steps and ended["seconds"] == final["provenance"]["seconds"] + 6 + \
+        20 + 20  # the last validation, the test scoring, the scoring again: spent, in all
+    t = run_here("train.py", "--time_budget", "3.5", cwd=tmp_path)  # 18 s more: < the end's
+    assert t.returncode == 0 and ("the --time_budget is raised, but buys no step more: 3.2 of "
+                                  "its 3.5 minutes are spent, and the end keeps 0.57 of them"
                                   ) in t.stdout.decode(), t.stderr.decode()[-2000:]
     assert [p.read_bytes() for p in (latest(tmp_path), tmp_path / "weights" / "MODEL_CARD.md",
                                      tmp_path / "weights" / "tmodel_validation.json")] == kept
     assert sorted(tmp_path.rglob("*")) == files
-    earlier, resumed = load_checkpoint(latest(tmp_path))["provenance"]["seconds"], fake_time.now
+    earlier, resumed = ended["seconds"], fake_time.now
     t = run_here("train.py", "--time_budget", "4", cwd=tmp_path)  # a minute more: laid out again
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert "the --time_budget is raised: " in t.stdout.decode()
@@ -337,19 +420,42 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
 
 def test_an_epoch_longer_than_the_budget_still_scores_the_test_set_inside_it(tmp_path,
                                                                             fake_time):
-    """1 minute, 2 s a step, 44 steps an epoch: no validation would come before the plan's end,
-    and with its time unknown the end kept only the margin (the last validation and the test
-    scoring ran 24 s past the minute). Half the budget spent, the run validates once to time
-    it, and its plan keeps the end's reserve."""
+    """1.5 minutes, 2 s a step, 44 steps an epoch: no validation would come before the plan's
+    end, and with its time unknown the end kept only the margin (the epoch's end at 88 s; its
+    validation and the test scoring ran 24 s past). Half the budget spent, the run validates
+    once, mid-epoch, to time it; its plan then keeps the end's reserve, and the schedule ends
+    mid-epoch with its own validation, each step validated once."""
     make_corpus(tmp_path / "c", n=1200, val=4)
     write_aligned(tmp_path / "c", "test", number_pairs(4, seed=9))
     started = fake_time.now
-    t = run_here("train.py", *FLAGS, "--time_budget", "1", cwd=tmp_path)
+    t = run_here("train.py", *FLAGS, "--time_budget", "1.5", cwd=tmp_path)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert "half the budget was spent before a validation was timed" in out
     assert "the --time_budget's schedule is complete" in out and " of 44 (step " in out
-    assert fake_time.scored_at - started <= 60
+    steps = [v["step"] for v in json.loads(
+        (tmp_path / "weights" / "tmodel_validation.json").read_text())]
+    assert len(steps) == 2 and steps[0] < steps[1] < 44
+    assert fake_time.scored_at - started <= 90
+
+
+def test_a_plan_that_ends_at_an_epochs_end_saves_no_second_checkpoint_there(tmp_path,
+                                                                           fake_time):
+    """0.8 minutes: the validation at epoch 0's end makes the plan end there (what is left, 1
+    s, is less than a step); the ranks take it at the next epoch's first exchange, which saved
+    a checkpoint of epoch 1 at batch 0, a copy of epoch 0's. Nothing is saved there, the stop
+    line names the epoch that ended, and the step is validated once."""
+    corpus(tmp_path / "c")
+    t = run_here("train.py", *FLAGS, "--time_budget", "0.8", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "the schedule's 5 steps (1.0 epochs) are trained" in out
+    assert "is complete (0.27 of 0.8 minutes spent) at the end of epoch 0 (step 5); saved " \
+        "weights/tmodel_00.pt" in out
+    assert sorted(p.name for p in (tmp_path / "weights").glob("*.pt")) == \
+        ["tmodel_00.pt", "tmodel_best.pt"]
+    assert [v["step"] for v in json.loads(
+        (tmp_path / "weights" / "tmodel_validation.json").read_text())] == [5]
 
 
 def ctrl_c_after(fake_time, seconds: float):
@@ -387,6 +493,29 @@ def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatc
     assert final["provenance"]["seconds"] <= 180
     assert fake_time.scored_at - started <= 180 + 5  # (5: the second start's set-up, unmoved)
     assert abs(final["global_step"] - ideal_steps(t.stdout.decode())) <= 1  # as if not stopped
+
+
+def test_a_budget_lowered_below_what_is_spent_trains_no_step(tmp_path, fake_time,
+                                                             monkeypatch):
+    """Stopped a minute into 3, resumed with --time_budget 1: the budget is spent, so the
+    resume trains no step (it took one before the plan was measured), says so, scores the test
+    set, and the card gives the minutes spent in all, past the budget (it said the test scoring
+    was inside it)."""
+    corpus(tmp_path / "c")
+    step = train.train_step
+    monkeypatch.setattr(train, "train_step", ctrl_c_after(fake_time, 60))
+    t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
+    assert t.returncode == 130, t.stderr.decode()[-2000:]
+    stopped = load_checkpoint(latest(tmp_path))
+    monkeypatch.setattr(train, "train_step", step)
+    t = run_here("train.py", "--time_budget", "1", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert "--time_budget 1 minutes, but buys no step more: 1.1 of its 1 minutes are spent" in out
+    assert load_checkpoint(latest(tmp_path))["global_step"] == stopped["global_step"]
+    card = (tmp_path / "weights" / "MODEL_CARD.md").read_text()
+    assert f"bought {stopped['global_step']} optimizer steps" in card
+    assert "1.5 minutes spent in all" in card  # (66 s, a validation's 6, the test scoring's 20)
 
 
 def test_a_budget_run_cut_at_max_steps_trains_on_once_the_cap_is_lifted(tmp_path, fake_time):

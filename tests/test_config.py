@@ -42,6 +42,8 @@ def test_a_presets_own_values_are_not_refused_as_typed():
     (["--N_dec", "-1"], "--N_dec must not be negative"),
     (["--lang_src", "de", "--lang_tgt", "de"], "two different languages"),
     (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+    (["--time_budget", "nan"], "--time_budget must be a finite number (got nan)"),  # (a crash)
+    (["--clip_grad", "inf"], "--clip_grad must be a finite number (got inf)"),
     (["--no_such_flag", "1"], "unrecognized argument"),  # (each parser then names the flag)
     (["--d_model", "big"], "invalid int value: 'big'"),
     (["--lr_schedule", "linear"], "invalid choice: 'linear'"),

@@ -255,6 +255,28 @@ def test_validation_decodes_without_unk_and_scores_without_bootstrap_resamples(r
     assert {"bleu", "chrf", "cer", "wer", "loss"} <= set(metrics)
 
 
+def test_validation_times_its_decoding_apart(run, monkeypatch):
+    """The validation's metrics carry the seconds of its decoding alone, not its loss pass or
+    scoring (a --time_budget's reserve scales them by the test sentences): 5 s of a fake clock
+    spent decoding, 3 s in the loss pass."""
+    import types
+
+    import nmt.evaluation as evaluation
+    run, progress = run
+    now = [0.0]
+    monkeypatch.setattr(evaluation, "time", types.SimpleNamespace(time=lambda: now[0]))
+    decode, loss = evaluation.validation_translations, evaluation.validation_loss
+
+    def slow(real, seconds):
+        def call(*args, **kwargs):
+            now[0] += seconds
+            return real(*args, **kwargs)
+        return call
+    monkeypatch.setattr(evaluation, "validation_translations", slow(decode, 5.0))
+    monkeypatch.setattr(evaluation, "validation_loss", slow(loss, 3.0))
+    assert evaluation.run_validation(run, progress)["seconds_decoding"] == 5.0
+
+
 def test_validation_decodes_the_first_val_max_sentences_or_all(run):
     """--val_max_sentences N decodes the first N validation sentences (0: all of them; more
     than the split holds: all of them), not one more or one fewer."""

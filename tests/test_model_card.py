@@ -53,8 +53,9 @@ def test_a_budget_runs_card_says_what_set_its_steps():
     its schedule (the budget did not buy those steps: the learning rate had not decayed). A run
     without a budget that --patience stopped before its epochs' schedule names no budget."""
     budget = Config(time_budget=3, patience=2)
-    assert "- --time_budget 3 minutes bought 30 optimizer steps (the schedule" in card(
-        budget, schedule=30)
+    assert ("- --time_budget 3 minutes bought 30 optimizer steps (the schedule laid out for "
+            "them by the speed the run measured); 2.6 minutes spent in all, set-up and test "
+            "scoring included") in card(budget, schedule=30, setup=6.0)  # (150 s + 6 s)
     ended = card(budget, schedule=45)  # (the third validation: the second since the best)
     assert ("- --time_budget 3 minutes, ended by --patience 2: 30 optimizer steps of the 45 "
             "its schedule was laid out for") in ended and "bought" not in ended

@@ -565,18 +565,24 @@ def test_a_resume_may_name_the_teachers_in_another_order():
 
 def test_a_resume_takes_its_position_history_and_training_time_from_the_checkpoint(tmp_path):
     """restore_progress: the batch within the epoch (mid-epoch), the validations up to the
-    checkpoint's step only (a later one, recorded before a crash, is of steps trained again),
-    and the commands and training time of the earlier starts (the model card's)."""
+    checkpoint's step only (a later one, recorded before a crash, is of steps trained again;
+    the last, at step 10, is the step last validated: a stop at once validates no step twice),
+    the commands and training time of the earlier starts (the model card's), and, apart, their
+    set-up and validations (a --time_budget's)."""
     from nmt.resume import Progress, restore_progress
     config = Config(model_folder=str(tmp_path))
     write_history(config, [{"step": s, "bleu": 1.0, "loss": 1.0} for s in (10, 15)])
-    state = tiny_state(1, step=13, schedule_steps=100,
-                       provenance={"commands": ["train.py"], "seconds": 12.5})
+    state = tiny_state(1, step=13, schedule_steps=100, provenance={
+        "commands": ["train.py"], "seconds": 12.5, "setup_seconds": 3.0,
+        "validation_seconds": 4.0, "validations": 2, "last_validation": [1.5, 1.0]})
     progress = Progress()
     assert restore_progress(config, progress, tmp_path / "t.pt", state, 100, None) == 100
     assert (progress.epoch, progress.batch, progress.step) == (1, 3, 13)
-    assert [h["step"] for h in progress.history] == [10]
+    assert [h["step"] for h in progress.history] == [10] and progress.validated_at == 10
     assert (progress.commands, progress.seconds_before) == (["train.py"], 12.5)
+    assert (progress.setup_before, progress.validation_time, progress.last_validation) == \
+        (3.0, (4.0, 2), (1.5, 1.0))
+    assert progress.provenance()["last_validation"] == (1.5, 1.0)
 
 
 def test_a_resume_restores_the_gradient_scalers_scale(tmp_path):
