@@ -203,9 +203,10 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
                     earlier=getattr(progress, "validation_time", (0.0, 0)),
                     last=getattr(progress, "last_validation", None))
     capped = config.max_steps and step >= config.max_steps  # (no plan trains on: nothing_to_do)
-    if not step or complete or capped or not budget.lengthen(step, progress.seconds_before):
-        return budget
     longer = getattr(progress, "longer", "") if steps <= step else ""  # (past the saved end)
+    if not step or complete or capped or steps <= step and not longer or not budget.lengthen(
+            step, progress.seconds_before):  # (past the end with no reason: --patience's end)
+        return budget
     if budget.steps > step and longer:
         print(f"{longer}: {budget.steps:,} steps in all, by the speed of the earlier starts, "
               f"until this one measures its own")

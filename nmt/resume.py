@@ -318,9 +318,11 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     progress.validated_at = max((h["step"] for h in progress.history), default=-1)  # (not twice)
     saved = state.get("schedule_steps", steps)
     progress.complete = completed(config, state)
-    progress.longer = nmt.budget.longer(config, state)
+    patience_out = config.patience and validations_since_best(progress.history) >= config.patience
+    progress.longer = "" if patience_out else nmt.budget.longer(config, state)  # (it says why)
     # (a --time_budget's plan goes on as saved until this start has measured its speed)
-    if config.lr_schedule == "cosine" and saved != steps and not config.time_budget:
+    if config.lr_schedule == "cosine" and saved != steps and not config.time_budget and \
+            progress.step < steps:  # (a run with nothing left to train has no rate to say)
         old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))
         print(f"the run is now {steps} steps long (was {saved}): the cosine schedule is laid "
               f"out again over its new length; the learning rate goes on at {new:.2e} (it was "

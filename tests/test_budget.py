@@ -495,6 +495,25 @@ def test_a_resumed_budget_run_keeps_what_is_left(tmp_path, fake_time, monkeypatc
     assert abs(final["global_step"] - ideal_steps(t.stdout.decode())) <= 1  # as if not stopped
 
 
+def test_a_raised_budget_whose_patience_has_run_out_says_only_that(tmp_path, fake_time):
+    """A finished budget run whose last validations were no better than its best, resumed with
+    a larger budget and --patience 1: it said the budget laid out more steps, then that
+    training ends here; it says only why it ends, and trains nothing."""
+    corpus(tmp_path / "c")
+    t = run_here("train.py", *FLAGS, "--time_budget", "1", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    path = tmp_path / "weights" / "tmodel_validation.json"
+    validations = json.loads(path.read_text())
+    validations[0]["bleu"] = 99.0  # (the first the best: the later ones no better)
+    path.write_text(json.dumps(validations))
+    step = load_checkpoint(latest(tmp_path))["global_step"]
+    t = run_here("train.py", "--time_budget", "2", "--patience", "1", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0 and "(--patience 1): training ends here" in out, out
+    assert "raised" not in out and "steps in all" not in out
+    assert load_checkpoint(latest(tmp_path))["global_step"] == step
+
+
 def test_a_budget_lowered_below_what_is_spent_trains_no_step(tmp_path, fake_time,
                                                              monkeypatch):
     """Stopped a minute into 3, resumed with --time_budget 1: the budget is spent, so the

@@ -316,6 +316,9 @@ def test_a_lengthened_cosine_run_keeps_learning(tmp_path, train_here):
     assert min(new) > 0 and max(new) > 0.5 * 3e-3, new  # 3e-3: TINY's peak
     losses = [h["loss"] for h in history(tmp_path / "weights")]
     assert losses[-1] < losses[0] - 0.05, losses  # the lengthened run learned
+    code, out, err = train_here("--num_epochs", "2")  # shorter than trained: nothing to do,
+    assert code == 0 and "all 2 epochs are trained" in out, err  # no rate laid out (it said 0)
+    assert "laid out again" not in out
 
 
 def test_max_steps_on_an_epochs_last_batch_validates_those_weights_once(tmp_path, train_here):
