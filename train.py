@@ -68,9 +68,7 @@ ABORTED = "aborted; the checkpoints already saved are intact"  # a second Ctrl-C
 def warmup_steps(config: Config, total_steps: int) -> int:
     """--warmup as given; 0 (the default): 4000 steps, but at most a tenth of a run of
     `total_steps` (0: unknown), so that a short run on small data warms up and learns too."""
-    if config.warmup:
-        return config.warmup
-    return max(min(4000, total_steps // 10) if total_steps else 4000, 1)
+    return config.warmup or max(min(4000, total_steps // 10) if total_steps else 4000, 1)
 
 
 def learning_rate(config: Config, step: int, total_steps: int) -> float:
@@ -84,8 +82,7 @@ def learning_rate(config: Config, step: int, total_steps: int) -> float:
     cosine:       linear warm-up to lr, then half a cosine that would reach 0 one step after
                   the last: every step of the run learns. A run lengthened on resume is laid
                   out again over its new length (nmt.resume.restore_progress)."""
-    step, peak = max(step, 1), config.peak_lr()
-    warmup = warmup_steps(config, total_steps)
+    step, peak, warmup = max(step, 1), config.peak_lr(), warmup_steps(config, total_steps)
     if config.lr_schedule == "inverse_sqrt":
         paper = config.d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
         return peak * paper / (config.d_model * warmup) ** -0.5
@@ -437,8 +434,11 @@ def train_epoch(run: Run, progress: Progress) -> Stop:
             if stop:  # patience ran out, or a signal came while validating (not recorded)
                 break
     bar.close()  # before a stop message: the bar is not drawn again under it
+    if stop is Stop.MAX_STEPS and progress.batch == 0 < progress.step:  # the plan ended at the
+        progress.epoch, progress.batch = epoch - 1, end  # last epoch's end: end_epoch saves its
+        return stop  # checkpoint again, with the schedule's end (saved before the plan shrank)
     if stop:  # (at max_steps on the epoch's last batch, the epoch's own checkpoint follows)
-        if stop is not Stop.MAX_STEPS or 0 < progress.batch < end:  # (at 0: the epoch's saved)
+        if stop is not Stop.MAX_STEPS or progress.batch < end:
             save(run, progress, epoch, progress.batch,
                  step_checkpoint_path(config, epoch, progress.step))
         if stop is Stop.SIGNAL or (stop is Stop.MAX_STEPS and progress.batch < end):

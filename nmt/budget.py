@@ -224,7 +224,8 @@ def longer(config, state: dict) -> str:
     checkpoint) lays it out longer, in words (nothing: it does not): a --max_steps that cut it
     lifted, a larger budget, a budget given to a run that had none."""
     saved = state["config"].get("time_budget", 0)
-    if not config.time_budget or completed(config, state):
+    if not config.time_budget or completed(config, state) or state["global_step"] < state.get(
+            "schedule_steps", math.inf):  # (within its schedule: a plain resume)
         return ""
     if cap_lifted(config, state):
         return (f"--max_steps {config.max_steps} leaves more of the schedule" if config.max_steps

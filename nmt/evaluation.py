@@ -208,8 +208,9 @@ def score_test_sets(run, progress):
         results["tests"][test_name] = scored
     if run.rank:
         return None, []
-    out = Path(config.model_folder) / "results.json"  # (with the training time at its end:
-    results["seconds"] = progress.provenance()["seconds"]  # a --time_budget raised spends it)
+    out = Path(config.model_folder) / "results.json"  # (with the time spent at its end, which
+    made = progress.provenance()  # a --time_budget raised counts)
+    results.update(seconds=made["seconds"], setup_seconds=made["setup_seconds"])
     write_text_atomic(out, json.dumps(results, indent=1))
     tqdm.write(f"wrote {out}")
     return results, samples

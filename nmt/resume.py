@@ -306,12 +306,13 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     progress.commands, progress.seconds_before = list(made.get("commands", [])), \
         made.get("seconds", 0.0)
     progress.setup_before = made.get("setup_seconds", 0.0)
-    try:  # a run ended at this step: its test scoring came after the checkpoint, and counts
+    try:  # a run ended at this step: its last validation and test scoring came after the
         ended = json.loads((Path(config.model_folder) / "results.json").read_text())
-    except (OSError, ValueError):
-        ended = {}
+    except (OSError, ValueError):  # checkpoint; spent, not training (a step's time), they are
+        ended = {}  # counted with the set-ups
     if ended.get("step") == progress.step:
-        progress.seconds_before = max(progress.seconds_before, ended.get("seconds", 0.0))
+        progress.setup_before = max(progress.setup_before, ended.get("setup_seconds", 0.0)) + \
+            max(ended.get("seconds", 0.0) - progress.seconds_before, 0.0)
     progress.validation_time = made.get("validation_seconds", 0.0), made.get("validations", 0)
     progress.last_validation = tuple(made["last_validation"]) if made.get(
         "last_validation") else None

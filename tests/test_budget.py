@@ -173,12 +173,27 @@ def test_a_validation_where_the_plan_ends_says_the_steps_are_trained(monkeypatch
     monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
     budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=30)
     assert budget.validated(6.0, 0).endswith("30 steps (3.0 epochs) until measured")
-    budget.start()
-    budget.stepped(10, replan=False)  # (one step: 10 of them counted, 100 s)
+    budget.start()  # (at 100 s: 10 steps in the next 450 s, and 6 s of validation before)
     budget.steps_done, now[0] = 10, 550.0
     assert budget.validated(6.0, 10) == ("--time_budget 10 minutes: 9.2 spent; the schedule's "
                                          "10 steps (1.0 epochs) are trained")
     assert budget.steps == 10 and budget.agreed == 30  # (agreed at the next exchange)
+
+
+def test_a_plan_whose_steps_fill_what_is_left_exactly_takes_them_all():
+    """10 s a step, no validation timed: 40 s left buy 4 steps (40 s, a power of 2 that the
+    search doubles to), 30 s buy 3, 39.9 s 3."""
+    budget = Budget(600, 0, 0, steps_per_epoch=1000, eval_every=0, test_share=1.0, steps=0)
+    assert [budget.fit(0, left, 10.0) for left in (40.0, 30.0, 39.9)] == [4, 3, 3]
+
+
+def test_a_step_timed_at_no_time_still_plans_a_run_of_some_length():
+    """A step measured at 0 s, or less (time.time() set back while it ran), no validation
+    timed: the plan counts each step at least a nanosecond, so its search ends, here at
+    --max_steps (it doubled a count of free steps until no float could hold it)."""
+    budget = Budget(600, 0, 0, steps_per_epoch=1000, eval_every=0, test_share=1.0, steps=0,
+                    max_steps=500)
+    assert budget.fit(10, 40.0, 0.0) == 500 and budget.fit(10, 40.0, -1.0) == 500
 
 
 def test_validations_on_the_way_count_epoch_ends_and_eval_every_once_the_last_left_out():
@@ -261,10 +276,43 @@ def test_a_raised_budget_plans_from_the_checkpoints_training_time_its_set_up_apa
     assert capsys.readouterr().out == "" and not capped.complete  # (nothing_to_do: the cap)
 
 
+def test_a_resume_within_its_schedule_is_laid_out_again_at_once_and_says_nothing(
+        monkeypatch, capsys):
+    """budget_for, a resume before the saved schedule's end (a Ctrl-C): laid out again from
+    the checkpoint's figures (408 steps, as above), not the saved 500, with no word of a
+    longer schedule (restore_progress's `longer` is for a resume past the saved end). A
+    checkpoint with no training time recorded (an older one) keeps the saved plan until this
+    start measures; one at step 0 (stopped before its first step, an --init_from's validation
+    timed) too: no speed comes from no step."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
+    config = SimpleNamespace(time_budget=20, val_max_sentences=4, accum_steps=1, eval_every=0,
+                             max_steps=0)
+    data = SimpleNamespace(validation=list(range(4)), test={"t": (["s"] * 4, ["t"] * 4)})
+
+    def resumed(**fields):
+        return SimpleNamespace(**{
+            "step": 100, "seconds_before": 300.0, "setup_before": 60.0,
+            "validation_time": (60.0, 4), "last_validation": (15.0, 15.0), "complete": False,
+            "longer": "the --time_budget is raised", **fields})
+    within = resumed()
+    budget = nmt.budget.budget_for(config, data, 2000, 500, within, 0.0)
+    assert budget.steps == budget.agreed == 408 and not within.complete
+    assert capsys.readouterr().out == ""
+    untimed = resumed(seconds_before=0.0, validation_time=(0.0, 0))
+    budget = nmt.budget.budget_for(config, data, 2000, 500, untimed, 0.0)
+    assert budget.steps == budget.agreed == 500 and not untimed.complete
+    first = resumed(step=0, seconds_before=5.0, validation_time=(3.0, 1),
+                    last_validation=(3.0, 2.0))
+    budget = nmt.budget.budget_for(config, data, 2000, 500, first, 0.0)
+    assert budget.steps == budget.agreed == 500 and not first.complete
+    assert capsys.readouterr().out == ""
+
+
 def test_a_resume_says_why_its_schedule_is_longer_in_the_words_of_what_changed():
     """A --time_budget resume of a run whose schedule ended at its step: a larger budget, a
     budget given to a run of epochs, a --max_steps cap gone or raised past the saved one; a
-    complete schedule, no budget: nothing."""
+    complete schedule, no budget, a checkpoint within its schedule: nothing."""
     from config import Config
     state = {"config": {"time_budget": 3, "max_steps": 0}, "global_step": 50,
              "schedule_steps": 50}
@@ -278,6 +326,8 @@ def test_a_resume_says_why_its_schedule_is_longer_in_the_words_of_what_changed()
         "--max_steps no longer cuts the schedule"
     assert nmt.budget.longer(Config(time_budget=3, max_steps=80), capped) == \
         "--max_steps 80 leaves more of the schedule"
+    within = {**state, "global_step": 30}  # (a plain resume: its schedule goes on)
+    assert nmt.budget.longer(Config(time_budget=4), within) == ""
 
 
 def test_the_budget_reads_the_runs_epoch_validation_and_test_sets(monkeypatch, capsys):
@@ -304,8 +354,8 @@ def test_the_budget_reads_the_runs_epoch_validation_and_test_sets(monkeypatch, c
 
 class FakeClock:
     """The budget's clock: a step costs STEP seconds, a validation VALIDATION, the test scoring
-    TESTS; nothing else moves it."""
-    STEP, VALIDATION, TESTS = 2.0, 6.0, 20.0
+    TESTS; nothing else moves it. DECODING: a validation's seconds of decoding (None: all)."""
+    STEP, VALIDATION, TESTS, DECODING = 2.0, 6.0, 20.0, None
 
     def __init__(self):
         self.now = 1000.0
@@ -330,7 +380,7 @@ def fake_time(monkeypatch):
             if name:
                 setattr(fake, name, fake.now)
             if isinstance(result, dict) and "seconds_decoding" in result:  # (a validation's)
-                result["seconds_decoding"] = seconds  # all of it decoding
+                result["seconds_decoding"] = fake.DECODING or seconds
             return result
         return call
     monkeypatch.setattr(train, "train_step", timed(step, fake.STEP, None))
@@ -350,12 +400,13 @@ def latest(home):
     return latest_checkpoint_path(Config(model_folder=str(home / "weights")))
 
 
-def ideal_steps(out: str) -> int:
+def ideal_steps(out: str, decoding: float = FakeClock.VALIDATION) -> int:
     """The steps 3 minutes buy at the fake clock's costs: a step, and a validation each epoch of
-    the run's K steps (its stop line says "of K"), with the end's reserve kept back."""
+    the run's K steps (its stop line says "of K"), with the end's reserve kept back (a
+    validation's `decoding` seconds by the test sentences, greedy and beam, its rest once)."""
     per_epoch = int(out.split("the --time_budget's schedule is complete")[1].split(" of ")[2]
                     .split(" ")[0])
-    reserve = 6 * (1 + 1 * (1 + nmt.budget.BEAM_COST)) + 180 * MARGIN
+    reserve = 2 * 6 - decoding + decoding * 1 * (1 + nmt.budget.BEAM_COST) + 180 * MARGIN
     return int((180 - reserve) / (FakeClock.STEP + FakeClock.VALIDATION / per_epoch))
 
 
@@ -400,8 +451,9 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
                                      tmp_path / "weights" / "tmodel_validation.json")]
     files = sorted(tmp_path.rglob("*"))  # (TensorBoard's events files among them)
     ended = json.loads((tmp_path / "weights" / "results.json").read_text())
-    assert ended["step"] == steps and ended["seconds"] == final["provenance"]["seconds"] + 6 + \
-        20 + 20  # the last validation, the test scoring, the scoring again: spent, in all
+    assert ended["step"] == steps and ended["seconds"] == final["provenance"]["seconds"] + 20
+    assert ended["setup_seconds"] == 6 + 20  # the first end's validation and test scoring,
+    # after the checkpoint: spent, not training (the scoring again: so at the next resume)
     t = run_here("train.py", "--time_budget", "3.5", cwd=tmp_path)  # 18 s more: < the end's
     assert t.returncode == 0 and ("the --time_budget is raised, but buys no step more: 3.2 of "
                                   "its 3.5 minutes are spent, and the end keeps 0.57 of them"
@@ -409,13 +461,31 @@ def test_a_budget_run_completes_its_schedule_and_scores_the_test_set_inside_it(t
     assert [p.read_bytes() for p in (latest(tmp_path), tmp_path / "weights" / "MODEL_CARD.md",
                                      tmp_path / "weights" / "tmodel_validation.json")] == kept
     assert sorted(tmp_path.rglob("*")) == files
-    earlier, resumed = ended["seconds"], fake_time.now
+    earlier, resumed = ended["seconds"] + ended["setup_seconds"], fake_time.now
     t = run_here("train.py", "--time_budget", "4", cwd=tmp_path)  # a minute more: laid out again
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert "the --time_budget is raised: " in t.stdout.decode()
     more = load_checkpoint(latest(tmp_path))
     assert more["schedule_steps"] == more["global_step"] > steps
     assert earlier + fake_time.scored_at - resumed <= 240  # its test scores inside the 4 minutes
+
+
+def test_the_end_keeps_back_a_validations_decoding_by_the_test_sentences_its_rest_once(
+        tmp_path, fake_time):
+    """3 minutes, validations of 6 s of which 2 decode: the plan the run measures keeps back
+    6 s, the test sets' 2 · 1 · (1 + BEAM_COST) s of decoding and the validation's other 4 s
+    (21.6 s with the margin, not the 33.6 s of a validation all decoding), and spends the rest
+    on steps; the checkpoint keeps the latest validation's figures, its decoding apart, for a
+    resume's first plan."""
+    corpus(tmp_path / "c")
+    fake_time.DECODING = 2.0
+    t = run_here("train.py", *FLAGS, "--time_budget", "3", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    final = load_checkpoint(latest(tmp_path))
+    assert tuple(final["provenance"]["last_validation"]) == (6.0, 2.0)
+    assert abs(final["global_step"] - ideal_steps(out, decoding=2.0)) <= 1
+    assert ideal_steps(out, decoding=2.0) - ideal_steps(out) > 2  # (the difference is seen)
 
 
 def test_an_epoch_longer_than_the_budget_still_scores_the_test_set_inside_it(tmp_path,
@@ -439,23 +509,30 @@ def test_an_epoch_longer_than_the_budget_still_scores_the_test_set_inside_it(tmp
     assert fake_time.scored_at - started <= 90
 
 
-def test_a_plan_that_ends_at_an_epochs_end_saves_no_second_checkpoint_there(tmp_path,
-                                                                           fake_time):
+def test_a_plan_that_ends_at_an_epochs_end_is_complete_in_that_epochs_checkpoint(tmp_path,
+                                                                                fake_time):
     """0.8 minutes: the validation at epoch 0's end makes the plan end there (what is left, 1
     s, is less than a step); the ranks take it at the next epoch's first exchange, which saved
-    a checkpoint of epoch 1 at batch 0, a copy of epoch 0's. Nothing is saved there, the stop
-    line names the epoch that ended, and the step is validated once."""
+    a checkpoint of epoch 1 at batch 0, a copy of epoch 0's. Epoch 0's checkpoint is saved
+    again instead, with the schedule's end (saved before, it said 23 steps, and the same
+    command resumed, trained past the budget and scored again); the step is validated once,
+    and the same command again says the schedule is complete."""
     corpus(tmp_path / "c")
     t = run_here("train.py", *FLAGS, "--time_budget", "0.8", cwd=tmp_path)
     out = t.stdout.decode()
     assert t.returncode == 0, t.stderr.decode()[-2000:]
     assert "the schedule's 5 steps (1.0 epochs) are trained" in out
-    assert "is complete (0.27 of 0.8 minutes spent) at the end of epoch 0 (step 5); saved " \
-        "weights/tmodel_00.pt" in out
+    assert "is complete (0.27 of 0.8 minutes spent) in epoch 0 after batch 5 of 5 (step 5); " \
+        "saved weights/tmodel_00.pt" in out
     assert sorted(p.name for p in (tmp_path / "weights").glob("*.pt")) == \
         ["tmodel_00.pt", "tmodel_best.pt"]
+    assert load_checkpoint(latest(tmp_path))["schedule_steps"] == 5
     assert [v["step"] for v in json.loads(
         (tmp_path / "weights" / "tmodel_validation.json").read_text())] == [5]
+    t = run_here("train.py", cwd=tmp_path)
+    assert t.returncode == 0 and ("the --time_budget 0.8 minutes' schedule is complete (step "
+                                  "5); raise --time_budget to train on") in t.stdout.decode()
+    assert load_checkpoint(latest(tmp_path))["global_step"] == 5
 
 
 def ctrl_c_after(fake_time, seconds: float):
@@ -517,9 +594,9 @@ def test_a_raised_budget_whose_patience_has_run_out_says_only_that(tmp_path, fak
 def test_a_budget_lowered_below_what_is_spent_trains_no_step(tmp_path, fake_time,
                                                              monkeypatch):
     """Stopped a minute into 3, resumed with --time_budget 1: the budget is spent, so the
-    resume trains no step (it took one before the plan was measured), says so, scores the test
-    set, and the card gives the minutes spent in all, past the budget (it said the test scoring
-    was inside it)."""
+    resume trains no step (it trained one, its saved plan kept until measured), says so,
+    scores the test set, and the card gives the minutes spent in all, past the budget (it said
+    the test scoring was inside it)."""
     corpus(tmp_path / "c")
     step = train.train_step
     monkeypatch.setattr(train, "train_step", ctrl_c_after(fake_time, 60))
@@ -570,7 +647,8 @@ def test_a_resumed_budget_run_counts_every_starts_set_up(tmp_path, fake_time, mo
     """Each start's set-up (its data and model: 30 s here) is spent from the budget, the earlier
     starts' too: a checkpoint keeps their set-up apart from the training time (the model card's
     minutes), and a run stopped and resumed still scores its test set inside its 3 minutes
-    (the first start's set-up was lost on resume, and the run overran by as much)."""
+    (the first start's set-up was lost on resume, and the run overran by as much); the card's
+    minutes spent in all count both set-ups."""
     corpus(tmp_path / "c")
     started = fake_time.now
     step, get_ds = train.train_step, train.get_ds
@@ -590,6 +668,8 @@ def test_a_resumed_budget_run_counts_every_starts_set_up(tmp_path, fake_time, mo
     final = load_checkpoint(latest(tmp_path))["provenance"]
     assert final["setup_seconds"] == 60
     assert fake_time.scored_at - started <= 180  # both set-ups inside the budget
+    assert "2.9 minutes spent in all, set-up and test scoring included" in \
+        (tmp_path / "weights" / "MODEL_CARD.md").read_text()  # (172 s, both set-ups' 60 among)
 
 
 def test_the_budget_is_minutes_not_negative():

@@ -3,6 +3,7 @@ the validation history."""
 
 import argparse
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -583,6 +584,41 @@ def test_a_resume_takes_its_position_history_and_training_time_from_the_checkpoi
     assert (progress.setup_before, progress.validation_time, progress.last_validation) == \
         (3.0, (4.0, 2), (1.5, 1.0))
     assert progress.provenance()["last_validation"] == (1.5, 1.0)
+
+
+def test_a_checkpoint_keeps_every_validations_time_and_the_latests_decoding_apart():
+    """Progress.validated: the validations' seconds add up (the earlier starts' for a
+    --time_budget resume), the latest's are kept with its decoding's apart (the end's reserve
+    scales the decoding by the test sentences, the rest once), and its step is the one last
+    validated."""
+    from nmt.resume import Progress
+    progress = Progress()
+    progress.step = 10
+    progress.validated(10.0, 4.0)
+    progress.step = 20
+    progress.validated(6.0, 2.0)
+    made = progress.provenance()
+    assert (made["validation_seconds"], made["validations"], made["last_validation"]) == \
+        (16.0, 2, (6.0, 2.0)) and progress.validated_at == 20
+
+
+def test_a_resume_at_a_finished_runs_step_counts_its_end_apart_from_training(tmp_path):
+    """results.json of a run that ended at the checkpoint's step: its last validation and test
+    scoring came after the checkpoint (146 s of training, 172 s at the end), and the set-up of
+    the start that scored (10 s): spent, but not training, so a --time_budget's first plan
+    does not take them for steps' time. results.json of another step is another end's."""
+    from nmt.resume import Progress, restore_progress
+    config = Config(model_folder=str(tmp_path))
+    state = tiny_state(1, step=46, schedule_steps=46, provenance={
+        "commands": ["train.py"], "seconds": 146.0, "setup_seconds": 5.0})
+    (tmp_path / "results.json").write_text(json.dumps(
+        {"step": 46, "seconds": 172.0, "setup_seconds": 15.0, "tests": {}}))
+    progress = Progress()
+    restore_progress(config, progress, tmp_path / "t.pt", state, 46, None)
+    assert (progress.seconds_before, progress.setup_before) == (146.0, 15.0 + 26.0)
+    (tmp_path / "results.json").write_text(json.dumps({"step": 40, "seconds": 130.0}))
+    restore_progress(config, progress := Progress(), tmp_path / "t.pt", state, 46, None)
+    assert (progress.seconds_before, progress.setup_before) == (146.0, 5.0)
 
 
 def test_a_resume_restores_the_gradient_scalers_scale(tmp_path):

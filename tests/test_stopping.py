@@ -327,6 +327,23 @@ def test_a_stop_at_max_steps_under_a_time_budget_names_the_step_limit(tmp_path):
     assert "Resume" not in said
 
 
+def test_a_stop_before_an_epochs_first_batch_names_the_epoch_that_ended(tmp_path):
+    """A stop at an epoch's first exchange, no batch of it trained (a --time_budget plan that
+    ended at the epoch before's end, a Ctrl-C there): at the end of that epoch; at step 0 (a
+    Ctrl-C before the run's first step) in epoch 0 after batch 0, not the end of an epoch -1."""
+    from types import SimpleNamespace
+
+    from nmt.stopping import Stop, stop_message
+    run = SimpleNamespace(budget=None, world_size=1, batches_per_epoch=10,
+                          config=Config(model_folder=str(tmp_path)))
+    progress = SimpleNamespace(step=20, epoch=2, batch=0, signal="SIGINT")
+    assert stop_message(run, progress, Stop.SIGNAL).startswith(
+        "stopped by SIGINT at the end of epoch 1 (step 20); saved ")
+    progress.step, progress.epoch = 0, 0
+    assert stop_message(run, progress, Stop.SIGNAL).startswith(
+        "stopped by SIGINT in epoch 0 after batch 0 of 10 (step 0); saved ")
+
+
 def test_dataloader_workers_leave_ctrl_c_to_the_main_process():
     import signal
     saved = signal.getsignal(signal.SIGINT)
