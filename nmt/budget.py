@@ -2,14 +2,14 @@
 so the learning-rate schedule's, set from the throughput this run measures (its steps and its
 validations), corrected as it goes, so that the schedule completes, the last validation and
 the test scoring end inside the budget. A resume keeps what is left: the training time of
-the earlier starts is in the checkpoint (its provenance).
+the earlier starts is in the checkpoint (its provenance), a finished run's end in results.json.
 
-Each plan: steps left = (time left - the end's reserve) / (a step's seconds + a validation's
-seconds / steps between validations); the end's reserve = one validation, the test sets'
-scoring (the validation's decoding by their sentences, greedy and beam, and its other costs
-once), and MARGIN of the budget for what is not measured (saving, the model card). A validation's
-figures are the latest's; until this start has timed a step (and a validation), the earlier
-starts' stand in."""
+Each plan: the most steps whose time (a step's seconds each, and a validation's at each
+validation on the way) fits in the time left less the end's reserve; the end's reserve = one
+validation, the test sets' scoring (the validation's decoding by their sentences, greedy and
+beam, and its other costs once), and MARGIN of the budget for what is not measured (saving,
+the model card). A validation's figures are the latest's; until this start has timed a step
+(and a validation), the earlier starts' stand in."""
 
 import math
 import time
@@ -45,7 +45,7 @@ class Budget:
     validation_seconds: float = 0.0  # this start's validations, all together
     validations: int = 0
     steps_done: int = 0  # this start's optimizer steps
-    earlier: tuple = (0.0, 0)  # the earlier starts' validations: their seconds, their number
+    earlier: float = 0.0  # the earlier starts' validations' seconds, all together
     last: tuple = None  # the latest validation (any start's): its seconds, its decoding's
     timing: bool = False  # validate after this step: none is timed by half the budget
 
@@ -120,11 +120,10 @@ class Budget:
         kept, agreed at once; 0 (the saved plan kept) where no training time was recorded. It
         reads the checkpoint only, not the clock, so that every rank makes the same (this
         start's set-up is spent from the first plan it measures)."""
-        seconds, count = self.earlier
-        if training_before <= seconds:
+        if training_before <= self.earlier:
             return 0
         self.fit(step, self.seconds - self.spent_before - self.reserve(),
-                 (training_before - seconds) / step)
+                 (training_before - self.earlier) / step)
         self.agreed = self.steps
         return self.steps
 
@@ -200,7 +199,7 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
     budget = Budget(config.time_budget * 60, spent_before, started,
                     math.ceil(batches / config.accum_steps), config.eval_every,
                     tests / max(decoded, 1), steps, config.max_steps,
-                    earlier=getattr(progress, "validation_time", (0.0, 0)),
+                    earlier=getattr(progress, "validation_time", (0.0, 0))[0],
                     last=getattr(progress, "last_validation", None))
     capped = config.max_steps and step >= config.max_steps  # (no plan trains on: nothing_to_do)
     longer = getattr(progress, "longer", "") if steps <= step else ""  # (past the saved end)

@@ -142,7 +142,8 @@ class Progress:
     signal: str = None  # the name of a SIGINT/SIGTERM received
     commands: list = field(default_factory=list)  # the command of every start of the run
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
-    setup_before: float = 0.0  # the earlier starts' set-up (data, model), which a budget counts
+    setup_before: float = 0.0  # the earlier starts' set-up (data, model) and ends after their
+    # last checkpoint (a validation, the test scoring): not training, but a budget's time
     validation_time: tuple = (0.0, 0)  # every start's validations: their seconds, their number
     last_validation: tuple = None  # the latest validation's seconds and its decoding's
     complete: bool = False  # a --time_budget run resumed after its schedule completed
@@ -321,7 +322,7 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     progress.complete = completed(config, state)
     patience_out = config.patience and validations_since_best(progress.history) >= config.patience
     progress.longer = "" if patience_out else nmt.budget.longer(config, state)  # (it says why)
-    # (a --time_budget's plan goes on as saved until this start has measured its speed)
+    # (a --time_budget's schedule is laid out again by nmt.budget.budget_for)
     if config.lr_schedule == "cosine" and saved != steps and not config.time_budget and \
             progress.step < steps:  # (a run with nothing left to train has no rate to say)
         old, new = (learning_rate(config, progress.step + 1, n) for n in (saved, steps))

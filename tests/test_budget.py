@@ -118,7 +118,7 @@ def test_a_validation_is_asked_for_at_half_the_budget_when_none_is_timed(monkeyp
     budget.agree([30, 0], 6)
     assert not budget.timing
     resumed = Budget(1200, 700, 100, steps_per_epoch=1000, eval_every=0, test_share=1.0,
-                     steps=30, earlier=(10.0, 1), last=(10.0, 5.0))
+                     steps=30, earlier=10.0, last=(10.0, 5.0))
     assert resumed.proposal(0) == [30, 0]  # an earlier start's validation was timed
     resumed.last, resumed.started = None, 500.0  # none timed: its 700 s count, with
     assert resumed.proposal(0) == [30, 1]  # this start's 100 (not this start's alone)
@@ -216,7 +216,7 @@ def test_a_raised_budget_is_first_planned_at_the_earlier_starts_speed(monkeypatc
     (not this start's clock: every rank plans alike). Where less than a step is left, none."""
     monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
     budget = Budget(1200, 320, 40, steps_per_epoch=1000, eval_every=0, test_share=1.0,
-                    steps=100, agreed=100, earlier=(60.0, 4), last=(15.0, 15.0))
+                    steps=100, agreed=100, earlier=60.0, last=(15.0, 15.0))
     assert budget.reserve() == 15 + 15 * (1 + nmt.budget.BEAM_COST) + 24
     assert budget.lengthen(100, 300) == 425 and budget.agreed == 425 and not budget.done(100)
     monkeypatch.setattr(nmt.budget, "clock", lambda: 900.0)  # (this start's set-up: unread)
@@ -234,7 +234,7 @@ def test_a_raised_budgets_first_plan_counts_the_validations_on_the_way(monkeypat
     not 325 (the 781 s on steps alone, which the validations would take past the budget)."""
     monkeypatch.setattr(nmt.budget, "clock", lambda: 100.0)
     budget = Budget(1200, 320, 40, steps_per_epoch=100, eval_every=0, test_share=1.0,
-                    steps=100, agreed=100, earlier=(60.0, 4), last=(15.0, 15.0))
+                    steps=100, agreed=100, earlier=60.0, last=(15.0, 15.0))
     assert budget.lengthen(100, 300) == 406 == budget.agreed
 
 
