@@ -43,7 +43,6 @@ class Budget:
     agreed: int = None  # the run length the ranks agreed on at the last step: the schedule's
     training_started: float = None  # when this start's first step began
     validation_seconds: float = 0.0  # this start's validations, all together
-    validations: int = 0
     steps_done: int = 0  # this start's optimizer steps
     earlier: float = 0.0  # the earlier starts' validations' seconds, all together
     last: tuple = None  # the latest validation (any start's): its seconds, its decoding's
@@ -156,7 +155,6 @@ class Budget:
         where the plan made again ends at it, nothing is left to plan: the words say what was
         trained."""
         self.validation_seconds += seconds
-        self.validations += 1
         self.last = seconds, seconds if decoding is None else decoding
         if not self.done(step) and self.plan(step) > step:
             return self.words("by the speed measured" if self.steps_done else "until measured") \
@@ -199,7 +197,7 @@ def budget_for(config, data, batches: int, steps: int, progress, started: float)
     budget = Budget(config.time_budget * 60, spent_before, started,
                     math.ceil(batches / config.accum_steps), config.eval_every,
                     tests / max(decoded, 1), steps, config.max_steps,
-                    earlier=getattr(progress, "validation_time", (0.0, 0))[0],
+                    earlier=getattr(progress, "validation_seconds", 0.0),
                     last=getattr(progress, "last_validation", None))
     capped = config.max_steps and step >= config.max_steps  # (no plan trains on: nothing_to_do)
     longer = getattr(progress, "longer", "") if steps <= step else ""  # (past the saved end)

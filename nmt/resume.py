@@ -144,7 +144,7 @@ class Progress:
     seconds_before: float = 0.0  # training time of the earlier starts (validations included)
     setup_before: float = 0.0  # the earlier starts' set-up (data, model) and ends after their
     # last checkpoint (a validation, the test scoring): not training, but a budget's time
-    validation_time: tuple = (0.0, 0)  # every start's validations: their seconds, their number
+    validation_seconds: float = 0.0  # every start's validations, all together
     last_validation: tuple = None  # the latest validation's seconds and its decoding's
     complete: bool = False  # a --time_budget run resumed after its schedule completed
     longer: str = ""  # why a --time_budget resume lays out more than the saved schedule
@@ -164,14 +164,14 @@ class Progress:
         return {"commands": self.commands,
                 "seconds": self.seconds_before + nmt.budget.clock() - self.started,
                 "setup_seconds": self.setup_before + max(setup, 0.0),
-                "validation_seconds": self.validation_time[0],
-                "validations": self.validation_time[1], "last_validation": self.last_validation}
+                "validation_seconds": self.validation_seconds,
+                "last_validation": self.last_validation}
 
     def validated(self, seconds: float, decoding: float):
         """A validation of `seconds` done, `decoding` of them its decoding (its time is in the
         checkpoint, for a budget's resume: what the end keeps back)."""
         self.validated_at = self.step
-        self.validation_time = (self.validation_time[0] + seconds, self.validation_time[1] + 1)
+        self.validation_seconds += seconds
         self.last_validation = seconds, decoding
 
 
@@ -314,7 +314,7 @@ def restore_progress(config: Config, progress, path: Path, state: dict, steps: i
     if ended.get("step") == progress.step:
         progress.setup_before = max(progress.setup_before, ended.get("setup_seconds", 0.0)) + \
             max(ended.get("seconds", 0.0) - progress.seconds_before, 0.0)
-    progress.validation_time = made.get("validation_seconds", 0.0), made.get("validations", 0)
+    progress.validation_seconds = made.get("validation_seconds", 0.0)
     progress.last_validation = tuple(made["last_validation"]) if made.get(
         "last_validation") else None
     progress.validated_at = max((h["step"] for h in progress.history), default=-1)  # (not twice)

@@ -24,7 +24,7 @@ def test_the_plan_spends_what_is_left_on_steps_and_their_validations(monkeypatch
     now = [100.0]
     monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
     budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=999,
-                    training_started=0, validation_seconds=10, validations=1, steps_done=10,
+                    training_started=0, validation_seconds=10, steps_done=10,
                     last=(10.0, 10.0))  # (all of it decoding)
     assert budget.reserve() == pytest.approx(10 + 10 * (1 + nmt.budget.BEAM_COST) + 600 * MARGIN)
     assert budget.plan(10) == 10 + 44
@@ -47,7 +47,7 @@ def test_the_last_validation_says_the_steps_trained_not_a_new_plan(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(nmt.budget, "clock", lambda: now[0])
     budget = Budget(600, 0, 0, steps_per_epoch=10, eval_every=0, test_share=1.0, steps=30,
-                    training_started=0, validation_seconds=10, validations=1, steps_done=10)
+                    training_started=0, validation_seconds=10, steps_done=10)
     assert "laid out for 59 steps" in budget.validated(10, 10)  # before the end: planned again
     budget.agreed, budget.steps = 30, 31  # the ranks agreed on 30; a later plan proposed 31
     now[0] = 300.0
@@ -139,7 +139,7 @@ def test_the_plan_is_fitted_in_a_few_costings_where_eval_every_meets_the_epochs_
     plans = []
     for every in (0, 1000):
         budget = Budget(3600, 0, 0, steps_per_epoch=1000, eval_every=every, test_share=1.0,
-                        steps=9, training_started=0, validation_seconds=10, validations=1,
+                        steps=9, training_started=0, validation_seconds=10,
                         steps_done=3000, last=(10.0, 10.0))
         counted.clear()
         plans.append(budget.plan(3000))
@@ -254,7 +254,7 @@ def test_a_raised_budget_plans_from_the_checkpoints_training_time_its_set_up_apa
 
     def resumed(**fields):
         return SimpleNamespace(step=100, seconds_before=300.0, setup_before=60.0,
-                               validation_time=(60.0, 4), last_validation=(15.0, 15.0),
+                               validation_seconds=60.0, last_validation=(15.0, 15.0),
                                complete=False, longer="the --time_budget is raised", **fields)
     raised = resumed()
     assert nmt.budget.budget_for(config, data, 2000, 100, raised, 0.0).steps == 408
@@ -293,16 +293,16 @@ def test_a_resume_within_its_schedule_is_laid_out_again_at_once_and_says_nothing
     def resumed(**fields):
         return SimpleNamespace(**{
             "step": 100, "seconds_before": 300.0, "setup_before": 60.0,
-            "validation_time": (60.0, 4), "last_validation": (15.0, 15.0), "complete": False,
+            "validation_seconds": 60.0, "last_validation": (15.0, 15.0), "complete": False,
             "longer": "the --time_budget is raised", **fields})
     within = resumed()
     budget = nmt.budget.budget_for(config, data, 2000, 500, within, 0.0)
     assert budget.steps == budget.agreed == 408 and not within.complete
     assert capsys.readouterr().out == ""
-    untimed = resumed(seconds_before=0.0, validation_time=(0.0, 0))
+    untimed = resumed(seconds_before=0.0, validation_seconds=0.0)
     budget = nmt.budget.budget_for(config, data, 2000, 500, untimed, 0.0)
     assert budget.steps == budget.agreed == 500 and not untimed.complete
-    first = resumed(step=0, seconds_before=5.0, validation_time=(3.0, 1),
+    first = resumed(step=0, seconds_before=5.0, validation_seconds=3.0,
                     last_validation=(3.0, 2.0))
     budget = nmt.budget.budget_for(config, data, 2000, 500, first, 0.0)
     assert budget.steps == budget.agreed == 500 and not first.complete
