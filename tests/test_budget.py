@@ -535,6 +535,26 @@ def test_a_plan_that_ends_at_an_epochs_end_is_complete_in_that_epochs_checkpoint
     assert load_checkpoint(latest(tmp_path))["global_step"] == 5
 
 
+def test_a_new_line_from_an_earlier_epoch_spends_the_budget_from_that_epochs_time(tmp_path,
+                                                                                 fake_time):
+    """--preload 01 on a finished 1.6-minute run: the new line of training goes on from the
+    time epoch 1's checkpoint recorded (the abandoned line's time is not spent; its
+    results.json is set aside with it), and ends inside the budget from there."""
+    corpus(tmp_path / "c")
+    t = run_here("train.py", *FLAGS, "--time_budget", "1.6", "--keep_optimizer", "0",
+                 cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    epoch_1 = load_checkpoint(tmp_path / "weights" / "tmodel_01.pt")["provenance"]
+    spent = epoch_1["seconds"] + epoch_1["setup_seconds"]
+    t = run_here("train.py", "--preload", "01", cwd=tmp_path)
+    out = t.stdout.decode()
+    assert t.returncode == 0, t.stderr.decode()[-2000:]
+    assert f"--time_budget 1.6 minutes: {nmt.budget.minutes(spent)} spent; the schedule laid " \
+        "out for" in out
+    final = load_checkpoint(latest(tmp_path))["provenance"]
+    assert final["seconds"] + final["setup_seconds"] <= 1.6 * 60
+
+
 def ctrl_c_after(fake_time, seconds: float):
     """train.train_step that sends the first Ctrl-C once `seconds` of the fake clock have
     passed since now: the run stops after that step."""
