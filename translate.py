@@ -108,6 +108,7 @@ def parse_args(argv):
     check_sampling(parser, args)
     check_models(parser, args, given)
     check_inputs(parser, args)
+    check_model_files(parser, args, config)
     return args, config, given
 
 
@@ -223,6 +224,26 @@ def check_inputs(parser, args):
     problem = args.attention and picture_problem(args.attention)  # (matplotlib adds .png)
     if problem:
         parser.error(problem)
+
+
+MODEL_FILES = ("*.pt", "*.json", "*.bin", "*.md", "*.png")  # checkpoints, tokenizers, records
+
+
+def check_model_files(parser, args, config: Config):
+    """An --output or --attention that would overwrite a file of the model's folders (a
+    checkpoint, a tokenizer, an exported model's, the run's records): one line, exit 2 (the
+    translations had replaced the checkpoint, and the model was gone)."""
+    named = args.ensemble or [args.ctranslate2 or args.checkpoint or config.model_folder]
+    folders = {path if path.is_dir() else path.parent for path in map(Path, named)}
+    for flag in ("output", "attention"):
+        path = getattr(args, flag)
+        if path in (None, "-") or not os.path.isfile(path):
+            continue
+        for folder in folders:
+            if any(same_file(path, file) for pattern in MODEL_FILES for file in folder.glob(
+                    pattern)):
+                parser.error(f"--{flag} {path} is a file of the model in {folder}, which it "
+                             f"would overwrite: give another --{flag}")
 
 
 def same_file(a: str, b: str) -> bool:

@@ -717,6 +717,30 @@ def test_the_output_cannot_overwrite_the_input_or_its_references(trained, tmp_pa
     assert (tmp_path / "ref.it").read_text() == "uno due.\n"
 
 
+@pytest.mark.parametrize("flags, output", [
+    ([], "w/tmodel_best.pt"), ([], "w/tokenizer_it.json"), ([], "w/MODEL_CARD.md"),
+    (["--checkpoint", "w/tmodel_00.pt"], "w/tmodel_01.pt"),
+    (["--ensemble", "w,w/tmodel_00.pt"], "./w/../w/tmodel_00.pt")])
+def test_the_output_cannot_overwrite_the_models_files(trained, tmp_path, flags, output):
+    """--output a file of the model's folder (a checkpoint, a tokenizer, the run's card)
+    replaced it with the translations, and the model was gone (the next load failed); a new
+    file there is written."""
+    import shutil
+    home, _ = trained
+    shutil.copytree(home / "weights", tmp_path / "w")
+    (tmp_path / "src.en").write_text("one two.\n")
+    kept = (tmp_path / output).read_bytes()
+    model = flags or ["--model_folder", "w"]
+    t = run_here("translate.py", *model, "--input", "src.en", "--output", output, cwd=tmp_path)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and f"--output {output} is a file of the model in w, which it " \
+        "would overwrite: give another --output" in err, err
+    assert (tmp_path / output).read_bytes() == kept
+    t = run_here("translate.py", *model, "--input", "src.en", "--output", "w/test.it",
+                 cwd=tmp_path)
+    assert t.returncode == 0 and (tmp_path / "w" / "test.it").read_text(), t.stderr.decode()
+
+
 def test_an_output_that_is_no_regular_file_may_be_the_input(trained, tmp_path):
     """The check against overwriting the input refused `--input /dev/null --output /dev/null`
     (and /dev/stdin with /dev/stdout on a terminal): only a regular file is overwritten. An
