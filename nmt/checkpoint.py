@@ -383,8 +383,8 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict:
                                   f"which could run code when loaded; a checkpoint of this "
                                   f"project holds tensors and plain values only") from None
         raise CheckpointError(unreadable(path, head)) from None
-    except (RuntimeError, EOFError, OSError, ValueError):
-        raise CheckpointError(unreadable(path, head)) from None
+    except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError):  # (the last
+        raise CheckpointError(unreadable(path, head)) from None  # two: the unpickler's on text)
     if not isinstance(state, dict) or any(k not in state for k in CHECKPOINT_KEYS):
         raise CheckpointError(f"{path} is not a checkpoint of this project (it lacks "
                               f"{', '.join(CHECKPOINT_KEYS)})")
@@ -448,11 +448,13 @@ def merge_config(saved: Config, current: Config, given: set, path, overrides: se
                 raise CheckpointError(f"{mismatch}; the architecture is fixed once trained: "
                                       f"{drop_flag(given, name)}, or train into another "
                                       f"--model_folder")
-            if name in ("lang_src", "lang_tgt"):
+            if name in ("lang_src", "lang_tgt"):  # (a side not given: the model's)
+                wanted = [getattr(current if side in given else saved, side)
+                          for side in ("lang_src", "lang_tgt")]
                 raise CheckpointError(
                     f"{mismatch}: this model translates {saved.lang_src} to {saved.lang_tgt}; "
-                    f"drop the flag, or give a model trained for {current.lang_src} to "
-                    f"{current.lang_tgt} with --model_folder or --checkpoint")
+                    f"drop the flag, or give a model trained for {wanted[0]} to {wanted[1]} "
+                    f"with --model_folder or --checkpoint")
             raise CheckpointError(f"{mismatch}: a trained model keeps its architecture; drop "
                                   f"the flag (the checkpoint's value is taken)")
     merged = dataclasses.replace(saved)

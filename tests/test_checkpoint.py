@@ -119,6 +119,8 @@ def test_truncated_corrupt_foreign_and_mismatched_checkpoints_are_refused(tmp_pa
     data = good.read_bytes()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    (tmp_path / "hello.pt").write_text("hello\n")  # (torch's unpickler: KeyError: 101)
+    (tmp_path / "ab.pt").write_text("ab")  # (IndexError: pop from empty list)
     (tmp_path / "tmodel_03.pt").write_bytes(b"\x00" * 64)  # a run's own name: damaged
     (tmp_path / "tokenizer_en.json").write_text('{"version": "1.0"}')
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
@@ -128,6 +130,8 @@ def test_truncated_corrupt_foreign_and_mismatched_checkpoints_are_refused(tmp_pa
                              "another: --preload NN, or a new run from one's weights "
                              "(--init_from FILE --model_folder NEW)"),
             ("garbage.pt", "garbage.pt is not a PyTorch checkpoint: give a tmodel_*.pt file"),
+            ("hello.pt", "hello.pt is not a PyTorch checkpoint: give a tmodel_*.pt file"),
+            ("ab.pt", "ab.pt is not a PyTorch checkpoint: give a tmodel_*.pt file"),
             ("tmodel_03.pt", "tmodel_03.pt is damaged (its bytes are not a PyTorch checkpoint); "
                              "use another: --preload NN, or a new run from one's weights"),
             ("tokenizer_en.json", "tokenizer_en.json is a JSON file, not a checkpoint: give a "
@@ -140,6 +144,19 @@ def test_truncated_corrupt_foreign_and_mismatched_checkpoints_are_refused(tmp_pa
         load_checkpoint(tmp_path / "foreign.pt")
     with pytest.raises(CheckpointError, match="missing.pt not found"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_a_language_mismatch_names_the_model_to_look_for_by_the_flags_given():
+    """Translating with --lang_src fr a model of en to de: the model to look for is fr to de
+    (the side not given is the model's), not fr to it (Config's default target)."""
+    from nmt.checkpoint import merge_config
+    saved = Config(lang_src="en", lang_tgt="de")
+    with pytest.raises(CheckpointError) as e:
+        merge_config(saved, Config(lang_src="fr"), {"lang_src"}, "M", set(), translating=True)
+    assert "this model translates en to de; drop the flag, or give a model trained for fr to " \
+        "de with" in str(e.value)
+    with pytest.raises(CheckpointError, match="trained for en to fr with"):
+        merge_config(saved, Config(lang_tgt="fr"), {"lang_tgt"}, "M", set(), translating=True)
 
 
 def word_tokenizer(words):
