@@ -19,6 +19,7 @@ the library this is the command line of:
 """
 
 import argparse
+import gzip
 import os
 import stat
 import sys
@@ -190,6 +191,9 @@ def check_inputs(parser, args):
     for flag in ("reference", "papers_reference"):
         if getattr(args, flag) and (args.sentence is not None or args.example is not None):
             parser.error(f"--{flag} goes with --input or stdin")
+        if getattr(args, flag) == "-" and args.input in (None, "-"):
+            parser.error(f"--{flag} - reads stdin, where the sentences are read too: give the "
+                         f"sentences as --input FILE, or the references as a file")
     if args.compound_split and not args.tokenized_bleu:
         parser.error("--compound_split goes with --tokenized_bleu")
     if args.tokenized_bleu and not args.reference:
@@ -490,8 +494,9 @@ def write_outputs(args, sentences, outputs, reference, first: int = 0):
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return
+    data = text.encode("utf-8")  # (a *.gz name packed, as every script here reads one)
     try:
-        Path(args.output).write_text(text, encoding="utf-8")
+        Path(args.output).write_bytes(gzip.compress(data) if args.output.endswith(".gz") else data)
     except OSError as e:
         raise InputError(f"cannot write {args.output}: {e.strerror}") from None
 

@@ -489,6 +489,8 @@ def test_a_target_language_moses_knows_draws_no_warning(trained):
     (["--min_len", "-2", "--model_folder", "nowhere", "hi"], None,
      "--min_len must not be negative (got -2) (see --help)"),
     (["--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score against"),
+    (["--reference", "-"], b"one\n", "--reference - reads stdin, where the sentences are read "
+     "too: give the sentences as --input FILE, or the references as a file"),  # ("0 lines")
     (["--input", "-", "--reference", "corpus/val.it"], b"", "stdin is empty: nothing to score"),
     (["--attention", "a.png", "--input", "corpus/val.en"], None,  # issue 45: mapped the first
      "--attention maps one sentence"),
@@ -1345,6 +1347,23 @@ def test_output_dash_is_stdout_and_not_a_file(trained, tmp_path):
                  cwd=tmp_path)
     assert t.returncode == 0 and t.stdout == plain.stdout and t.stdout.strip(), t.stderr.decode()
     assert not (tmp_path / "-").exists()
+
+
+def test_an_output_named_gz_is_packed_and_reads_back_as_a_reference(trained, tmp_path):
+    """--output out.it.gz wrote plain text under a packed name, which --reference and
+    compare.py (reading *.gz unpacked) then refused: it is packed, and reads back."""
+    import gzip
+    home, _ = trained
+    (tmp_path / "src.en").write_text("one two.\nthree.\n")
+    t = run_here("translate.py", "--model_folder", home / "weights", "--input", "src.en",
+                 "--output", "out.it.gz", cwd=tmp_path)
+    assert t.returncode == 0, t.stderr.decode()
+    plain = run_here("translate.py", "--model_folder", home / "weights", "--input", "src.en",
+                     cwd=tmp_path).stdout
+    assert gzip.decompress((tmp_path / "out.it.gz").read_bytes()) == plain
+    t = run_here("translate.py", "--model_folder", home / "weights", "--input", "src.en",
+                 "--reference", "out.it.gz", cwd=tmp_path)
+    assert t.returncode == 0 and "BLEU = 100.00" in t.stderr.decode() + t.stdout.decode()
 
 
 @pytest.mark.parametrize("name", ["attmap", "a.txt", "-"])
