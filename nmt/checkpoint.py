@@ -249,6 +249,9 @@ def not_named(config: Config, training: bool = False) -> str:
                                        folders_with_checkpoints(config.model_folder)):
         return "" if run_files(config) else \
             " (it holds no checkpoint: without --preload a run starts there)"
+    if not names and not training and (Path(config.model_folder) / "model.bin").is_file():
+        return (f" (it holds a model exported for CTranslate2: give it as --ctranslate2 "
+                f"{config.model_folder})")
     if not names:
         return elsewhere(config.model_folder)
     return (f" (no file there is named {config.model_basename}*.pt; its checkpoints are named "

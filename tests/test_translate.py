@@ -599,6 +599,17 @@ def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, messag
     assert t.returncode == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_a_folder_of_an_exported_model_given_as_model_folder_says_to_use_ctranslate2(tmp_path):
+    """--model_folder naming a folder export.py wrote said to train a model into it: it says
+    to give it as --ctranslate2."""
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "model.bin").write_bytes(b"\0")
+    t = run_here("translate.py", "--model_folder", "ct2", "hi", cwd=tmp_path)
+    err = t.stderr.decode()
+    assert t.returncode == 2 and "(it holds a model exported for CTranslate2: give it as " \
+        "--ctranslate2 ct2)" in err and "train" not in err, err
+
+
 def test_files_named_in_another_language_are_warned_of_and_still_scored(trained):
     """A scoring command copied from another pair's (an en->fr model scored against val.de)
     read BLEU 0.00 and not a word; the right files draw no warning."""
