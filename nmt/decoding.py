@@ -597,7 +597,7 @@ def translate(model, config, tokenizer_src, tokenizer_tgt, sentences, beam=1, al
                      alpha=alpha, nbest=nbest, batch_size=batch_size, unk_id=UNK,
                      **decoding_limits(config), progress=progress, early_stop=early_stop)
     listed = nbest > 1 or sampling is not None  # (translation, score) lists
-    results = [[("", 0.0)] * (sampling.n if sampling else 1) if listed else ""
+    results = [[("", 0.0)] * (sampling.n if sampling else nbest) if listed else ""
                for _ in sentences]
     for n, out in zip(todo, outputs):
         if listed:

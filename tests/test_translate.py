@@ -130,7 +130,8 @@ def test_a_terminal_on_stdin_is_told_what_is_awaited_and_answered_line_by_line(t
     home, _ = trained
     nbest = run_here("translate.py", "--beam", "2", "--nbest", "2", "--input", "-", cwd=home,
                      input=b"one two three.\n\nseven eight\n").stdout.decode().splitlines()
-    assert [line.split("\t")[0] for line in nbest] == ["0", "0", "1", "2", "2"]  # ("": one)
+    assert [line.split("\t")[0] for line in nbest] == ["0", "0", "1", "1", "2", "2"]  # (the
+    # empty line's two: n rows a line, as --sample's, where one had left a reader of n out of step)
     early, out, err, code = on_a_terminal(home, ["--beam", "2", "--nbest", "2"],
                                           b"one two three.\n\nseven eight\x04\x04", answers=2)
     assert code == 0 and TYPE_AND_ENTER in err.splitlines(), err
