@@ -278,9 +278,9 @@ class Config:
             return (f"--min_len {self.min_len} is more than a translation can hold: --seq_len "
                     f"{self.seq_len} leaves {self.seq_len - 2} output tokens ([SOS] and [EOS] "
                     f"take two), and [EOS] would be both required and barred")
-        if self.max_len_a + self.max_len_b < max(self.min_len, 1):
+        if self.max_len_a + self.max_len_b < 1:  # (--min_len raises a shorter limit to it)
             return (f"--max_len_a {self.max_len_a} and --max_len_b {self.max_len_b} leave no "
-                    f"room for --min_len {self.min_len} output tokens")
+                    f"room for an output token")
         if self.data_problem():
             return self.data_problem()
         if self.keep_last < 1:

@@ -595,7 +595,7 @@ def test_the_peak_learning_rate_follows_the_model_width():
     ({"max_bad_steps": 0}, "--max_bad_steps must be positive (got 0)"),
     ({"seq_len": 2, "min_len": 0}, "--seq_len must be at least 3"),
     ({"max_len_a": 0, "max_len_b": 0, "min_len": 0}, "--max_len_a 0 and --max_len_b 0 leave no "
-                                                      "room for --min_len 0 output tokens"),
+                                                      "room for an output token"),
     ({"h": 8, "n_kv_heads": 3}, "--h (8) must be divisible by --n_kv_heads (3)"),
     ({"tie_embeddings": "all"}, "--tie_embeddings all needs --shared_vocab true"),
     ({"attention_dropout": 1.0}, "--attention_dropout must be in [0, 1), got 1.0"),
@@ -623,6 +623,8 @@ def test_each_rule_of_validate_refuses_at_its_edge(settings, message):
     {"seq_len": 10, "min_len": 8},  # the most output tokens seq_len leaves
     {"max_tokens": 350},  # a batch of one sequence of --seq_len (350) tokens
     {"max_len_a": 0, "max_len_b": 1, "min_len": 1},
+    {"min_len": 20},  # above 1.2 + 10 (a one-token source's limit, which it raises): refused
+    {"max_len_a": 0.5, "max_len_b": 0.5, "min_len": 0},
     {"seq_len": 3, "min_len": 1},
     {"h": 8, "n_kv_heads": 4},
     {"tie_embeddings": "all", "shared_vocab": True},
