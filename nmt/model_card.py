@@ -174,6 +174,7 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
              + (" (validation held out of the training split)" if data.held_out else ""))
     n = torch.get_num_threads()
     threads = f", {n} thread{'s' * (n != 1)}" if run.device.type == "cpu" else ""
+    made = progress.provenance()  # (one reading of the clock for both figures)
     return write_card({
         "folder": config.model_folder, "config": config, "commands": progress.commands,
         "corpus": data.corpus["source"], "sizes": sizes, "distilled": data.corpus.get("distilled"),
@@ -182,8 +183,8 @@ def write_run_card(run, progress, results: dict, samples: list) -> Path:
         "steps": progress.step,  # epochs: a schedule ended mid-epoch counts its part (44.4)
         "schedule": run.steps(),  # the steps the schedule was laid out for
         "epochs": round(progress.epoch + progress.batch / run.batches_per_epoch, 1),
-        "seconds": progress.provenance()["seconds"], "precision": run.precision,
-        "setup": progress.provenance().get("setup_seconds", 0.0),
+        "seconds": made["seconds"], "precision": run.precision,
+        "setup": made.get("setup_seconds", 0.0),
         "device": f"{run.device}{threads} ({platform.processor() or platform.machine()})",
         "history": progress.history, "results": results, "samples": samples,
         "test_sets": list(data.test or {})})
