@@ -208,11 +208,12 @@ class Config:
     save_every: int = _f(0, "also save every this many optimizer steps mid-epoch (0 = off)")
     keep_last: int = _f(3, "mid-epoch checkpoints kept on disk, at least 1 (per-epoch ones are "
                            "kept apart; --save_every 0 saves one only where a run stops "
-                           "mid-epoch)")
+                           "mid-epoch); translate.py --average_saves N averages the newest N")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
     keep_optimizer: int = _f(1, "per-epoch checkpoints, newest first, that keep the optimizer "
-                             "state --preload N needs to resume from them; older ones keep the "
-                             "weights only, a third of the size (0 = all keep it)")
+                             "state --preload N needs to resume from them; older ones, and "
+                             "mid-epoch ones but the newest, keep the weights only, a third of "
+                             "the size (0 = all keep it)")
     experiment_name: str = _f("runs/tmodel", "TensorBoard log folder", group="run")
     log_every: int = _f(10, "log train loss and learning rate every this many steps (and at "
                         "each epoch's end); on a GPU the only steps that wait for it")
@@ -579,15 +580,18 @@ def unused(config: Config, given: set):
 # ---- the command line of translate.py and export.py -------------------------------------------
 
 def add_locating_arguments(parser, own=()):
-    """The flags that find a trained model (--model_folder, --preload, --checkpoint,
-    --average) and the translate-time settings (decoding limits, device, batch size), with
-    the architecture flags (checked against the checkpoint) hidden from --help. `own`: the
-    names of training settings the script uses for a flag of its own (translate.py's --seed:
-    the samples', stored under another name; the checkpoint's stays the config's)."""
+    """The flags that find a trained model (--model_folder, --preload, --checkpoint, --average,
+    --average_saves) and the translate-time settings (decoding limits, device, batch size), with the
+    architecture flags (checked against the checkpoint) hidden from --help. `own`: the names of
+    training settings the script uses for a flag of its own (translate.py's --seed: the samples',
+    stored under another name; the checkpoint's stays the config's)."""
     parser.add_argument("--checkpoint", help="checkpoint file (default: --preload in "
                         "--model_folder)")
     parser.add_argument("--average", type=int, default=1, help="average the weights of the "
                         "newest N per-epoch checkpoints")
+    parser.add_argument("--average_saves", type=int, metavar="N", help="average the weights of "
+                        "the newest N checkpoints saved --save_every steps apart (the paper's "
+                        "last 5, written 10 minutes apart), not per-epoch ones")
     model_fields = fields_where(group="model")
     from_checkpoint = {name: f"{Config.__dataclass_fields__[name].metadata['help']} (default: "
                        f"the checkpoint's{'' if name in TRANSLATE_FIELDS else '; must match'})"
@@ -600,7 +604,12 @@ def add_locating_arguments(parser, own=()):
                       f"search or sampling)",
         "seq_len": "longest source and output in tokens (default: the checkpoint's)",
         "preload": "checkpoint in --model_folder: latest, best or an epoch (default: best "
-                   "where there is one, else latest; with --average N, latest)"})
+                   "where there is one, else latest; with --average or --average_saves, "
+                   "latest)"})
+
+
+AVERAGE_ONE_WAY = ("--average and --average_saves each pick the checkpoints averaged (the newest "
+                   "per-epoch ones, or those saved --save_every apart): give one")
 
 
 def checkpoint_config(parser, args):
@@ -613,16 +622,29 @@ def checkpoint_config(parser, args):
     for name in sorted(given - TRANSLATE_FIELDS - fields_where(group="model")):
         parser.error(f"--{name} is a training setting; translate.py takes its model from the "
                      f"checkpoint")
+    if args.average > 1 and args.average_saves is not None:
+        parser.error(AVERAGE_ONE_WAY)
     if args.checkpoint:  # the file named: nothing left to pick (but --average's epochs, by
-        picking = {"preload"} | ({"model_basename"} if args.average <= 1 else set())  # name)
+        averaged = args.average > 1 or args.average_saves is not None  # name)
+        picking = {"preload"} | ({"model_basename"} if not averaged else set())
         for name in sorted(given & picking):
             parser.error(f"--checkpoint names its file: not with --{name}, which picks one in "
                          f"--model_folder")
-    problem = not_positive(average=args.average, batch_size=args.batch_size) or \
+    problem = not_positive(average=args.average, average_saves=args.average_saves,
+                           batch_size=args.batch_size) or \
         config.negative(given)  # (before the model is loaded)
     if problem:
         parser.error(problem)
     return config, given
+
+
+def averaging(args) -> dict:
+    """The averaging translate.py's and export.py's flags ask for, as load_translator's
+    keywords: the newest `average` per-epoch checkpoints, or with `saves` those saved
+    --save_every apart."""
+    if args.average_saves is not None:
+        return {"average": args.average_saves, "saves": True}
+    return {"average": args.average, "saves": False}
 
 
 def not_positive(**values):

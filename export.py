@@ -4,6 +4,7 @@
     python export.py --output exported/ct2                    # best checkpoint, float32
     python export.py --output exported/ct2_int8 --quantization int8 --preload latest
     python export.py --output exported/ct2_avg --average 5    # the last 5 epochs averaged
+    python export.py --output exported/ct2_avg --average_saves 5   # the last 5 --save_every saves
     python translate.py --ctranslate2 exported/ct2 "A dog runs."   # translate.py, on the engine
 
 How the weights map to the engine's specification: nmt/engine.py.
@@ -11,7 +12,7 @@ How the weights map to the engine's specification: nmt/engine.py.
 
 import sys
 
-from config import add_locating_arguments, checkpoint_config
+from config import add_locating_arguments, averaging, checkpoint_config
 from nmt.cli import ArgumentParser, run_main
 from nmt.engine import QUANTIZATIONS, check_output, export, import_ctranslate2
 from nmt.trained_model import load_translator
@@ -37,7 +38,7 @@ def main(argv=None):
     import_ctranslate2()  # before any loading: one line if it is missing
     check_output(args.output)
     model, config, tokenizer_src, tokenizer_tgt = load_translator(
-        config, given, args.checkpoint, args.average)
+        config, given, args.checkpoint, **averaging(args))
     model.float()
     output = export(model, config, tokenizer_src, tokenizer_tgt, args.output, args.quantization,
                     source=getattr(model, "loaded_from", None),

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 
-from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, checkpoint_config,
-                    fields_where)
+from config import (LENGTH_PENALTY, Config, UserError, add_locating_arguments, averaging,
+                    checkpoint_config, fields_where)
 from corpus import (DataError, LanguageMissing, column, corpus_source, decode_lines, load_corpus,
                     own_corpus, pairs_digest, text_file_name)
 from corpus import read_lines as read_file_lines
@@ -287,7 +287,8 @@ def check_models(parser, args, given):
         located = given & ({"checkpoint", "preload", "model_folder", "model_basename"}
                            | fields_where(group="model")) | \
             ({"checkpoint"} if args.checkpoint else set()) | \
-            ({"average"} if args.average > 1 else set())
+            ({"average"} if args.average > 1 else set()) | \
+            ({"average_saves"} if args.average_saves is not None else set())
         if located:
             parser.error(f"--ctranslate2 takes the exported model as it is: not with "
                          f"--{sorted(located)[0]} (export another model with export.py)")
@@ -503,13 +504,14 @@ def write_outputs(args, sentences, outputs, reference, first: int = 0):
 
 def load(args, config: Config, given: set) -> Translator:
     """The model the flags name: an exported one on its engine (--ctranslate2), an ensemble,
-    or one checkpoint (--checkpoint, or --preload in --model_folder), --average applied."""
+    or one checkpoint (--checkpoint, or --preload in --model_folder), --average or
+    --average_saves applied."""
     if args.ctranslate2:  # (load_translator applies --threads to this repo's decoder)
         loaded = load_engine(args.ctranslate2, config, given, config.threads)
     elif args.ensemble:
-        loaded = load_ensemble(config, given, args.ensemble, args.average)
+        loaded = load_ensemble(config, given, args.ensemble, **averaging(args))
     else:
-        loaded = load_translator(config, given, args.checkpoint, args.average)
+        loaded = load_translator(config, given, args.checkpoint, **averaging(args))
     return Translator.of(*loaded)
 
 

@@ -29,8 +29,8 @@ A training checkpoint (tmodel_05.pt after epoch 5, tmodel_05_s0001234.pt mid-epo
 an exact resume needs:
 
   optimizer_state_dict, scaler_state_dict (Adam's moments: twice the weights' size; kept
-                        in every mid-epoch checkpoint and the newest --keep_optimizer per-epoch
-                        ones, stripped from older per-epoch ones by prune_checkpoints)
+                        in the run's newest checkpoint and the newest --keep_optimizer
+                        per-epoch ones, stripped from the others by prune_checkpoints)
   next_epoch, next_batch  where training goes on (next_batch > 0: mid-epoch, so the resume
                         needs the same batch order: BATCH_ORDER_FIELDS and world_size)
   world_size            the processes (torchrun) that trained it
@@ -180,11 +180,11 @@ def saved_there(found) -> str:
 
 
 def translation_checkpoint(config: Config, given: set, average: int = 1):
-    """(path, why) of the checkpoint translate.py and export.py load from --model_folder: the
-    one --preload names where it is given, or with --average N the newest (the newest N
-    per-epoch checkpoints are averaged); else the best by validation BLEU where there is one,
-    the newest where there is none yet. `why`: the choice said in words (None for a
-    --preload given). A folder that does not exist, or holds no checkpoint, is one line."""
+    """(path, why) of the checkpoint translate.py and export.py load from --model_folder: the one
+    --preload names where it is given, or with --average N the newest (the newest N checkpoints up
+    to it are averaged: load_averaged); else the best by validation BLEU where there is one, the
+    newest where there is none yet. `why`: the choice said in words (None for a --preload given). A
+    folder that does not exist, or holds no checkpoint, is one line."""
     folder = Path(config.model_folder)
     if folder.is_file():
         raise CheckpointError(f"--model_folder {config.model_folder} is a file, not a folder: "
@@ -271,24 +271,21 @@ def elsewhere(folder, flag: str = "--model_folder") -> str:
 
 
 def prune_checkpoints(config: Config):
-    """Keeps the newest keep_last mid-epoch checkpoints (none older than the newest per-epoch
-    one, which supersedes them) and the newest keep_epochs per-epoch ones (0 = all), of which
-    all but the newest keep_optimizer lose their optimizer state (keep_optimizer 0: none do)."""
+    """Keeps the newest keep_last mid-epoch checkpoints and the newest keep_epochs per-epoch
+    ones (0 = all). The run's newest checkpoint (what --preload latest resumes from) and the
+    newest keep_optimizer per-epoch ones keep their optimizer state; the others, which only
+    translation and averaging read, keep the weights (keep_optimizer 0: all keep it)."""
     found = list_checkpoints(config)
     epochs = [c for c in found if c[2] is None]
     steps = [c for c in found if c[2] is not None]
-    last_epoch = epochs[-1][1] if epochs else -1
-    stale = [c for c in steps if c[1] <= last_epoch]
-    fresh = [c for c in steps if c[1] > last_epoch]
-    if config.keep_last:
-        stale += fresh[:-config.keep_last]
+    stale = steps[:-config.keep_last] if config.keep_last else []
     if config.keep_epochs:
         stale += epochs[:-config.keep_epochs]
     for path, _, _ in stale:
         path.unlink(missing_ok=True)
     if config.keep_optimizer:
-        for path, _, _ in epochs[:-config.keep_optimizer]:
-            if path.exists():
+        for path, _, _ in epochs[:-config.keep_optimizer] + steps:  # (the stale ones: gone)
+            if path != found[-1][0] and path.exists():
                 strip_optimizer(path)
 
 
@@ -496,18 +493,36 @@ def average_checkpoints(paths):
     return {**keep, "model_state_dict": averaged}
 
 
-def load_averaged(config: Config, path: Path, average: int, flag: str = "--average"):
+def load_averaged(config: Config, path: Path, average: int, flag: str = "--average",
+                  saves: bool = False):
     """(state, paths): the state of `path`, or with average > 1 the mean of the newest
-    `average` per-epoch checkpoints up to the step `path` holds (mid-epoch files take no
-    part: they are not the end of an epoch, and they overlap the per-epoch ones; but the run's
-    last checkpoint, where its schedule ended mid-epoch (--time_budget, --max_steps), ends the
-    training and counts as an epoch's end, once: not beside the epoch's end of its own step).
-    A best checkpoint from a mid-epoch validation
-    (--eval_every) is followed by its epoch's end: that epoch's file, later than it, is left
-    out."""
+    `average` checkpoints up to the step `path` holds: per-epoch ones (epoch_ends), or with
+    `saves` (--average_saves) the ones --save_every wrote (saved_every)."""
     if average <= 1:
         return load_checkpoint(path), [path]
     state = load_checkpoint(path, mmap=True)
+    paths = saved_every(state, path, flag, list_checkpoints(config)) if saves else \
+        epoch_ends(config, state, path)
+    paths = paths[-average:]
+    if len(paths) < average:
+        kept = state["config"].get("keep_last", 0)
+        raise CheckpointError(
+            f"{flag} {average}: only {len(paths)} " + (
+                f"checkpoint(s) saved every {state['config']['save_every']} steps" if saves
+                else "per-epoch checkpoint(s)") + f" up to {path.name} in {path.parent}" + (
+                f" (the run keeps the newest --keep_last {kept} mid-epoch ones: train with "
+                f"--keep_last {average} to average {average})" if saves and kept < average
+                else ""))
+    return average_checkpoints(paths), paths
+
+
+def epoch_ends(config: Config, state: dict, path: Path):
+    """The per-epoch checkpoints up to `state` (that of `path`), oldest first. Mid-epoch files
+    take no part: they are not the end of an epoch, and they overlap the per-epoch ones; but
+    the run's last checkpoint, where its schedule ended mid-epoch (--time_budget, --max_steps),
+    ends the training and counts as an epoch's end, once: not beside the epoch's end of its own
+    step. A best checkpoint from a mid-epoch validation (--eval_every) is followed by its
+    epoch's end: that epoch's file, later than it, is left out."""
     last = state.get("next_epoch", state["epoch"] + 1) - 1  # the last epoch `path` finished
     found = list_checkpoints(config)
     paths = [p for p, epoch, step in found if step is None and epoch <= last]
@@ -520,11 +535,28 @@ def load_averaged(config: Config, path: Path, average: int, flag: str = "--avera
             end["global_step"]  # (a plan shortened at an epoch's end ends at the next's start)
         if end["global_step"] >= end.get("schedule_steps", math.inf) and not same:
             paths.append(found[-1][0])  # where the schedule ended: the run's end
-    paths = paths[-average:]
-    if len(paths) < average:
-        raise CheckpointError(f"{flag} {average}: only {len(paths)} per-epoch "
-                              f"checkpoint(s) up to {path.name} in {path.parent}")
-    return average_checkpoints(paths), paths
+    return paths
+
+
+def saved_every(state: dict, path: Path, flag: str, found: list):
+    """The checkpoints among `found` (list_checkpoints') that the run's --save_every N wrote up
+    to `state`, oldest first, one a step: evenly spaced, as the paper's last 5, written 10
+    minutes apart. Those at a multiple of N, mid-epoch or an epoch's end (a save due at an
+    epoch's last step is the epoch's checkpoint), and a schedule's end between them
+    (--max_steps, --time_budget, the last epoch); stops (Ctrl-C) between saves take no part."""
+    every = state["config"].get("save_every", 0)
+    if not every:
+        raise CheckpointError(f"{flag}: {path} comes from a run trained without --save_every, "
+                              f"which writes the checkpoints it averages; --average N averages "
+                              f"per-epoch checkpoints")
+    chosen = {}
+    for p, _, _ in found:
+        saved = load_checkpoint(p, mmap=True)
+        step = saved["global_step"]
+        if step <= state["global_step"] and (
+                step % every == 0 or step >= saved.get("schedule_steps", math.inf)):
+            chosen[step] = p
+    return [chosen[step] for step in sorted(chosen)]
 
 
 def weights_digest(state: dict) -> str:

@@ -79,9 +79,9 @@ def resume_state(config: Config, given: set, world_size: int = 1):
     state = load_checkpoint(path)
     if "optimizer_state_dict" not in state:
         raise CheckpointError(
-            f"{path} holds the weights only: per-epoch checkpoints older than the newest "
-            f"--keep_optimizer ones drop the optimizer state an exact resume needs; resume from "
-            f"a newer one (--preload latest), or translate with this one")
+            f"{path} holds the weights only: checkpoints other than the run's newest and its "
+            f"newest --keep_optimizer per-epoch ones drop the optimizer state an exact resume "
+            f"needs; resume from a newer one (--preload latest), or translate with this one")
     saved = Config.from_dict(state["config"])
     merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
     if "data_dir" not in given and merged.data_dir and not Path(merged.data_dir).is_dir():

@@ -54,11 +54,14 @@ def with_tokenizers(config: Config):
     return config, tokenizer_src, tokenizer_tgt
 
 
-def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1):
+def load_translator(config: Config, given=frozenset(), checkpoint=None, average: int = 1,
+                    saves: bool = False):
     """(model, config, tokenizer_src, tokenizer_tgt): the checkpoint file `checkpoint`, or the
     one --preload names in --model_folder (by default the best where there is one, else the
-    newest: nmt.checkpoint.translation_checkpoint, said on stderr), rebuilt from its own config.
-    `config` holds the command line's values; `given` names the flags the user set."""
+    newest: nmt.checkpoint.translation_checkpoint, said on stderr), rebuilt from its own config;
+    with `average` N the mean of the newest N per-epoch checkpoints up to it, or with `saves`
+    of those saved --save_every apart. `config` holds the command line's values; `given` names
+    the flags the user set."""
     if checkpoint:
         path = Path(checkpoint)
         if path.is_dir():
@@ -68,7 +71,8 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
             config.model_folder = str(path.parent)
     else:
         path, why = translation_checkpoint(config, given, average)
-    state, paths = load_averaged(config, path, average)
+    state, paths = load_averaged(config, path, average,
+                                 "--average_saves" if saves else "--average", saves)
     if len(paths) > 1:
         loaded = f"the average of {', '.join(str(p) for p in paths)}"
         said = (f"averaged {len(paths)} checkpoints of {paths[0].parent}: "
@@ -106,15 +110,15 @@ def check_languages(what: str, one: Config, other: str, expected: Config, why: s
                               f"{expected.lang_src}->{expected.lang_tgt}: {why}")
 
 
-def load_ensemble(config: Config, given, paths, average: int = 1):
-    """(Ensemble, config, [each model's source tokenizer], target tokenizer): the models of
-    `paths` (each a model folder, loaded at --preload, or a checkpoint file), each rebuilt from
-    its own config, with --average applied to each. They may differ in design, size and source
-    tokenizer, but must translate between the same two languages and share the target
-    tokenizer (the tokens whose log-probabilities are averaged): otherwise one CheckpointError
-    line. (With one joint vocabulary, an en->de model and a de->en one share every tokenizer:
-    only their languages tell them apart.) The config is the first model's, with the shortest
-    seq_len of all."""
+def load_ensemble(config: Config, given, paths, average: int = 1, saves: bool = False):
+    """(Ensemble, config, [each model's source tokenizer], target tokenizer): the models of `paths`
+    (each a model folder, loaded at --preload, or a checkpoint file), each rebuilt from its own
+    config, with --average (or --average_saves: `saves`) applied to each. They may differ in design,
+    size and source tokenizer, but must translate between the same two languages and share the
+    target tokenizer (the tokens whose log-probabilities are averaged): otherwise one
+    CheckpointError line. (With one joint vocabulary, an en->de model and a de->en one share every
+    tokenizer: only their languages tell them apart.) The config is the first model's, with the
+    shortest seq_len of all."""
     models, sources, target, first = [], [], None, None
     for path in paths:
         one, named = dataclasses.replace(config), set(given)
@@ -126,7 +130,7 @@ def load_ensemble(config: Config, given, paths, average: int = 1):
         else:
             raise CheckpointError(f"--ensemble {path}: no such model folder or checkpoint file")
         model, one, tokenizer_src, tokenizer_tgt = load_translator(one, named, checkpoint,
-                                                                   average)
+                                                                   average, saves)
         if target is None:
             target, first = tokenizer_tgt, (path, one)
         check_languages(f"--ensemble: {path}", one, str(first[0]), first[1],

@@ -9,7 +9,7 @@ its flag have the same name).
 
 from pathlib import Path
 
-from config import LENGTH_PENALTY, Config, UserError, not_positive
+from config import AVERAGE_ONE_WAY, LENGTH_PENALTY, Config, UserError, not_positive
 from nmt.attention_map import attention_blocks, check_layer_and_head
 from nmt.decoding import clean, translate
 from nmt.trained_model import load_translator
@@ -19,10 +19,12 @@ class InputError(UserError):
     """A bad sentence, setting, input or output file."""
 
 
-def check_settings(beam: int = 1, nbest: int = 1, average: int = 1, batch_size: int = None):
+def check_settings(beam: int = 1, nbest: int = 1, average: int = 1, batch_size: int = None,
+                   average_saves: int = None):
     """The search and loading settings in their ranges (an InputError line naming the one that
     is not): translate.py checks its flags with it before any model is loaded."""
-    problem = not_positive(beam=beam, nbest=nbest, average=average, batch_size=batch_size)
+    problem = not_positive(beam=beam, nbest=nbest, average=average, batch_size=batch_size,
+                           average_saves=average_saves)
     if problem:
         raise InputError(problem)
     if nbest > beam > 1:
@@ -51,17 +53,20 @@ class Translator:
         translator = Translator("weights/multi30k_modern", average=5)
         translator.translate(["A dog runs.", "Two men talk."], beam=5)
 
-    `model`: a model folder (at `preload`: latest, best or an epoch number; None, as
-    translate.py without --preload: the best where there is one, else the newest) or a
-    checkpoint file (that file, not its folder's newest); `average`: the newest N per-epoch
-    checkpoints averaged; `device` (auto, cpu, cuda, cuda:N, mps) and `threads` (CPU threads, 0:
-    torch's default) as translate.py's flags. Where translate.py would print one line and exit
-    2, this raises config.UserError (a subclass: nmt.checkpoint.CheckpointError, InputError)
-    with that line. `model`, `config`, `tokenizer_src` and `tokenizer_tgt` are there for more."""
+    `model`: a model folder (at `preload`: latest, best or an epoch number; None, as translate.py
+    without --preload: the best where there is one, else the newest) or a checkpoint file (that
+    file, not its folder's newest); `average`: the newest N per-epoch checkpoints averaged, or
+    `average_saves`: the newest N saved --save_every apart; `device` (auto, cpu, cuda, cuda:N, mps)
+    and `threads` (CPU threads, 0: torch's default) as translate.py's flags. Where translate.py
+    would print one line and exit 2, this raises config.UserError (a subclass:
+    nmt.checkpoint.CheckpointError, InputError) with that line. `model`, `config`, `tokenizer_src`
+    and `tokenizer_tgt` are there for more."""
 
     def __init__(self, model: str, preload: str = None, average: int = 1,
-                 device: str = "auto", threads: int = 0):
-        check_settings(average=average)
+                 device: str = "auto", threads: int = 0, average_saves: int = None):
+        check_settings(average=average, average_saves=average_saves)
+        if average > 1 and average_saves is not None:
+            raise InputError(AVERAGE_ONE_WAY)
         config = Config(device=device, threads=threads, preload=str(preload or "latest"))
         problem = config.validate(training=False)
         if problem:
@@ -73,8 +78,9 @@ class Translator:
         else:
             config.model_folder = str(model)
             given.add("model_folder")
+        saves = average_saves is not None
         self.model, self.config, self.tokenizer_src, self.tokenizer_tgt = load_translator(
-            config, given, checkpoint, average)
+            config, given, checkpoint, average_saves if saves else average, saves)
 
     @classmethod
     def of(cls, model, config: Config, tokenizer_src, tokenizer_tgt) -> "Translator":

@@ -281,8 +281,7 @@ def test_averaging_from_a_mid_epoch_best_leaves_out_the_end_of_its_epoch(tmp_pat
 
 def test_pruning_keeps_the_newest_epochs_and_mid_epoch_saves_and_never_the_best(tmp_path):
     """--keep_epochs N keeps the newest N per-epoch checkpoints; --keep_last the newest
-    mid-epoch ones after the newest per-epoch one (older ones it supersedes); the best
-    checkpoint and other files are never touched."""
+    mid-epoch ones; the best checkpoint and other files are never touched."""
     names = ["tmodel_00.pt", "tmodel_01_s0000010.pt", "tmodel_01.pt", "tmodel_02.pt",
              "tmodel_03.pt", "tmodel_04_s0000041.pt", "tmodel_04_s0000042.pt",
              "tmodel_04_s0000043.pt", "tmodel_best.pt", "tmodel_validation.json", "notes.pt"]
@@ -461,14 +460,63 @@ def test_preload_best_before_any_validation_says_when_it_is_written(tmp_path):
         resolve_preload(Config(model_folder=str(empty), preload="best"))
 
 
-def test_pruning_drops_the_mid_epoch_saves_of_the_epoch_its_own_checkpoint_ended(tmp_path):
-    """A mid-epoch save of epoch 1 is superseded by tmodel_01.pt, the end of that epoch: it goes
-    at once, though --keep_last would keep it among the newest mid-epoch ones."""
-    for name in ("tmodel_00.pt", "tmodel_01_s0000015.pt", "tmodel_01.pt"):
-        (tmp_path / name).write_bytes(b"x")
-    prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=2,
-                             keep_optimizer=0))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmodel_00.pt", "tmodel_01.pt"]
+def test_pruning_keeps_mid_epoch_saves_past_an_epochs_end_with_the_weights_only(tmp_path):
+    """--keep_last N keeps the newest N mid-epoch saves, also those an epoch's end came after
+    (--average_saves averages them: the paper's last 5 fall across epochs); all but the run's
+    newest checkpoint (what --preload latest resumes from) lose the optimizer state, which no
+    resume reads; --keep_optimizer 0 keeps it in all."""
+    moments = {"state": {0: {"exp_avg": torch.ones(1000)}}, "param_groups": []}
+    names = ["tmodel_00.pt", "tmodel_01_s0000012.pt", "tmodel_01_s0000015.pt",
+             "tmodel_01_s0000018.pt", "tmodel_01.pt", "tmodel_02_s0000025.pt"]
+    for name in names:
+        save_checkpoint(tiny_state(optimizer_state_dict=moments), tmp_path / name)
+    config = Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=3, keep_optimizer=0)
+    prune_checkpoints(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[:1] + names[2:])
+    assert all("optimizer_state_dict" in load_checkpoint(tmp_path / n) for n in names[2:])
+    prune_checkpoints(dataclasses.replace(config, keep_optimizer=1))
+    kept = {n: "optimizer_state_dict" in load_checkpoint(tmp_path / n) for n in names[2:]}
+    assert kept == {"tmodel_01_s0000015.pt": False, "tmodel_01_s0000018.pt": False,
+                    "tmodel_01.pt": True, "tmodel_02_s0000025.pt": True}  # (the newest)
+    (tmp_path / "tmodel_02_s0000025.pt").unlink()  # an epoch's end the newest: it keeps its own
+    prune_checkpoints(dataclasses.replace(config, keep_optimizer=1))
+    assert "optimizer_state_dict" in load_checkpoint(tmp_path / "tmodel_01.pt")
+
+
+def test_average_saves_takes_the_checkpoints_save_every_wrote_evenly_spaced(tmp_path):
+    """--average_saves N: the newest N checkpoints at multiples of the run's --save_every up to
+    the one loaded, mid-epoch or an epoch's end (a save due at an epoch's last step is the
+    epoch's file), one a step, and the schedule's end between saves; a stop (Ctrl-C) between
+    saves and an epoch's end off the beat take no part."""
+    run = Config(save_every=20).to_dict()
+    config = Config(model_folder=str(tmp_path))
+    files = {"tmodel_00_s0000020.pt": (0, 20, False), "tmodel_00.pt": (0, 30, True),
+             "tmodel_01_s0000040.pt": (1, 40, False), "tmodel_01_s0000047.pt": (1, 47, False),
+             "tmodel_01.pt": (1, 60, True), "tmodel_02_s0000080.pt": (2, 80, False),
+             "tmodel_02.pt": (2, 90, True), "tmodel_03_s0000100.pt": (3, 100, False),
+             "tmodel_03_s0000110.pt": (3, 110, False)}
+    for name, (epoch, step, end) in files.items():
+        save_checkpoint(tiny_state(epoch, step=None if end else step, global_step=step,
+                                   config=run, schedule_steps=110), tmp_path / name)
+    newest = tmp_path / "tmodel_03_s0000110.pt"
+    assert [p.name for p in load_averaged(config, newest, 4, saves=True)[1]] == [
+        "tmodel_01.pt", "tmodel_02_s0000080.pt", "tmodel_03_s0000100.pt", newest.name]
+    best = tmp_path / "tmodel_best.pt"  # a validation at step 80: the saves up to it
+    save_checkpoint(tiny_state(2, global_step=80, config=run), best)
+    assert [p.name for p in load_averaged(config, best, 3, saves=True)[1]] == [
+        "tmodel_01_s0000040.pt", "tmodel_01.pt", "tmodel_02_s0000080.pt"]
+    assert [p.name for p in load_averaged(config, newest, 3)[1]] == [  # (per-epoch: as before)
+        "tmodel_01.pt", "tmodel_02.pt", newest.name]
+    with pytest.raises(CheckpointError, match=r"^--average_saves 7: only 6 checkpoint\(s\) "
+                       r"saved every 20 steps up to tmodel_03_s0000110\.pt in .* \(the run keeps "
+                       r"the newest --keep_last 3 mid-epoch ones: train with --keep_last 7 to "
+                       r"average 7\)$"):
+        load_averaged(config, newest, 7, "--average_saves", saves=True)
+    save_checkpoint(tiny_state(3, step=110, config=Config().to_dict()), newest)
+    with pytest.raises(CheckpointError, match=r"^--average_saves: .*tmodel_03_s0000110\.pt comes "
+                       r"from a run trained without --save_every, .* --average N averages "
+                       r"per-epoch checkpoints$"):
+        load_averaged(config, newest, 2, "--average_saves", saves=True)
 
 
 def test_a_save_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):

@@ -264,7 +264,10 @@ def test_export_then_translate_a_file_on_the_engine(trained, tmp_path, capsys):
     (["--threads", "2"], "--threads is the translating command's"),
     (["--threads", "0"], "--threads is the translating command's"),
     (["--checkpoint", "weights/tmodel_00.pt", "--preload", "best"], "--checkpoint names its "
-     "file: not with --preload, which picks one in --model_folder (see --help)")])
+     "file: not with --preload, which picks one in --model_folder (see --help)"),
+    # the saves --save_every wrote, which a run without it has not (the averaging reaches it)
+    (["--average_saves", "2"], "--average_saves: weights/tmodel_01.pt comes from a run trained "
+     "without --save_every")])
 def test_export_refuses_a_preload_that_names_no_checkpoint(trained, tmp_path, flags, message):
     """--preload lates or 3.5 ended in int()'s traceback; none, in "no checkpoint in" a folder
     of checkpoints; --batch_size and --threads were written into export.json and never read,

@@ -970,6 +970,24 @@ def test_sigkill_at_any_point_then_resume_gives_the_uninterrupted_weights(kill_c
     assert len(step_checkpoints(folder)) <= 2  # keep_last
 
 
+def test_a_run_keeps_its_saves_for_average_saves_with_the_weights_only(kill_corpus, straight):
+    """--save_every 2 --keep_last 2: the newest 2 saves stay past the last epoch's end, which is
+    the run's newest checkpoint and alone keeps the optimizer state; translate.py
+    --average_saves 3 averages them with that end (its step a save's: no save beside it)."""
+    folder = kill_corpus / "straight"
+    saves = step_checkpoints(folder)
+    assert len(saves) == 2 and straight["global_step"] % 2 == 0
+    assert [load_checkpoint(p)["global_step"] for p in saves] == [
+        straight["global_step"] - 4, straight["global_step"] - 2]
+    assert "optimizer_state_dict" in straight
+    assert not any("optimizer_state_dict" in load_checkpoint(p) for p in saves)
+    t = run_here("translate.py", "--model_folder", "straight", "--average_saves", "3",
+                 "one two", cwd=kill_corpus)
+    assert t.returncode == 0, t.stderr.decode()
+    assert (f"averaged 3 checkpoints of straight: {saves[0].name}, {saves[1].name}, "
+            f"tmodel_01.pt") in t.stderr.decode()
+
+
 def test_sigint_saves_mid_epoch_exits_130_and_resumes_there(tmp_path):
     """Issue 45: after a saved stop the exit code was 0, as for a finished run: a script or a
     scheduler could not tell them apart. 130 after SIGINT (128 + 2), as a shell reports. (Its

@@ -483,6 +483,16 @@ def test_a_target_language_moses_knows_draws_no_warning(trained):
     (["--preload", "07", "hi"], None, "no checkpoint weights/tmodel_07.pt (the epochs saved "
      "there: 00, 01; --preload latest for the newest checkpoint)"),
     (["--average", "5", "hi"], None, "per-epoch checkpoint(s) up to"),
+    # --average_saves: the checkpoints --save_every wrote; one way of averaging at a time
+    (["--average_saves", "2", "hi"], None, "--average_saves: weights/tmodel_01.pt comes from a "
+     "run trained without --save_every, which writes the checkpoints it averages; --average N "
+     "averages per-epoch checkpoints"),
+    (["--average", "2", "--average_saves", "2", "hi"], None, "--average and --average_saves "
+     "each pick the checkpoints averaged (the newest per-epoch ones, or those saved "
+     "--save_every apart): give one"),
+    (["--average_saves", "0", "hi"], None, "--average_saves must be positive (got 0)"),
+    (["--ctranslate2", "weights", "--average_saves", "2", "hi"], None, "--ctranslate2 takes "
+     "the exported model as it is: not with --average_saves"),
     (["--min_len", "200", "hi"], None, "--min_len 200 is more than a translation can hold"),
     # a negative decoding flag is refused before a model is looked for (and with "see --help")
     (["--max_len_a", "-1", "--model_folder", "nowhere", "hi"], None,
@@ -1042,8 +1052,8 @@ def second_model_changed(monkeypatch, change):
     from nmt import trained_model
     real, calls = trained_model.load_translator, []
 
-    def load(config, given, checkpoint=None, average=1):
-        loaded = real(config, given, checkpoint, average)
+    def load(config, given, checkpoint=None, average=1, saves=False):
+        loaded = real(config, given, checkpoint, average, saves)
         calls.append(1)
         return change(*loaded) if len(calls) == 2 else loaded
     monkeypatch.setattr(trained_model, "load_translator", load)
@@ -1131,9 +1141,9 @@ def test_a_repeated_ensemble_flag_adds_its_models(trained, monkeypatch):
     loaded = []
     real = nmt.trained_model.load_translator
 
-    def counting(config, given, checkpoint=None, average=1):
+    def counting(config, given, checkpoint=None, average=1, saves=False):
         loaded.append(checkpoint or config.model_folder)
-        return real(config, given, checkpoint, average)
+        return real(config, given, checkpoint, average, saves)
     monkeypatch.setattr(nmt.trained_model, "load_translator", counting)
     t = run_here("translate.py", "--ensemble", "weights", "--ensemble", "weights/tmodel_00.pt",
                  "one two", cwd=home)
@@ -1181,8 +1191,8 @@ def test_an_ensemble_reads_the_sentence_with_each_members_own_source_tokenizer(t
     word = build_tokenizer("word", 60, [s for s, _ in number_pairs(100)])
     real, seen = trained_model.load_translator, {}
 
-    def load(config, given, checkpoint=None, average=1):
-        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average)
+    def load(config, given, checkpoint=None, average=1, saves=False):
+        model, config, tok_src, tok_tgt = real(config, given, checkpoint, average, saves)
         member = len(seen)
         if member == 1:  # the second: another source vocabulary, same target one
             model = trained_model.build_model(config, word.get_vocab_size(),
@@ -1209,9 +1219,9 @@ def test_an_ensemble_applies_average_and_preload_to_each_member(trained, monkeyp
     home, _ = trained
     real, asked = trained_model.load_translator, []
 
-    def load(config, given, checkpoint=None, average=1):
+    def load(config, given, checkpoint=None, average=1, saves=False):
         asked.append((config.preload, average))
-        return real(config, given, checkpoint, average)
+        return real(config, given, checkpoint, average, saves)
     monkeypatch.setattr(trained_model, "load_translator", load)
     t = run_here("translate.py", "--ensemble", "weights,weights", "--preload", "01",
                  "--average", "2", "one two", cwd=home)

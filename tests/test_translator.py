@@ -124,6 +124,10 @@ def test_the_python_api_keeps_the_command_lines_promises(trained, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     for kwargs, flags in (({"device": "cuda"}, ["--device", "cuda"]),
+                          ({"average_saves": 2}, ["--average_saves", "2"]),  # (no --save_every)
+                          ({"average": 2, "average_saves": 2},
+                           ["--average", "2", "--average_saves", "2"]),
+                          ({"average_saves": 0}, ["--average_saves", "0"]),
                           ({"average": 0}, ["--average", "0"])):
         if torch.cuda.is_available() and "device" in kwargs:
             continue
@@ -236,7 +240,7 @@ def test_an_ensembles_config_is_its_first_models_with_the_shortest_seq_len(tmp_p
     configs = {"a": Config(seq_len=32, d_model=16), "b": Config(seq_len=12, d_model=24),
                "c": Config(seq_len=20, d_model=8)}
 
-    def load(config, given, checkpoint=None, average=1):  # each folder's model, as saved
+    def load(config, given, checkpoint=None, average=1, saves=False):  # as each folder saved it
         saved = dataclasses.replace(configs[config.model_folder.rpartition("/")[2]])
         return torch.nn.Linear(1, 1), saved, tok, tok
     monkeypatch.setattr(trained_model, "load_translator", load)
