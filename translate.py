@@ -225,9 +225,27 @@ def check_inputs(parser, args):
             parser.error(f"--{flag} {path}: no folder {os.path.dirname(path)} to write it in")
         if os.path.isdir(path):
             parser.error(f"--{flag} {path} is a folder: give a file in it")
+        why = unwritable(path)
+        if why:
+            parser.error(f"--{flag} {path}: cannot write it ({why})")
     problem = args.attention and picture_problem(args.attention)  # (matplotlib adds .png)
     if problem:
         parser.error(problem)
+
+
+def unwritable(path: str) -> str:
+    """Why the file `path` cannot be written (the system's words), or "": tried before the
+    decoding, not found after it. A file there is opened, not changed; one made to try is
+    removed again."""
+    try:
+        if os.path.exists(path):
+            open(path, "r+b").close()
+        else:
+            open(path, "xb").close()
+            os.unlink(path)
+    except OSError as e:
+        return e.strerror or str(e)
+    return ""
 
 
 MODEL_FILES = ("*.pt", "*.json", "*.bin", "*.md", "*.png")  # checkpoints, tokenizers, records

@@ -599,6 +599,15 @@ def test_a_target_language_moses_knows_draws_no_warning(trained):
     pytest.param(["--input", "corpus/val.en", "--output", "/dev/full"], None,
                  "cannot write /dev/full: No space left on device",  # (not a traceback)
                  marks=pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's")),
+    # a folder that cannot be written in (even by root: sysfs) is found before the model loads
+    # and decodes, not after (the translations lost)
+    pytest.param(["--input", "corpus/val.en", "--output", "/sys/kernel/val.hyp",
+                  "--model_folder", "nowhere"], None,
+                 "--output /sys/kernel/val.hyp: cannot write it (Permission denied)",
+                 marks=pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="Linux's")),
+    pytest.param(["--attention", "/sys/kernel/a.png", "--model_folder", "nowhere", "hi"], None,
+                 "--attention /sys/kernel/a.png: cannot write it (Permission denied)",
+                 marks=pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="Linux's")),
 ])
 def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, message):
     """Issue 45: an empty input with --reference ended in sacreBLEU's IndexError."""
@@ -608,6 +617,18 @@ def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, messag
     if "loaded " in err:  # the line naming the checkpoint comes first
         err = err.split("\n", 1)[1]
     assert t.returncode == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_the_output_tried_before_the_decoding_is_left_as_it_was(trained):
+    """--output is tried for writing before the model loads: a new file made to try is removed
+    again, and an existing one keeps its bytes, where the run then fails (no model there)."""
+    home, _ = trained
+    (home / "old.hyp").write_bytes(b"kept\n")
+    for name in ("new.hyp", "old.hyp"):
+        t = run_here("translate.py", "--model_folder", "nowhere", "--input", "corpus/val.en",
+                     "--output", name, cwd=home)
+        assert t.returncode == 2 and "nowhere: no such folder" in t.stderr.decode()
+    assert not (home / "new.hyp").exists() and (home / "old.hyp").read_bytes() == b"kept\n"
 
 
 def test_a_folder_of_an_exported_model_given_as_model_folder_says_to_use_ctranslate2(tmp_path):
