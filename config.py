@@ -65,6 +65,10 @@ class Config:
                             "empty: none)", group="data")
     upsample: int = _f(1, "with --extra_data_dir: the corpus's own training pairs repeated this "
                           "many times", group="data")
+    max_len_ratio: float = _f(0.0, "drop training pairs whose longer side has more than this "
+                                   "many times the tokens of the shorter (misaligned pairs of "
+                                   "a web-crawled corpus; fairseq prepares WMT with 1.5); 0 = "
+                                   "off; validation and test pairs are kept", group="data")
     distill_from: str = _f("", "sequence-level knowledge distillation: teacher models (model "
                                "folders at their newest checkpoint, or checkpoint files), "
                                "comma-separated; they translate the training split's sources "
@@ -332,6 +336,9 @@ class Config:
             return f"--extra_tag must be one word, without spaces (got '{self.extra_tag}')"
         if self.upsample < 1:
             return f"--upsample must be at least 1 (got {self.upsample})"
+        if self.max_len_ratio and not self.max_len_ratio >= 1:
+            return (f"--max_len_ratio must be 0 (off) or at least 1 (got {self.max_len_ratio}): "
+                    f"the longer side's tokens over the shorter's")
         if not self.distill_from and (self.distill_data != "distilled" or self.distill_beam != 5
                                       or self.distill_average != 1):
             return ("--distill_data, --distill_beam and --distill_average go with "

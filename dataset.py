@@ -200,6 +200,12 @@ def encode_pairs(src_texts, tgt_texts, tokenizer_src, tokenizer_tgt, seq_len: in
     return src, tgt, keep
 
 
+def balanced(src_len: int, tgt_len: int, max_len_ratio: float) -> bool:
+    """Whether a pair's sides are within --max_len_ratio of each other in tokens (0: any), as
+    Moses' clean-corpus-n.perl -ratio (fairseq's WMT preparation)."""
+    return not max_len_ratio or max(src_len, tgt_len) <= max_len_ratio * min(src_len, tgt_len)
+
+
 def dropped_note(name: str, dropped: int, total: int, seq_len: int):
     if dropped:
         note(f"{name}: dropped {dropped} of {total} pairs longer than seq_len {seq_len}")
@@ -225,12 +231,14 @@ CHUNK = 50_000  # pairs encoded at a time (tokenizers spreads each chunk over al
 
 def prepared_parts(config: Config, fingerprint: str, tokenizer_src, tokenizer_tgt,
                    held_out: bool) -> dict:
-    """What prepared data depends on: the corpus, the tokenizers, seq_len, and (only for a
-    validation split held out of train) seed and val_fraction."""
+    """What prepared data depends on: the corpus, the tokenizers, seq_len, --max_len_ratio
+    (where it is set: data prepared before it keeps its key) and (only for a validation split
+    held out of train) seed and val_fraction."""
     return {"format": PREPARED_FORMAT, "corpus": fingerprint,
             "languages": [config.lang_src, config.lang_tgt], "seq_len": config.seq_len,
             "tokenizers": [tokenizer_fingerprint(t) for t in (tokenizer_src, tokenizer_tgt)],
-            "split": [config.seed, config.val_fraction] if held_out else None}
+            "split": [config.seed, config.val_fraction] if held_out else None,
+            **({"max_len_ratio": config.max_len_ratio} if config.max_len_ratio else {})}
 
 
 def prepared_key(parts: dict) -> str:
@@ -240,7 +248,8 @@ def prepared_key(parts: dict) -> str:
 PART_NAMES = {"format": "an earlier version of this code", "corpus": "another corpus",
               "languages": "other languages", "seq_len": "another --seq_len",
               "tokenizers": "other tokenizers",
-              "split": "another --seed or --val_fraction (held-out validation split)"}
+              "split": "another --seed or --val_fraction (held-out validation split)",
+              "max_len_ratio": "another --max_len_ratio"}
 
 
 def prepared_folder(config: Config) -> Path:
@@ -255,17 +264,19 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq_len: int):
+def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq_len: int,
+            max_len_ratio: float = 0.0):
     """Encodes the training split chunk by chunk into flat id files (uint16 when the vocabulary
-    allows) with their offsets, and keeps the validation texts; written to a temporary folder
-    that replaces `folder` only when complete, its checksums last."""
+    allows) with their offsets, the pairs that fit seq_len and max_len_ratio (`balanced`), and
+    keeps the validation texts; written to a temporary folder that replaces `folder` only when
+    complete, its checksums last."""
     started = time.time()
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     vocab = max(tokenizer_src.get_vocab_size(), tokenizer_tgt.get_vocab_size())
     dtype = np.uint16 if vocab <= 1 << 16 else np.int32
-    lengths, total, shortest = {"src": [], "tgt": []}, 0, None
+    lengths, total, shortest, unbalanced = {"src": [], "tgt": []}, 0, None, 0
     bar = tqdm(total=len(splits["train"]), desc="encoding", unit=" pairs", unit_scale=True,
                disable=None)  # shown on a terminal only
     with open(tmp / "train.src.bin", "wb") as fs, open(tmp / "train.tgt.bin", "wb") as ft:
@@ -274,6 +285,9 @@ def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq
             src, tgt, keep = encode_pairs(batch["src"], batch["tgt"], tokenizer_src,
                                           tokenizer_tgt, seq_len)
             total += len(src)
+            fits = len(keep)
+            keep = [i for i in keep if balanced(len(src[i]), len(tgt[i]), max_len_ratio)]
+            unbalanced += fits - len(keep)
             needs = [max(len(a), len(b)) + 2 for a, b in zip(src, tgt)]  # with [SOS], [EOS]
             shortest = min(needs + ([shortest] if shortest else [])) if needs else shortest
             for side, ids, f in (("src", src, fs), ("tgt", tgt, ft)):
@@ -285,6 +299,10 @@ def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq
     bar.close()
     if total and not sum(len(n) for n in lengths["src"]):  # refused before anything is kept
         shutil.rmtree(tmp, ignore_errors=True)
+        if unbalanced:
+            raise DataError(f"no training pair fits --seq_len {seq_len} and --max_len_ratio "
+                            f"{max_len_ratio:g}: {unbalanced} of the {total} fit --seq_len, "
+                            f"but their sides' lengths differ more")
         raise DataError(f"no training pair fits --seq_len {seq_len}: the shortest needs "
                         f"{shortest} tokens with [SOS] and [EOS]")
     for side in ("src", "tgt"):
@@ -296,6 +314,7 @@ def prepare(folder: Path, parts: dict, splits, tokenizer_src, tokenizer_tgt, seq
     meta = {"format": PREPARED_FORMAT, "key": prepared_key(parts), "parts": parts,
             "dtype": np.dtype(dtype).name,
             "pairs": total, "kept": int(sum(len(n) for n in lengths["src"])),
+            "unbalanced": unbalanced,
             "seq_len": seq_len, "held_out": bool(splits.get("held_out")),
             "checksums": {f.name: _crc32(f) for f in sorted(tmp.iterdir())}}
     (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
@@ -346,7 +365,8 @@ def prepare_once(config: Config, folder: Path):
         tokenizer_src, tokenizer_tgt = get_tokenizers(config, full.get("real", full["train"]))
         parts = prepared_parts(config, full["fingerprint"], tokenizer_src, tokenizer_tgt,
                                bool(full.get("held_out")))
-        prepare(folder, parts, full, tokenizer_src, tokenizer_tgt, config.seq_len)
+        prepare(folder, parts, full, tokenizer_src, tokenizer_tgt, config.seq_len,
+                config.max_len_ratio)
     except BaseException as e:
         for p in made:
             p.unlink(missing_ok=True)
@@ -399,7 +419,12 @@ def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=
     train, val_texts, meta = prepared
     # the validation split's pairs (before seq_len's cut): translate.py --example checks by it
     corpus = {**corpus, "validation": pairs_digest(val_texts["src"], val_texts["tgt"])}
-    dropped_note("train", meta["pairs"] - meta["kept"], meta["pairs"], config.seq_len)
+    unbalanced = meta.get("unbalanced", 0)  # (data prepared before --max_len_ratio: none)
+    dropped_note("train", meta["pairs"] - meta["kept"] - unbalanced, meta["pairs"],
+                 config.seq_len)
+    if unbalanced:
+        note(f"train: dropped {unbalanced} of {meta['pairs']} pairs whose longer side has more "
+             f"than --max_len_ratio {config.max_len_ratio:g} times the tokens of the shorter")
     validation = to_bilingual(val_texts["src"], val_texts["tgt"], tokenizer_src, tokenizer_tgt,
                               config.seq_len, "validation")
     test = {name: (column(ds, "src"), column(ds, "tgt"))

@@ -194,13 +194,13 @@ def check_init_from(saved: Config, config: Config, path: Path):
 
 
 def check_training_pairs(saved: Config, merged: Config, path: Path):
-    """A run's training pairs are fixed when it starts: a resume that adds, drops or changes
-    the teachers (in any order) or their settings, or the extra pairs (added, dropped, their
-    tag, the corpus's upsampling), would train on other pairs than the checkpoint's, and
-    record flags that did not make the model. Refused before any work, naming the flag (the
-    corpus's fingerprint said "another version of the corpus"). The extra pairs' folder may
-    move: its text is the fingerprint's to check."""
-    for name in (*DISTILL_FIELDS, "extra_data_dir", "extra_tag", "upsample"):
+    """A run's training pairs are fixed when it starts: a resume that adds, drops or changes the
+    teachers (in any order) or their settings, the extra pairs (added, dropped, their tag, the
+    corpus's upsampling), or the length-ratio filter, would train on other pairs than the
+    checkpoint's, and record flags that did not make the model. Refused before any work, naming the
+    flag (the corpus's fingerprint said "another version of the corpus"). The extra pairs' folder
+    may move: its text is the fingerprint's to check."""
+    for name in (*DISTILL_FIELDS, "extra_data_dir", "extra_tag", "upsample", "max_len_ratio"):
         before, after = getattr(saved, name), getattr(merged, name)
         if name == "distill_from":
             before, after = ",".join(saved.teachers()) or "none", sorted(merged.teachers())
@@ -212,6 +212,7 @@ def check_training_pairs(saved: Config, merged: Config, path: Path):
                 continue
         elif before == after:
             continue
+        before = f"{before:g}" if isinstance(before, float) else before  # (0, not 0.0)
         raise CheckpointError(
             f"{path} was trained with --{name} {before} (a run's training pairs are fixed when "
             f"it starts): resume without --{name}, or train a new run into another "

@@ -606,6 +606,8 @@ def test_the_peak_learning_rate_follows_the_model_width():
     ({"tokenizer_file": "tokenizer.json"}, "--tokenizer_file must contain {0}"),
     ({"val_fraction": 0.0}, "--val_fraction must be in (0, 1), got 0.0"),
     ({"upsample": 2}, "--extra_tag and --upsample go with --extra_data_dir"),
+    ({"max_len_ratio": 0.99}, "--max_len_ratio must be 0 (off) or at least 1 (got 0.99)"),
+    ({"max_len_ratio": -1.0}, "--max_len_ratio must be 0 (off) or at least 1"),
     ({"distill_from": "teacher", "distill_average": 0},
      "--distill_beam and --distill_average must be at least 1"),
     ({"bpe_dropout": 0.1, "fixed_shapes": 4}, "--fixed_shapes does not go with --bpe_dropout"),
@@ -630,6 +632,7 @@ def test_each_rule_of_validate_refuses_at_its_edge(settings, message):
     {"tie_embeddings": "all", "shared_vocab": True},
     {"device": "cuda:1"},
     {"extra_data_dir": "bt", "upsample": 2},
+    {"max_len_ratio": 1.0},
 ])
 def test_validate_accepts_the_values_at_each_edge(settings):
     """The last value each rule lets through is accepted (a boundary moved by one refuses a

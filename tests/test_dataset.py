@@ -319,6 +319,46 @@ def test_a_pair_fits_seq_len_exactly_and_a_long_target_alone_drops_it():
     assert keep == [0, 2]  # 3 + 2 == seq_len fits; a 6-token target does not
 
 
+def test_a_pair_is_balanced_up_to_max_len_ratio_times_either_way():
+    """balanced (--max_len_ratio R, as Moses' clean-corpus-n -ratio): a pair whose longer side
+    has R times the shorter's tokens stays, one token more on either side drops it; 0 keeps
+    every pair."""
+    from dataset import balanced
+    assert balanced(2, 3, 1.5) and balanced(3, 2, 1.5) and balanced(4, 4, 1.0)
+    assert not balanced(2, 4, 1.5) and not balanced(4, 2, 1.5) and not balanced(4, 5, 1.0)
+    assert balanced(1, 40, 0.0) and not balanced(0, 1, 3.0)
+
+
+def test_max_len_ratio_drops_unbalanced_training_pairs_alone(tmp_path, corpus, capsys):
+    """--max_len_ratio 1.5: the training pairs beyond it are dropped from the prepared data,
+    with a count apart from seq_len's; validation keeps such a pair. Data prepared without the
+    flag keeps its key (no flag in its parts), and a ratio given prepares it again, saying
+    why."""
+    import json
+    long = "one two three four five six seven eight nine ."
+    pairs = number_pairs(60, seed=1) + [(long, "uno."),
+                                        ("one.", "uno due tre quattro cinque sei sette otto .")]
+    write_aligned(corpus, "train", pairs)
+    write_aligned(corpus, "val", [(long, "uno.")] + number_pairs(7, seed=2))
+    plain = get_ds(cfg(tmp_path, corpus))
+    meta = json.loads((prepared_folder(cfg(tmp_path, corpus)) / "meta.json").read_text())
+    src, tgt, keep = encode_pairs([s for s, _ in pairs], [t for _, t in pairs],
+                                  plain.tokenizer_src, plain.tokenizer_tgt, 24)
+    assert "max_len_ratio" not in meta["parts"] and len(plain.train) == len(keep)
+    capsys.readouterr()
+    data = get_ds(cfg(tmp_path, corpus, max_len_ratio=1.5))  # (the same tokenizer files)
+    err = capsys.readouterr().err
+    assert "was prepared for another --max_len_ratio: preparing again" in err
+    kept = [i for i in keep if max(len(src[i]), len(tgt[i])) <= 1.5 * min(len(src[i]),
+                                                                          len(tgt[i]))]
+    assert {60, 61} <= set(keep) - set(kept)
+    assert [list(data.train.src_ids[i]) for i in range(len(data.train))] == [src[i] for i in kept]
+    assert (f"train: dropped {len(keep) - len(kept)} of 62 pairs whose longer side has more "
+            f"than --max_len_ratio 1.5 times the tokens of the shorter") in err
+    assert len(keep) == 62 and "longer than seq_len" not in err  # (counted apart)
+    assert len(data.validation) == 8
+
+
 def test_a_framed_source_is_cut_to_seq_len_with_its_special_tokens():
     """framed_source(ids, seq_len): [SOS] ids [EOS], seq_len tokens at most, [EOS] kept last."""
     from dataset import framed_source
@@ -337,25 +377,43 @@ def test_validation_texts_stay_with_their_ids_when_a_pair_is_dropped():
     assert [tok.decode(ids) for ids in ds.tgt_ids] == ["c", "e f"]
 
 
-def test_prepared_ids_beyond_uint16_are_stored_whole(tmp_path):
-    """Prepared ids are uint16 only while the vocabulary fits 65,536 ids: a larger vocabulary's
-    ids (70,000 here) are stored in int32 and come back as they were encoded."""
-    from datasets import Dataset
+class NumberIds:
+    """The two methods prepare asks of a tokenizer: a text of numbers is their ids, of a
+    vocabulary of 70,000."""
 
     class Encoding:
         def __init__(self, ids):
             self.ids = ids
 
-    class BigVocabulary:  # the two methods prepare asks of a tokenizer
-        def get_vocab_size(self):
-            return 70_000
+    def get_vocab_size(self):
+        return 70_000
 
-        def encode_batch(self, texts):
-            return [Encoding([int(w) for w in t.split()]) for t in texts]
+    def encode_batch(self, texts):
+        return [self.Encoding([int(w) for w in t.split()]) for t in texts]
+
+
+def test_a_max_len_ratio_that_leaves_no_pair_says_so_and_writes_nothing(tmp_path):
+    """Every pair fits --seq_len, none --max_len_ratio: one line naming both, and no prepared
+    folder (nor its temporary one) is left."""
+    from datasets import Dataset
+    pairs = {"src": ["5 6 7 8", "5"], "tgt": ["5", "5 6 7"]}
+    splits = {"train": Dataset.from_dict(pairs), "validation": Dataset.from_dict(pairs)}
+    folder = tmp_path / "prepared"
+    with pytest.raises(DataError, match=r"^no training pair fits --seq_len 16 and --max_len_ratio "
+                                        r"1\.5: 2 of the 2 fit --seq_len, but their sides' "
+                                        r"lengths differ more$"):
+        dataset.prepare(folder, {"k": 1}, splits, NumberIds(), NumberIds(), 16, 1.5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prepared_ids_beyond_uint16_are_stored_whole(tmp_path):
+    """Prepared ids are uint16 only while the vocabulary fits 65,536 ids: a larger vocabulary's
+    ids (70,000 here) are stored in int32 and come back as they were encoded."""
+    from datasets import Dataset
     pairs = {"src": ["69999 5", "70000"], "tgt": ["65537", "4 66000"]}
     splits = {"train": Dataset.from_dict(pairs), "validation": Dataset.from_dict(pairs)}
     folder = tmp_path / "prepared"
-    dataset.prepare(folder, {"k": 1}, splits, BigVocabulary(), BigVocabulary(), 16)
+    dataset.prepare(folder, {"k": 1}, splits, NumberIds(), NumberIds(), 16)
     train, _, _ = dataset.load_prepared(folder, dataset.prepared_key({"k": 1}))
     assert [list(map(int, train.src_ids[i])) for i in range(2)] == [[69999, 5], [70000]]
     assert [list(map(int, train.tgt_ids[i])) for i in range(2)] == [[65537], [4, 66000]]

@@ -60,7 +60,8 @@ def test_a_resume_that_changes_the_extra_pairs_names_the_flag(tmp_path):
                         Path(saved.model_folder) / "tmodel_00.pt")
     for saved, flag, value, said in ((plain, "extra_data_dir", "bt", "none"),
                                      (tagged, "extra_tag", "<XX>", "<BT>"),
-                                     (tagged, "upsample", "3", "2")):
+                                     (tagged, "upsample", "3", "2"),
+                                     (plain, "max_len_ratio", "1.5", "0")):
         config, given = config_from_args(argparse.Namespace(**{
             "model_folder": saved.model_folder, flag: type(getattr(saved, flag))(value)}))
         with pytest.raises(CheckpointError, match=f"was trained with --{flag} {said} \\(a run's "
