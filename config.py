@@ -210,9 +210,10 @@ class Config:
                             "architecture and tokenizers are kept, the optimizer, schedule, "
                             "steps and history start afresh")
     save_every: int = _f(0, "also save every this many optimizer steps mid-epoch (0 = off)")
-    keep_last: int = _f(3, "mid-epoch checkpoints kept on disk, at least 1 (per-epoch ones are "
-                           "kept apart; --save_every 0 saves one only where a run stops "
-                           "mid-epoch); translate.py --average_saves N averages the newest N")
+    keep_last: int = _f(3, "mid-epoch checkpoints kept on disk, at least 1: the newest that "
+                           "--save_every wrote (translate.py --average_saves N averages N), "
+                           "and a stop's while it is the newest (per-epoch ones are kept "
+                           "apart; --save_every 0 saves one only where a run stops mid-epoch)")
     keep_epochs: int = _f(0, "per-epoch checkpoints kept on disk (0 = all)")
     keep_optimizer: int = _f(1, "per-epoch checkpoints, newest first, that keep the optimizer "
                              "state --preload N needs to resume from them; older ones, and "

@@ -235,16 +235,18 @@ def check_inputs(parser, args):
 
 def unwritable(path: str) -> str:
     """Why the file `path` cannot be written (the system's words), or "": tried before the
-    decoding, not found after it. A file there is opened, not changed; one made to try is
-    removed again."""
+    decoding, not found after it. A file there is opened to append, not changed; one made to
+    try (through a link too) is removed again; a pipe or a device is left to the writing (a
+    reader of a pipe opened and closed would see its end)."""
+    existed = os.path.exists(path)  # (through a link)
+    if existed and not os.path.isfile(path):
+        return ""
     try:
-        if os.path.exists(path):
-            open(path, "r+b").close()
-        else:
-            open(path, "xb").close()
-            os.unlink(path)
+        open(path, "ab").close()
     except OSError as e:
         return e.strerror or str(e)
+    if not existed:
+        os.unlink(os.path.realpath(path))
     return ""
 
 

@@ -44,7 +44,6 @@ that made it the best.
 
 import dataclasses
 import hashlib
-import math
 import os
 import pickle
 import re
@@ -179,12 +178,13 @@ def saved_there(found) -> str:
     return f"the epochs saved there: {', '.join(shown)}"
 
 
-def translation_checkpoint(config: Config, given: set, average: int = 1):
+def translation_checkpoint(config: Config, given: set, average: int = 1, saves: bool = False):
     """(path, why) of the checkpoint translate.py and export.py load from --model_folder: the one
-    --preload names where it is given, or with --average N the newest (the newest N checkpoints up
-    to it are averaged: load_averaged); else the best by validation BLEU where there is one, the
-    newest where there is none yet. `why`: the choice said in words (None for a --preload given). A
-    folder that does not exist, or holds no checkpoint, is one line."""
+    --preload names where it is given, or with --average N (`saves`: --average_saves) the newest
+    (the newest N checkpoints up to it are averaged: load_averaged); else the best by validation
+    BLEU where there is one, the newest where there is none yet. `why`: the choice said in words
+    (None for a --preload given). A folder that does not exist, or holds no checkpoint, is one
+    line."""
     folder = Path(config.model_folder)
     if folder.is_file():
         raise CheckpointError(f"--model_folder {config.model_folder} is a file, not a folder: "
@@ -200,7 +200,7 @@ def translation_checkpoint(config: Config, given: set, average: int = 1):
         raise CheckpointError("--preload none loads no checkpoint, and a trained model "
                               "comes from one: leave --preload out, or give best, latest or an "
                               "epoch number")
-    if "preload" in given or average > 1:
+    if "preload" in given or average > 1 or saves:
         path, why = resolve_preload(config), None
     elif best_checkpoint_path(config).exists():
         path, why = best_checkpoint_path(config), ("the best by validation BLEU; --preload "
@@ -271,14 +271,19 @@ def elsewhere(folder, flag: str = "--model_folder") -> str:
 
 
 def prune_checkpoints(config: Config):
-    """Keeps the newest keep_last mid-epoch checkpoints and the newest keep_epochs per-epoch
-    ones (0 = all). The run's newest checkpoint (what --preload latest resumes from) and the
-    newest keep_optimizer per-epoch ones keep their optimizer state; the others, which only
-    translation and averaging read, keep the weights (keep_optimizer 0: all keep it)."""
+    """Keeps the newest keep_last mid-epoch checkpoints --save_every wrote (those at its
+    multiples: a stop's between them takes no place, and stays only while it is the newest),
+    and the newest keep_epochs per-epoch ones (0 = all). The run's newest checkpoint (what
+    --preload latest resumes from) and the newest keep_optimizer per-epoch ones keep their
+    optimizer state; the others, which only translation and averaging read, keep the weights
+    (keep_optimizer 0: all keep it)."""
     found = list_checkpoints(config)
     epochs = [c for c in found if c[2] is None]
     steps = [c for c in found if c[2] is not None]
-    stale = steps[:-config.keep_last] if config.keep_last else []
+    every = config.save_every
+    saves = [c for c in steps if c[2] % every == 0] if every else steps  # (not the stops)
+    kept = (saves[-config.keep_last:] if config.keep_last else saves) + steps[-1:]
+    stale = [c for c in steps if c not in kept]
     if config.keep_epochs:
         stale += epochs[:-config.keep_epochs]
     for path, _, _ in stale:
@@ -493,15 +498,28 @@ def average_checkpoints(paths):
     return {**keep, "model_state_dict": averaged}
 
 
+def run_end(config: Config, found: list):
+    """The run's newest checkpoint (list_checkpoints' `found`) where training ended there (the
+    model card was written at its step: the schedule completed, --max_steps, --patience or the
+    --time_budget), which averaging counts as an end; None while the run trains on, or where it
+    was stopped. (A checkpoint's schedule_steps does not say it: an inverse square root's
+    schedule keeps its length when --max_steps is raised.)"""
+    if not found:
+        return None
+    last = found[-1][0]
+    ended = card_step(config.model_folder) == load_checkpoint(last, mmap=True)["global_step"]
+    return last if ended else None
+
+
 def load_averaged(config: Config, path: Path, average: int, flag: str = "--average",
                   saves: bool = False):
     """(state, paths): the state of `path`, or with average > 1 the mean of the newest
     `average` checkpoints up to the step `path` holds: per-epoch ones (epoch_ends), or with
     `saves` (--average_saves) the ones --save_every wrote (saved_every)."""
-    if average <= 1:
+    if average <= 1 and not saves:
         return load_checkpoint(path), [path]
-    state = load_checkpoint(path, mmap=True)
-    paths = saved_every(state, path, flag, list_checkpoints(config)) if saves else \
+    state, found = load_checkpoint(path, mmap=True), list_checkpoints(config)
+    paths = saved_every(state, path, flag, found, run_end(config, found)) if saves else \
         epoch_ends(config, state, path)
     paths = paths[-average:]
     if len(paths) < average:
@@ -529,21 +547,21 @@ def epoch_ends(config: Config, state: dict, path: Path):
     if paths and paths[-1] != path and \
             load_checkpoint(paths[-1], mmap=True)["global_step"] > state["global_step"]:
         paths.pop()  # the end of the best's epoch: trained past it
-    if found and found[-1][2] is not None and found[-1][2] <= state["global_step"]:
-        end = load_checkpoint(found[-1][0], mmap=True)  # the newest, saved mid-epoch
+    end = run_end(config, found)
+    if end is not None and found[-1][2] is not None and found[-1][2] <= state["global_step"]:
         same = paths and load_checkpoint(paths[-1], mmap=True)["global_step"] == \
-            end["global_step"]  # (a plan shortened at an epoch's end ends at the next's start)
-        if end["global_step"] >= end.get("schedule_steps", math.inf) and not same:
-            paths.append(found[-1][0])  # where the schedule ended: the run's end
+            found[-1][2]  # (a plan shortened at an epoch's end ends at the next's start)
+        if not same:
+            paths.append(end)  # the run's end, saved mid-epoch
     return paths
 
 
-def saved_every(state: dict, path: Path, flag: str, found: list):
+def saved_every(state: dict, path: Path, flag: str, found: list, end: Path = None):
     """The checkpoints among `found` (list_checkpoints') that the run's --save_every N wrote up
     to `state`, oldest first, one a step: evenly spaced, as the paper's last 5, written 10
     minutes apart. Those at a multiple of N, mid-epoch or an epoch's end (a save due at an
-    epoch's last step is the epoch's checkpoint), and a schedule's end between them
-    (--max_steps, --time_budget, the last epoch); stops (Ctrl-C) between saves take no part."""
+    epoch's last step is the epoch's checkpoint), and the run's `end` (run_end) between them;
+    stops (Ctrl-C) between saves, and the end of a run lengthened since, take no part."""
     every = state["config"].get("save_every", 0)
     if not every:
         raise CheckpointError(f"{flag}: {path} comes from a run trained without --save_every, "
@@ -553,8 +571,7 @@ def saved_every(state: dict, path: Path, flag: str, found: list):
     for p, _, _ in found:
         saved = load_checkpoint(p, mmap=True)
         step = saved["global_step"]
-        if step <= state["global_step"] and (
-                step % every == 0 or step >= saved.get("schedule_steps", math.inf)):
+        if step <= state["global_step"] and (step % every == 0 or p == end):
             chosen[step] = p
     return [chosen[step] for step in sorted(chosen)]
 

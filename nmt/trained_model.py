@@ -70,7 +70,7 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         if "model_folder" not in given:  # the tokenizers live beside the checkpoint
             config.model_folder = str(path.parent)
     else:
-        path, why = translation_checkpoint(config, given, average)
+        path, why = translation_checkpoint(config, given, average, saves)
     state, paths = load_averaged(config, path, average,
                                  "--average_saves" if saves else "--average", saves)
     if len(paths) > 1:
@@ -78,7 +78,7 @@ def load_translator(config: Config, given=frozenset(), checkpoint=None, average:
         said = (f"averaged {len(paths)} checkpoints of {paths[0].parent}: "
                 f"{', '.join(p.name for p in paths)}")  # (an ensemble's say whose they are)
     else:
-        loaded = f"{path} (epoch {state['epoch']}, step {state['global_step']})"
+        loaded = f"{paths[0]} (epoch {state['epoch']}, step {state['global_step']})"
         said = f"loaded {loaded}" + (f": {why}" if not checkpoint and why else "")
     if is_main():  # (under torchrun, each process loads its teachers: rank 0 says so)
         print(said, file=sys.stderr)

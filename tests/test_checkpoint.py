@@ -221,25 +221,35 @@ def test_averaging_uses_per_epoch_checkpoints_only(tmp_path):
         load_averaged(config, tmp_path / "tmodel_00.pt", 2)
 
 
+def ended_at(folder, step: int):
+    """The model card a run writes where it ends (its step: nmt.checkpoint.card_step)."""
+    (folder / "MODEL_CARD.md").write_text(f"# a run\n\n- {step} optimizer steps in 1.0 "
+                                          f"minutes\n", encoding="utf-8")
+
+
 def test_averaging_counts_a_schedule_that_ended_mid_epoch_as_an_epochs_end(tmp_path):
     """A --time_budget (or --max_steps) run ends its schedule mid-epoch: that last checkpoint
-    is the end of training and takes part in --average N, from itself (the newest); not from
-    an earlier checkpoint, and not where a stop (Ctrl-C) saved mid-epoch before the end."""
+    (its step the model card's) is the end of training and takes part in --average N, from
+    itself (the newest); not from an earlier checkpoint, and not where a stop (Ctrl-C) saved
+    mid-epoch, even past its schedule_steps (an inverse square root's, not lengthened by a
+    raised --max_steps)."""
     config = Config(model_folder=str(tmp_path))
     for epoch in range(3):  # steps 10, 20, 30
         save_checkpoint(tiny_state(epoch, schedule_steps=35), tmp_path / f"tmodel_{epoch:02d}.pt")
     end = tmp_path / "tmodel_03_s0000035.pt"
     save_checkpoint(tiny_state(3, step=35, schedule_steps=35), end)
+    ended_at(tmp_path, 35)
     assert [p.name for p in load_averaged(config, end, 3)[1]] == [
         "tmodel_01.pt", "tmodel_02.pt", end.name]
     assert [p.name for p in load_averaged(config, tmp_path / "tmodel_02.pt", 3)[1]] == [
         "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
-    save_checkpoint(tiny_state(3, step=35, schedule_steps=60), end)  # stopped, not ended
+    ended_at(tmp_path, 20)  # a card of an earlier end: this one is a stop
     assert [p.name for p in load_averaged(config, end, 3)[1]] == [
         "tmodel_00.pt", "tmodel_01.pt", "tmodel_02.pt"]
     end.unlink()  # a plan shortened at the epoch's end (step 30) ends at the next epoch's first
     end = tmp_path / "tmodel_03_s0000030.pt"  # batch: a copy of tmodel_02.pt, counted once
     save_checkpoint(tiny_state(3, step=30, schedule_steps=30), end)
+    ended_at(tmp_path, 30)
     assert [p.name for p in load_averaged(config, end, 2)[1]] == ["tmodel_01.pt", "tmodel_02.pt"]
 
 
@@ -253,6 +263,8 @@ def test_load_averaged_gives_the_mean_of_exactly_the_checkpoints_it_names(tmp_pa
     end = tmp_path / "tmodel_03_s0000035.pt"
     torch.manual_seed(3)
     save_checkpoint(tiny_state(3, step=35, schedule_steps=35), end)
+    ended_at(tmp_path, 35)
+    assert load_averaged(config, end, 3)[1][-1] == end
     for path, n in ((end, 3), (tmp_path / "tmodel_02.pt", 2)):
         state, paths = load_averaged(config, path, n)
         assert len(paths) == n == len(set(paths))
@@ -486,8 +498,8 @@ def test_pruning_keeps_mid_epoch_saves_past_an_epochs_end_with_the_weights_only(
 def test_average_saves_takes_the_checkpoints_save_every_wrote_evenly_spaced(tmp_path):
     """--average_saves N: the newest N checkpoints at multiples of the run's --save_every up to
     the one loaded, mid-epoch or an epoch's end (a save due at an epoch's last step is the
-    epoch's file), one a step, and the schedule's end between saves; a stop (Ctrl-C) between
-    saves and an epoch's end off the beat take no part."""
+    epoch's file), one a step, and the run's end between saves; a stop (Ctrl-C) between saves
+    and an epoch's end off the beat take no part."""
     run = Config(save_every=20).to_dict()
     config = Config(model_folder=str(tmp_path))
     files = {"tmodel_00_s0000020.pt": (0, 20, False), "tmodel_00.pt": (0, 30, True),
@@ -499,6 +511,7 @@ def test_average_saves_takes_the_checkpoints_save_every_wrote_evenly_spaced(tmp_
         save_checkpoint(tiny_state(epoch, step=None if end else step, global_step=step,
                                    config=run, schedule_steps=110), tmp_path / name)
     newest = tmp_path / "tmodel_03_s0000110.pt"
+    ended_at(tmp_path, 110)
     assert [p.name for p in load_averaged(config, newest, 4, saves=True)[1]] == [
         "tmodel_01.pt", "tmodel_02_s0000080.pt", "tmodel_03_s0000100.pt", newest.name]
     best = tmp_path / "tmodel_best.pt"  # a validation at step 80: the saves up to it
@@ -517,6 +530,69 @@ def test_average_saves_takes_the_checkpoints_save_every_wrote_evenly_spaced(tmp_
                        r"from a run trained without --save_every, .* --average N averages "
                        r"per-epoch checkpoints$"):
         load_averaged(config, newest, 2, "--average_saves", saves=True)
+
+
+def test_average_saves_from_a_best_at_the_runs_end_and_the_keep_last_advice(tmp_path):
+    """--preload best --average_saves N where the last validation, at the run's end between two
+    saves, made the best: that end is among the saves (each file's own schedule_steps says where
+    its schedule ended; the best holds none). The advice to train with a larger --keep_last comes
+    only where the run kept fewer than N, never for --average (per-epoch checkpoints)."""
+    run = Config(save_every=20, keep_last=5).to_dict()
+    config = Config(model_folder=str(tmp_path))
+    for step in (20, 40, 60, 70):  # (70: --max_steps, between two saves)
+        save_checkpoint(tiny_state(0, step=step, config=run, schedule_steps=70),
+                        tmp_path / f"tmodel_00_s{step:07d}.pt")
+    best = tmp_path / "tmodel_best.pt"  # as best_checkpoint writes it: no schedule_steps
+    save_checkpoint(tiny_state(0, global_step=70, config=run), best)
+    ended_at(tmp_path, 70)
+    assert [p.name for p in load_averaged(config, best, 3, saves=True)[1]] == [
+        "tmodel_00_s0000040.pt", "tmodel_00_s0000060.pt", "tmodel_00_s0000070.pt"]
+    with pytest.raises(CheckpointError, match=r"^--average_saves 5: only 4 checkpoint\(s\) saved "
+                       r"every 20 steps up to tmodel_best\.pt in [^(]*$"):  # (--keep_last 5 kept)
+        load_averaged(config, best, 5, "--average_saves", saves=True)
+    with pytest.raises(CheckpointError, match=r"^--average 7: only 1 per-epoch checkpoint\(s\) up "
+                       r"to tmodel_00_s0000070\.pt in [^(]*$"):
+        load_averaged(config, tmp_path / "tmodel_00_s0000070.pt", 7)
+
+
+def test_a_lengthened_runs_old_end_and_a_stop_past_it_are_no_saves(tmp_path):
+    """A run that ended off the beat (step 50, --save_every 20) and was lengthened (--max_steps
+    raised; its inverse square root keeps schedule_steps 50 in every later file): its old end
+    and a stop after it (63) take no part in --average_saves, whose saves stay evenly spaced;
+    the new end (70) does, once the run has ended there."""
+    run = Config(save_every=20).to_dict()
+    config = Config(model_folder=str(tmp_path))
+    for step in (20, 40, 50, 60, 63):
+        save_checkpoint(tiny_state(0, step=step, config=run, schedule_steps=50),
+                        tmp_path / f"tmodel_00_s{step:07d}.pt")
+    ended_at(tmp_path, 50)  # (the card of the first end, until the next)
+    stop = tmp_path / "tmodel_00_s0000063.pt"
+    assert [p.name for p in load_averaged(config, stop, 3, saves=True)[1]] == [
+        "tmodel_00_s0000020.pt", "tmodel_00_s0000040.pt", "tmodel_00_s0000060.pt"]
+    end = tmp_path / "tmodel_00_s0000070.pt"
+    save_checkpoint(tiny_state(0, step=70, config=run, schedule_steps=50), end)
+    ended_at(tmp_path, 70)
+    assert [p.name for p in load_averaged(config, end, 2, saves=True)[1]] == [
+        "tmodel_00_s0000060.pt", end.name]
+    assert [p.name for p in load_averaged(config, stop, 1, saves=True)[1]] == [
+        "tmodel_00_s0000060.pt"]  # (--average_saves 1: the newest save, not the stop)
+
+
+def test_pruning_keeps_saves_in_keep_last_and_a_stop_only_while_it_is_the_newest(tmp_path):
+    """--keep_last N counts the saves --save_every wrote: a stop (Ctrl-C, preemption) between
+    them takes no place, so that --average_saves N finds N saves; the stop stays while it is
+    the newest checkpoint (a resume starts there), and goes once a save follows it."""
+    config = Config(model_folder=str(tmp_path), save_every=10, keep_last=3, keep_optimizer=0)
+    for step in (10, 20, 30, 35):
+        (tmp_path / f"tmodel_00_s{step:07d}.pt").write_bytes(b"x")
+    prune_checkpoints(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "tmodel_00_s0000010.pt", "tmodel_00_s0000020.pt", "tmodel_00_s0000030.pt",
+        "tmodel_00_s0000035.pt"]
+    (tmp_path / "tmodel_00_s0000040.pt").write_bytes(b"x")
+    prune_checkpoints(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "tmodel_00_s0000020.pt", "tmodel_00_s0000030.pt", "tmodel_00_s0000040.pt"]
 
 
 def test_a_save_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):

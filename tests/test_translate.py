@@ -491,6 +491,13 @@ def test_a_target_language_moses_knows_draws_no_warning(trained):
      "each pick the checkpoints averaged (the newest per-epoch ones, or those saved "
      "--save_every apart): give one"),
     (["--average_saves", "0", "hi"], None, "--average_saves must be positive (got 0)"),
+    # --checkpoint F --average_saves N takes --model_basename (as --average N); an ensemble's
+    # members are averaged the way asked
+    (["--checkpoint", "weights/tmodel_01.pt", "--model_basename", "tmodel_", "--average_saves",
+      "2", "hi"], None, "--average_saves: weights/tmodel_01.pt comes from a run trained without "
+     "--save_every"),
+    (["--ensemble", "weights,weights", "--average_saves", "2", "hi"], None, "--average_saves: "
+     "weights/tmodel_01.pt comes from a run trained without --save_every"),
     (["--ctranslate2", "weights", "--average_saves", "2", "hi"], None, "--ctranslate2 takes "
      "the exported model as it is: not with --average_saves"),
     (["--min_len", "200", "hi"], None, "--min_len 200 is more than a translation can hold"),
@@ -621,14 +628,22 @@ def test_translate_bad_input_is_one_line_and_exit_2(trained, args, stdin, messag
 
 def test_the_output_tried_before_the_decoding_is_left_as_it_was(trained):
     """--output is tried for writing before the model loads: a new file made to try is removed
-    again, and an existing one keeps its bytes, where the run then fails (no model there)."""
+    again (a link's target too, and the link stays), and an existing one keeps its bytes, where
+    the run then fails (no model there); a link to a file not made yet is written through."""
     home, _ = trained
     (home / "old.hyp").write_bytes(b"kept\n")
-    for name in ("new.hyp", "old.hyp"):
+    (home / "link.hyp").symlink_to("linked.hyp")  # (a link to a file not made yet)
+    for name in ("new.hyp", "old.hyp", "link.hyp"):
         t = run_here("translate.py", "--model_folder", "nowhere", "--input", "corpus/val.en",
                      "--output", name, cwd=home)
-        assert t.returncode == 2 and "nowhere: no such folder" in t.stderr.decode()
+        assert t.returncode == 2 and "nowhere: no such folder" in t.stderr.decode(), name
     assert not (home / "new.hyp").exists() and (home / "old.hyp").read_bytes() == b"kept\n"
+    assert (home / "link.hyp").is_symlink() and not (home / "linked.hyp").exists()
+    t = run_here("translate.py", "--output", "link.hyp", "one two", cwd=home)  # written through
+    assert t.returncode == 0 and (home / "linked.hyp").read_text().count("\n") == 1, \
+        t.stderr.decode()
+    for name in ("old.hyp", "link.hyp", "linked.hyp"):  # (the folder is other tests' too)
+        (home / name).unlink()
 
 
 def test_a_folder_of_an_exported_model_given_as_model_folder_says_to_use_ctranslate2(tmp_path):
