@@ -282,7 +282,8 @@ def prune_checkpoints(config: Config):
     steps = [c for c in found if c[2] is not None]
     every = config.save_every
     saves = [c for c in steps if c[2] % every == 0] if every else steps  # (not the stops)
-    kept = (saves[-config.keep_last:] if config.keep_last else saves) + steps[-1:]
+    newest = [c for c in found[-1:] if c[2] is not None]  # (a stop's: what a resume needs)
+    kept = (saves[-config.keep_last:] if config.keep_last else saves) + newest
     stale = [c for c in steps if c not in kept]
     if config.keep_epochs:
         stale += epochs[:-config.keep_epochs]
@@ -515,12 +516,13 @@ def load_averaged(config: Config, path: Path, average: int, flag: str = "--avera
                   saves: bool = False):
     """(state, paths): the state of `path`, or with average > 1 the mean of the newest
     `average` checkpoints up to the step `path` holds: per-epoch ones (epoch_ends), or with
-    `saves` (--average_saves) the ones --save_every wrote (saved_every)."""
+    `saves` (--average_saves; 1 too: the newest save, not a stop) those --save_every wrote
+    (saved_every)."""
     if average <= 1 and not saves:
         return load_checkpoint(path), [path]
     state, found = load_checkpoint(path, mmap=True), list_checkpoints(config)
     paths = saved_every(state, path, flag, found, run_end(config, found)) if saves else \
-        epoch_ends(config, state, path)
+        epoch_ends(config, state, path, found)
     paths = paths[-average:]
     if len(paths) < average:
         kept = state["config"].get("keep_last", 0)
@@ -528,21 +530,20 @@ def load_averaged(config: Config, path: Path, average: int, flag: str = "--avera
             f"{flag} {average}: only {len(paths)} " + (
                 f"checkpoint(s) saved every {state['config']['save_every']} steps" if saves
                 else "per-epoch checkpoint(s)") + f" up to {path.name} in {path.parent}" + (
-                f" (the run keeps the newest --keep_last {kept} mid-epoch ones: train with "
+                f" (the run keeps the newest --keep_last {kept} saves: train with "
                 f"--keep_last {average} to average {average})" if saves and kept < average
                 else ""))
     return average_checkpoints(paths), paths
 
 
-def epoch_ends(config: Config, state: dict, path: Path):
-    """The per-epoch checkpoints up to `state` (that of `path`), oldest first. Mid-epoch files
-    take no part: they are not the end of an epoch, and they overlap the per-epoch ones; but
-    the run's last checkpoint, where its schedule ended mid-epoch (--time_budget, --max_steps),
-    ends the training and counts as an epoch's end, once: not beside the epoch's end of its own
-    step. A best checkpoint from a mid-epoch validation (--eval_every) is followed by its
-    epoch's end: that epoch's file, later than it, is left out."""
+def epoch_ends(config: Config, state: dict, path: Path, found: list):
+    """The per-epoch checkpoints among `found` (list_checkpoints') up to `state` (that of
+    `path`), oldest first. Mid-epoch files take no part: they are not the end of an epoch, and
+    they overlap the per-epoch ones; but the run's end (run_end), where training ended
+    mid-epoch (--time_budget, --max_steps), counts as an epoch's end, once: not beside the
+    epoch's end of its own step. A best checkpoint from a mid-epoch validation (--eval_every)
+    is followed by its epoch's end: that epoch's file, later than it, is left out."""
     last = state.get("next_epoch", state["epoch"] + 1) - 1  # the last epoch `path` finished
-    found = list_checkpoints(config)
     paths = [p for p, epoch, step in found if step is None and epoch <= last]
     if paths and paths[-1] != path and \
             load_checkpoint(paths[-1], mmap=True)["global_step"] > state["global_step"]:

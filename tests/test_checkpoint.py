@@ -522,7 +522,7 @@ def test_average_saves_takes_the_checkpoints_save_every_wrote_evenly_spaced(tmp_
         "tmodel_01.pt", "tmodel_02.pt", newest.name]
     with pytest.raises(CheckpointError, match=r"^--average_saves 7: only 6 checkpoint\(s\) "
                        r"saved every 20 steps up to tmodel_03_s0000110\.pt in .* \(the run keeps "
-                       r"the newest --keep_last 3 mid-epoch ones: train with --keep_last 7 to "
+                       r"the newest --keep_last 3 saves: train with --keep_last 7 to "
                        r"average 7\)$"):
         load_averaged(config, newest, 7, "--average_saves", saves=True)
     save_checkpoint(tiny_state(3, step=110, config=Config().to_dict()), newest)
@@ -581,7 +581,7 @@ def test_a_lengthened_runs_old_end_and_a_stop_past_it_are_no_saves(tmp_path):
 def test_pruning_keeps_saves_in_keep_last_and_a_stop_only_while_it_is_the_newest(tmp_path):
     """--keep_last N counts the saves --save_every wrote: a stop (Ctrl-C, preemption) between
     them takes no place, so that --average_saves N finds N saves; the stop stays while it is
-    the newest checkpoint (a resume starts there), and goes once a save follows it."""
+    the newest checkpoint (a resume starts there), and goes once another follows it."""
     config = Config(model_folder=str(tmp_path), save_every=10, keep_last=3, keep_optimizer=0)
     for step in (10, 20, 30, 35):
         (tmp_path / f"tmodel_00_s{step:07d}.pt").write_bytes(b"x")
@@ -589,10 +589,16 @@ def test_pruning_keeps_saves_in_keep_last_and_a_stop_only_while_it_is_the_newest
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "tmodel_00_s0000010.pt", "tmodel_00_s0000020.pt", "tmodel_00_s0000030.pt",
         "tmodel_00_s0000035.pt"]
-    (tmp_path / "tmodel_00_s0000040.pt").write_bytes(b"x")
+    (tmp_path / "tmodel_00.pt").write_bytes(b"x")  # the epoch's end, at step 38: the newest
     prune_checkpoints(config)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "tmodel_00_s0000020.pt", "tmodel_00_s0000030.pt", "tmodel_00_s0000040.pt"]
+        "tmodel_00.pt", "tmodel_00_s0000010.pt", "tmodel_00_s0000020.pt",
+        "tmodel_00_s0000030.pt"]
+    (tmp_path / "tmodel_01_s0000040.pt").write_bytes(b"x")
+    prune_checkpoints(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "tmodel_00.pt", "tmodel_00_s0000020.pt", "tmodel_00_s0000030.pt",
+        "tmodel_01_s0000040.pt"]
 
 
 def test_a_save_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
