@@ -290,8 +290,8 @@ class Config:
         if self.data_problem():
             return self.data_problem()
         if self.keep_last < 1:
-            return (f"--keep_last must be at least 1 (got {self.keep_last}): the newest mid-epoch "
-                    f"checkpoint is what a stopped run resumes from; --save_every 0 saves none")
+            return (f"--keep_last must be at least 1 (got {self.keep_last}): the newest saves "
+                    f"are what --average_saves averages; --save_every 0 saves none")
         if training and self.max_tokens == 0 and self.batch_size == 0:
             return "one of --max_tokens and --batch_size must be positive"
         if self.d_model % self.h:

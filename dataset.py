@@ -379,15 +379,15 @@ def prepare_once(config: Config, folder: Path):
 
 
 def get_ds(config: Config, key: str = None, check_corpus=None, check_tokenizers=None) -> Data:
-    """The tokenizers and the prepared training data: made once (tokenizers trained on a sample
-    of train, the training split encoded to memory-mapped arrays), then loaded in seconds by
-    every later start, resume and torchrun rank, as long as corpus, tokenizers and seq_len are
-    the same. Validation and test texts are kept in memory; training texts are not. `key`:
-    under torchrun, the key of the data rank 0 has just prepared or checked, which the other
-    ranks load (without reading their own copy of the corpus to check it again).
-    `check_corpus`: called with the corpus ({"source", "fingerprint"}) before anything is
-    prepared (a resume refuses another corpus there); `check_tokenizers`: called with the
-    tokenizers found in the model folder, before their data is looked for or prepared."""
+    """The tokenizers and the prepared training data: made once (tokenizers trained on a sample of
+    train, the training split encoded to memory-mapped arrays), then loaded in seconds by every
+    later start, resume and torchrun rank, as long as corpus, tokenizers, seq_len and
+    --max_len_ratio are the same. Validation and test texts are kept in memory; training texts are
+    not. `key`: under torchrun, the key of the data rank 0 has just prepared or checked, which the
+    other ranks load (without reading their own copy of the corpus to check it again).
+    `check_corpus`: called with the corpus ({"source", "fingerprint"}) before anything is prepared
+    (a resume refuses another corpus there); `check_tokenizers`: called with the tokenizers found in
+    the model folder, before their data is looked for or prepared."""
     quiet_datasets()
     folder = prepared_folder(config)
     # the fingerprint, the test texts, and whether validation must be held out of train

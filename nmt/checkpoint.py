@@ -272,16 +272,17 @@ def elsewhere(folder, flag: str = "--model_folder") -> str:
 
 def prune_checkpoints(config: Config):
     """Keeps the newest keep_last mid-epoch checkpoints --save_every wrote (those at its
-    multiples: a stop's between them takes no place, and stays only while it is the newest),
-    and the newest keep_epochs per-epoch ones (0 = all). The run's newest checkpoint (what
+    multiples), a stop's mid-epoch checkpoint only while it is the run's newest, and the newest
+    keep_epochs per-epoch ones (0 = all); a pruned file's temporary copy (a save or strip cut
+    short by a kill) goes with it. The run's newest checkpoint (what
     --preload latest resumes from) and the newest keep_optimizer per-epoch ones keep their
     optimizer state; the others, which only translation and averaging read, keep the weights
     (keep_optimizer 0: all keep it)."""
     found = list_checkpoints(config)
     epochs = [c for c in found if c[2] is None]
     steps = [c for c in found if c[2] is not None]
-    every = config.save_every
-    saves = [c for c in steps if c[2] % every == 0] if every else steps  # (not the stops)
+    every = config.save_every  # (this start's: a save off its multiples counts as a stop)
+    saves = [c for c in steps if every and c[2] % every == 0]  # (not the stops)
     newest = [c for c in found[-1:] if c[2] is not None]  # (a stop's: what a resume needs)
     kept = (saves[-config.keep_last:] if config.keep_last else saves) + newest
     stale = [c for c in steps if c not in kept]
@@ -289,6 +290,7 @@ def prune_checkpoints(config: Config):
         stale += epochs[:-config.keep_epochs]
     for path, _, _ in stale:
         path.unlink(missing_ok=True)
+        path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)  # (a save or strip cut)
     if config.keep_optimizer:
         for path, _, _ in epochs[:-config.keep_optimizer] + steps:  # (the stale ones: gone)
             if path != found[-1][0] and path.exists():
@@ -505,11 +507,12 @@ def run_end(config: Config, found: list):
     --time_budget), which averaging counts as an end; None while the run trains on, or where it
     was stopped. (A checkpoint's schedule_steps does not say it: an inverse square root's
     schedule keeps its length when --max_steps is raised.)"""
-    if not found:
+    ended = card_step(config.model_folder) if found else None
+    if ended is None:
         return None
-    last = found[-1][0]
-    ended = card_step(config.model_folder) == load_checkpoint(last, mmap=True)["global_step"]
-    return last if ended else None
+    last, _, step = found[-1]  # (a mid-epoch file's name gives its step)
+    step = load_checkpoint(last, mmap=True)["global_step"] if step is None else step
+    return last if step == ended else None
 
 
 def load_averaged(config: Config, path: Path, average: int, flag: str = "--average",
@@ -569,9 +572,8 @@ def saved_every(state: dict, path: Path, flag: str, found: list, end: Path = Non
                               f"which writes the checkpoints it averages; --average N averages "
                               f"per-epoch checkpoints")
     chosen = {}
-    for p, _, _ in found:
-        saved = load_checkpoint(p, mmap=True)
-        step = saved["global_step"]
+    for p, _, step in found:  # (a mid-epoch file's name gives its step)
+        step = load_checkpoint(p, mmap=True)["global_step"] if step is None else step
         if step <= state["global_step"] and (step % every == 0 or p == end):
             chosen[step] = p
     return [chosen[step] for step in sorted(chosen)]

@@ -132,8 +132,10 @@ def card_text(card: dict) -> str:
              f"{config.tie_embeddings}; dropout {config.dropout} (attention "
              f"{config.attention_dropout}, activation {config.activation_dropout}).", "",
              "## Made by", "", "```"] + card["commands"] + ["```", "", "## Data", "",
-             f"{card['corpus']}: {card['sizes']}. Pairs longer than {config.seq_len} tokens "
-             f"were left out of training." + distilled_text(config, card.get("distilled")), "",
+             f"{card['corpus']}: {card['sizes']}. Pairs longer than {config.seq_len} tokens"
+             + (f", or with a side over {config.max_len_ratio:g} times the other's tokens,"
+                if config.max_len_ratio else "") + " were left out of training."
+             + distilled_text(config, card.get("distilled")), "",
              "## Training", ""]
     lines += training_section(card)
     if card["curve"]:

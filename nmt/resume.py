@@ -81,7 +81,8 @@ def resume_state(config: Config, given: set, world_size: int = 1):
         raise CheckpointError(
             f"{path} holds the weights only: checkpoints other than the run's newest and its "
             f"newest --keep_optimizer per-epoch ones drop the optimizer state an exact resume "
-            f"needs; resume from a newer one (--preload latest), or translate with this one")
+            f"needs; resume from one that keeps it (the newest a run saved, or --preload N of a "
+            f"newer epoch), or translate with this one")
     saved = Config.from_dict(state["config"])
     merged = merge_config(saved, config, given, path, NOT_THE_MODEL)
     if "data_dir" not in given and merged.data_dir and not Path(merged.data_dir).is_dir():

@@ -300,12 +300,12 @@ def test_pruning_keeps_the_newest_epochs_and_mid_epoch_saves_and_never_the_best(
     for name in names:
         (tmp_path / name).write_bytes(b"x")
     prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=2, keep_last=2,
-                             keep_optimizer=0))
+                             keep_optimizer=0, save_every=1))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["tmodel_02.pt", "tmodel_03.pt", "tmodel_04_s0000042.pt", "tmodel_04_s0000043.pt",
          "tmodel_best.pt", "tmodel_validation.json", "notes.pt"])
     prune_checkpoints(Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=1,
-                             keep_optimizer=0))
+                             keep_optimizer=0, save_every=1))
     assert {p.name for p in tmp_path.glob("tmodel_0*.pt")} == {
         "tmodel_02.pt", "tmodel_03.pt", "tmodel_04_s0000043.pt"}  # 0: every epoch kept
 
@@ -482,7 +482,8 @@ def test_pruning_keeps_mid_epoch_saves_past_an_epochs_end_with_the_weights_only(
              "tmodel_01_s0000018.pt", "tmodel_01.pt", "tmodel_02_s0000025.pt"]
     for name in names:
         save_checkpoint(tiny_state(optimizer_state_dict=moments), tmp_path / name)
-    config = Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=3, keep_optimizer=0)
+    config = Config(model_folder=str(tmp_path), keep_epochs=0, keep_last=3, keep_optimizer=0,
+                    save_every=1)
     prune_checkpoints(config)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[:1] + names[2:])
     assert all("optimizer_state_dict" in load_checkpoint(tmp_path / n) for n in names[2:])
@@ -581,7 +582,8 @@ def test_a_lengthened_runs_old_end_and_a_stop_past_it_are_no_saves(tmp_path):
 def test_pruning_keeps_saves_in_keep_last_and_a_stop_only_while_it_is_the_newest(tmp_path):
     """--keep_last N counts the saves --save_every wrote: a stop (Ctrl-C, preemption) between
     them takes no place, so that --average_saves N finds N saves; the stop stays while it is
-    the newest checkpoint (a resume starts there), and goes once another follows it."""
+    the newest checkpoint (a resume starts there), and goes once another follows it; a pruned
+    file's temporary copy (a strip or save killed) goes with it."""
     config = Config(model_folder=str(tmp_path), save_every=10, keep_last=3, keep_optimizer=0)
     for step in (10, 20, 30, 35):
         (tmp_path / f"tmodel_00_s{step:07d}.pt").write_bytes(b"x")
@@ -595,10 +597,14 @@ def test_pruning_keeps_saves_in_keep_last_and_a_stop_only_while_it_is_the_newest
         "tmodel_00.pt", "tmodel_00_s0000010.pt", "tmodel_00_s0000020.pt",
         "tmodel_00_s0000030.pt"]
     (tmp_path / "tmodel_01_s0000040.pt").write_bytes(b"x")
+    (tmp_path / ".tmodel_00_s0000010.pt.tmp").write_bytes(b"x")  # (a strip of it, killed)
     prune_checkpoints(config)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "tmodel_00.pt", "tmodel_00_s0000020.pt", "tmodel_00_s0000030.pt",
         "tmodel_01_s0000040.pt"]
+    (tmp_path / "tmodel_01_s0000044.pt").write_bytes(b"x")  # --save_every 0: each is a stop,
+    prune_checkpoints(dataclasses.replace(config, save_every=0))  # kept while the newest
+    assert sorted(p.name for p in tmp_path.glob("*_s*")) == ["tmodel_01_s0000044.pt"]
 
 
 def test_a_save_reaches_the_disk_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
